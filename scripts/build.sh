@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Configures and builds specula into build/ (CUDA too when nvcc is found).
+# BUILD_DIR and SPECULA_BUILD_JOBS override the defaults.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${SPECULA_BUILD_JOBS:-$(nproc)}
+# nvcc is often installed outside PATH.
+if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-RelWithDebInfo}" ${CMAKE_ARGS:-} >/dev/null
+cmake --build "$BUILD_DIR" -j "$JOBS" "$@"

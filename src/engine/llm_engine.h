@@ -1,0 +1,77 @@
+// LLMEngine: owns the model, tokenizer, scheduler and the engine loop thread. Construction loads
+// everything (weights, KV cache sizing); start() launches the loop.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "engine/api.h"
+#include "model/config.h"
+
+namespace specula {
+
+class Tokenizer;
+
+struct EngineConfig {
+  std::string model;                 // checkpoint folder
+  std::string tokenizer;             // defaults to `model`
+  std::string load_format = "auto";  // auto | safetensors | dummy
+  std::string device = "auto";       // auto | cuda | cpu
+  uint64_t seed = 0;
+  int max_model_len = 0;             // 0: the model's max_position_embeddings
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 0;    // 0: chosen from max_model_len (chunked prefill on)
+  int block_size = 16;
+  bool enable_prefix_caching = true;
+  double gpu_memory_utilization = 0.9;
+  size_t cpu_kv_cache_bytes = 0;     // CPU backend KV cache size; 0: a default that fits the batch
+  std::optional<int> num_gpu_blocks_override;
+  bool enforce_eager = false;        // no CUDA graphs
+  int cpu_threads = 0;               // 0: all cores
+  std::string speculative_config;    // JSON, as vLLM's --speculative-config ("" = off)
+};
+
+// Counters and gauges for /metrics and the periodic stats line (vLLM's names in comments).
+struct EngineMetrics {
+  int64_t num_requests_running = 0;        // vllm:num_requests_running
+  int64_t num_requests_waiting = 0;        // vllm:num_requests_waiting
+  double kv_cache_usage = 0.0;             // vllm:kv_cache_usage_perc (0..1)
+  int64_t prompt_tokens_total = 0;         // vllm:prompt_tokens_total
+  int64_t generation_tokens_total = 0;     // vllm:generation_tokens_total
+  int64_t prefix_cache_queries = 0;        // vllm:prefix_cache_queries (tokens)
+  int64_t prefix_cache_hits = 0;           // vllm:prefix_cache_hits (tokens)
+  int64_t num_preemptions = 0;             // vllm:num_preemptions
+  int64_t request_success_total = 0;       // vllm:request_success
+  int64_t spec_num_drafts = 0;             // vllm:spec_decode_num_drafts
+  int64_t spec_num_draft_tokens = 0;       // vllm:spec_decode_num_draft_tokens
+  int64_t spec_num_accepted_tokens = 0;    // vllm:spec_decode_num_accepted_tokens
+  std::vector<int64_t> spec_accepted_per_pos;  // vllm:spec_decode_num_accepted_tokens_per_pos
+  int64_t num_gpu_blocks = 0;
+};
+
+class LLMEngine {
+ public:
+  // Loads config, tokenizer, weights and sizes the KV cache. Throws specula::Error with one clear
+  // line on any failure.
+  static std::unique_ptr<LLMEngine> create(const EngineConfig& config);
+  virtual ~LLMEngine() = default;
+
+  virtual const ModelConfig& model_config() const = 0;
+  virtual const GenerationConfig& generation_config() const = 0;
+  virtual const Tokenizer& tokenizer() const = 0;
+  virtual int max_model_len() const = 0;
+
+  virtual void start() = 0;     // launches the engine loop thread
+  virtual void shutdown() = 0;  // aborts everything in flight, joins the loop
+
+  // Thread-safe. Validates (params, prompt length vs max_model_len: specula::Error naming both
+  // numbers) and queues the request; outputs arrive on the returned stream.
+  virtual std::shared_ptr<RequestStream> add_request(NewRequest request) = 0;
+  // Thread-safe; unknown or finished ids are ignored. Frees the request's KV blocks.
+  virtual void abort(const std::string& request_id) = 0;
+  virtual EngineMetrics metrics() const = 0;
+};
+
+}  // namespace specula

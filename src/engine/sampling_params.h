@@ -1,0 +1,37 @@
+// Per-request sampling settings, as vLLM's SamplingParams (OpenAI request fields map onto these).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace specula {
+
+struct SamplingParams {
+  int n = 1;
+  float temperature = 1.0f;        // 0 = greedy
+  float top_p = 1.0f;
+  int top_k = 0;                   // 0 or -1 = off
+  float min_p = 0.0f;
+  std::optional<uint64_t> seed;    // reproducible whatever else shares the batch
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;
+  std::vector<std::string> stop;   // stop strings, matched across token boundaries
+  std::vector<int32_t> stop_token_ids;
+  bool include_stop_str_in_output = false;
+  bool ignore_eos = false;
+  int min_tokens = 0;
+  std::optional<int> max_tokens;   // unset: up to max_model_len
+  std::optional<int> logprobs;     // top-N logprobs per output token (0: only the sampled one)
+  std::optional<int> prompt_logprobs;
+  bool skip_special_tokens = true;
+  bool spaces_between_special_tokens = true;
+
+  bool greedy() const { return temperature <= 1e-5f; }
+  // Throws specula::Error naming the offending parameter (OpenAI-style 400 at the server).
+  void validate() const;
+};
+
+}  // namespace specula

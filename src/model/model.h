@@ -1,0 +1,54 @@
+// The model interface the engine drives: one forward over a flattened varlen batch, reading and
+// writing a paged KV cache, returning logits only for the rows that need them.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "backend/attention_metadata.h"
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/weight_source.h"
+
+namespace specula {
+
+// Shape of the KV cache a model wants, per layer: K and V of [num_blocks, block_size,
+// num_kv_heads, head_dim] (v_head_dim for V). MLA models store one latent "head" (kv_lora_rank +
+// qk_rope_head_dim) and no separate V (v_head_dim = 0).
+struct KVCacheSpec {
+  int64_t num_layers = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t v_head_dim = 0;
+  size_t bytes_per_token(DType dtype) const {
+    return static_cast<size_t>(num_layers * num_kv_heads * (head_dim + v_head_dim)) * dtype_size(dtype);
+  }
+};
+
+struct ForwardInput {
+  Tensor token_ids;       // I32 [T] on the backend's device
+  Tensor positions;       // I32 [T]
+  AttentionMetadata attn;
+  Tensor logits_indices;  // I32 [L]: rows of the batch whose next-token logits are wanted
+};
+
+struct ForwardOutput {
+  Tensor logits;          // F32 [L, vocab_size] on the backend's device
+  Tensor hidden_states;   // [T, hidden] after the final norm (for MTP / EAGLE proposers); scratch
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelConfig& config() const = 0;
+  virtual KVCacheSpec kv_cache_spec() const = 0;
+  // Runs every layer over the batch, writing the new tokens' K/V into `kv` (one entry per layer)
+  // first, then attending. Activations come from backend scratch memory.
+  virtual ForwardOutput forward(const ForwardInput& input, std::vector<KVCacheLayer>& kv) = 0;
+};
+
+// Builds the model for config.arch, loading every weight through `weights` onto `backend`.
+// Throws specula::Error for an unsupported architecture or a missing/mis-shaped tensor.
+std::unique_ptr<Model> create_model(const ModelConfig& config, WeightSource& weights, Backend& backend);
+
+}  // namespace specula
