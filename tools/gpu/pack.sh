@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Builds specula with CUDA (sm_90) here and packs what the GPU machine needs into .gpu/ (ignored by
+# git; name it in the device tool's `carry`): stripped binaries in .gpu/bin and the few shared
+# libraries that the GPU machine's Ubuntu image lacks (or has at another soname) in .gpu/lib.
+# Usage: tools/gpu/pack.sh [targets...]   (default: specula and every test binary)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+export BUILD_DIR=${BUILD_DIR:-build-gpu}
+export CMAKE_ARGS="${CMAKE_ARGS:-} -DSPECULA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"
+targets=("$@")
+scripts/build.sh "${targets[@]}"
+rm -rf .gpu/bin .gpu/lib
+mkdir -p .gpu/bin .gpu/lib
+for f in "$BUILD_DIR"/src/specula "$BUILD_DIR"/tests/test_*; do
+  [ -x "$f" ] || continue
+  if [ ${#targets[@]} -gt 0 ]; then
+    keep=0
+    for t in "${targets[@]}"; do [ "$(basename "$f")" = "$t" ] && keep=1; done
+    [ $keep = 1 ] || continue
+  fi
+  strip -o .gpu/bin/"$(basename "$f")" "$f"
+done
+# Libraries from Debian packages that the Ubuntu 24.04 GPU image lacks or has at another soname.
+# (OpenBLAS, libgomp, libgfortran and the CUDA libraries are present there.)
+for bin in .gpu/bin/*; do
+  ldd "$bin" | awk '/=> \// {print $3}'
+done | sort -u | grep -E 'libspdlog|libfmt|libutf8proc|libcpp-httplib|libpcre2-8|libxxhash' |
+  while read -r lib; do cp -L "$lib" .gpu/lib/; done
+du -sh .gpu
