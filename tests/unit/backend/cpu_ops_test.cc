@@ -1,0 +1,178 @@
+// CPU backend row-wise ops and linear, each against a naive loop in double on random inputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/backend.h"
+#include "cpu_test_util.h"
+
+namespace specula {
+namespace {
+
+using testing::expect_close;
+using testing::random_tensor;
+using testing::values;
+
+class CpuOps : public ::testing::TestWithParam<int> {  // parameter: thread count
+ protected:
+  std::unique_ptr<Backend> be = make_cpu_backend(GetParam());
+  std::mt19937 rng{static_cast<unsigned>(GetParam()) * 7919u + 11u};
+};
+
+std::vector<double> rms_norm_ref(const std::vector<float>& x, const std::vector<float>& w, double eps) {
+  const size_t h = w.size(), rows = x.size() / h;
+  std::vector<double> out(x.size());
+  for (size_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (size_t i = 0; i < h; ++i) ss += double(x[r * h + i]) * x[r * h + i];
+    double inv = 1.0 / std::sqrt(ss / h + eps);
+    for (size_t i = 0; i < h; ++i) out[r * h + i] = x[r * h + i] * inv * w[i];
+  }
+  return out;
+}
+
+TEST_P(CpuOps, Embedding) {
+  const int64_t v = 50, h = 24;
+  Tensor table = random_tensor({v, h}, rng);
+  Tensor ids = Tensor::from_i32({3, 0, 49, 3, 17, 8, 8});
+  Tensor out = be->empty({7, h}, DType::kF32);
+  be->embedding(ids, table, out);
+  auto tv = values(table), ov = values(out);
+  auto id = ids.to_i32_vector();
+  for (size_t t = 0; t < id.size(); ++t)
+    for (int64_t i = 0; i < h; ++i) ASSERT_EQ(ov[t * h + i], tv[id[t] * h + i]);
+  Tensor bad = Tensor::from_i32({3, 50});
+  Tensor two_rows = out.slice(0, 2);
+  EXPECT_THROW(be->embedding(bad, table, two_rows), Error);
+}
+
+TEST_P(CpuOps, RmsNorm) {
+  const int64_t rows = 37, h = 96;  // 37*96 > the threading threshold only for larger rows; test both
+  for (int64_t r : {int64_t{3}, rows, int64_t{300}}) {
+    Tensor x = random_tensor({r, h}, rng, 3.0f);
+    Tensor w = random_tensor({h}, rng);
+    Tensor out = be->empty({r, h}, DType::kF32);
+    be->rms_norm(x, w, 1e-5f, out);
+    expect_close(values(out), rms_norm_ref(values(x), values(w), 1e-5), 2e-6, 1e-6, "rms_norm");
+    // In place (out aliases x) gives the same result.
+    Tensor x2 = be->empty({r, h}, DType::kF32);
+    be->copy(x, x2);
+    be->rms_norm(x2, w, 1e-5f, x2);
+    EXPECT_EQ(values(x2), values(out));
+  }
+  // Any leading shape: [T, heads, D] normalised over D (Qwen3's per-head q/k norm).
+  Tensor x = random_tensor({5, 4, 16}, rng);
+  Tensor w = random_tensor({16}, rng);
+  Tensor out = be->empty({5, 4, 16}, DType::kF32);
+  be->rms_norm(x, w, 1e-6f, out);
+  expect_close(values(out), rms_norm_ref(values(x), values(w), 1e-6), 2e-6, 1e-6, "rms_norm per head");
+  Tensor wrong = random_tensor({15}, rng);
+  EXPECT_THROW(be->rms_norm(x, wrong, 1e-6f, out), Error);
+}
+
+TEST_P(CpuOps, AddRmsNormUpdatesResidualAndNormalises) {
+  for (int64_t rows : {int64_t{2}, int64_t{257}}) {
+    const int64_t h = 64;
+    Tensor x = random_tensor({rows, h}, rng);
+    Tensor res = random_tensor({rows, h}, rng, 2.0f);
+    Tensor w = random_tensor({h}, rng);
+    auto xv = values(x), rv = values(res);
+    std::vector<float> sum(xv.size());
+    std::vector<double> sum_d(xv.size());
+    for (size_t i = 0; i < xv.size(); ++i) {
+      sum[i] = xv[i] + rv[i];
+      sum_d[i] = sum[i];
+    }
+    be->add_rms_norm(x, res, w, 1e-5f);
+    expect_close(values(res), sum_d, 0, 0, "residual");
+    expect_close(values(x), rms_norm_ref(sum, values(w), 1e-5), 2e-6, 1e-6, "normed");
+  }
+}
+
+TEST_P(CpuOps, SiluMul) {
+  const int64_t t = 9, inter = 40;
+  Tensor gu = random_tensor({t, 2 * inter}, rng, 4.0f);
+  Tensor out = be->empty({t, inter}, DType::kF32);
+  be->silu_mul(gu, out);
+  auto g = values(gu);
+  std::vector<double> want(t * inter);
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t i = 0; i < inter; ++i) {
+      double gate = g[r * 2 * inter + i], up = g[r * 2 * inter + inter + i];
+      want[r * inter + i] = gate / (1.0 + std::exp(-gate)) * up;
+    }
+  expect_close(values(out), want, 1e-6, 1e-7, "silu_mul");
+}
+
+TEST_P(CpuOps, Add) {
+  Tensor a = random_tensor({6, 7}, rng), b = random_tensor({6, 7}, rng);
+  Tensor out = be->empty({6, 7}, DType::kF32);
+  be->add(a, b, out);
+  auto av = values(a), bv = values(b);
+  std::vector<double> want(av.size());
+  for (size_t i = 0; i < av.size(); ++i) want[i] = av[i] + bv[i];
+  expect_close(values(out), want, 1e-7, 0, "add");
+  Tensor c = random_tensor({7, 6}, rng);
+  EXPECT_THROW(be->add(a, c, out), Error);
+}
+
+TEST_P(CpuOps, GatherRows) {
+  Tensor x = random_tensor({10, 3, 4}, rng);
+  Tensor idx = Tensor::from_i32({9, 0, 0, 4});
+  Tensor out = be->empty({4, 3, 4}, DType::kF32);
+  be->gather_rows(x, idx, out);
+  auto xv = values(x), ov = values(out);
+  auto iv = idx.to_i32_vector();
+  for (size_t r = 0; r < iv.size(); ++r)
+    for (int i = 0; i < 12; ++i) ASSERT_EQ(ov[r * 12 + i], xv[iv[r] * 12 + i]);
+  // Integer rows gather too (the model splits fused heads with this).
+  Tensor xi = Tensor::from_i32({10, 11, 12, 13, 14, 15}, {3, 2});
+  Tensor oi = Tensor::zeros({2, 2}, DType::kI32);
+  be->gather_rows(xi, Tensor::from_i32({2, 0}), oi);
+  EXPECT_EQ(oi.to_i32_vector(), (std::vector<int32_t>{14, 15, 10, 11}));
+  Tensor one_row = out.slice(0, 1);
+  EXPECT_THROW(be->gather_rows(x, Tensor::from_i32({10}), one_row), Error);
+}
+
+std::vector<double> linear_ref(const std::vector<float>& x, const std::vector<float>& w, const std::vector<float>* b,
+                               int64_t m, int64_t n, int64_t k) {
+  std::vector<double> out(m * n);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t c = 0; c < n; ++c) {
+      double acc = b ? (*b)[c] : 0.0;
+      for (int64_t i = 0; i < k; ++i) acc += double(x[r * k + i]) * w[c * k + i];
+      out[r * n + c] = acc;
+    }
+  return out;
+}
+
+TEST_P(CpuOps, LinearWithAndWithoutBias) {
+  struct Case { int64_t m, n, k; };
+  for (Case c : {Case{1, 7, 5}, Case{13, 96, 64}, Case{64, 130, 257}}) {
+    Tensor x = random_tensor({c.m, c.k}, rng);
+    Tensor w = random_tensor({c.n, c.k}, rng);
+    Tensor b = random_tensor({c.n}, rng);
+    Tensor out = be->empty({c.m, c.n}, DType::kF32);
+    be->linear(x, w, nullptr, out);
+    const double tol = 1e-6 * std::sqrt(double(c.k));
+    expect_close(values(out), linear_ref(values(x), values(w), nullptr, c.m, c.n, c.k), tol, tol, "linear");
+    auto bv = values(b);
+    be->linear(x, w, &b, out);
+    expect_close(values(out), linear_ref(values(x), values(w), &bv, c.m, c.n, c.k), tol, tol, "linear+bias");
+  }
+  // Leading dims of x are flattened: [2, 3, K] -> [6, N].
+  Tensor x = random_tensor({2, 3, 8}, rng), w = random_tensor({5, 8}, rng);
+  Tensor out = be->empty({6, 5}, DType::kF32);
+  be->linear(x, w, nullptr, out);
+  expect_close(values(out), linear_ref(values(x), values(w), nullptr, 6, 5, 8), 1e-6, 1e-6, "linear 3d");
+  // Zero rows is a no-op, a K mismatch is an error.
+  Tensor empty_x = be->empty({0, 8}, DType::kF32), empty_out = be->empty({0, 5}, DType::kF32);
+  be->linear(empty_x, w, nullptr, empty_out);
+  Tensor bad_w = random_tensor({5, 9}, rng);
+  EXPECT_THROW(be->linear(x, bad_w, nullptr, out), Error);
+}
+
+INSTANTIATE_TEST_SUITE_P(Threads, CpuOps, ::testing::Values(1, 2));
+
+}  // namespace
+}  // namespace specula
