@@ -1,0 +1,31 @@
+// Moving weights into backend memory without materialising extra full-size copies: dtype
+// conversion in parallel chunks (straight from an mmap'd checkpoint, possibly unaligned), and
+// filling a device tensor through a bounded host staging buffer. Shared by the checkpoint and the
+// dummy weight sources.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+
+#include "backend/backend.h"
+#include "core/tensor.h"
+
+namespace specula {
+
+// F32, F16, BF16: the dtypes weights are converted between.
+bool is_weight_float_dtype(DType t);
+
+// Converts n elements of `src` (type `from`; any alignment) into `dst` (type `to`, aligned).
+// Same dtype copies bytes; otherwise both must be weight float dtypes (or `from` F8_E4M3). Runs
+// in parallel chunks through fp32 registers, never a full fp32 copy.
+void convert_elements(const void* src, DType from, void* dst, DType to, size_t n);
+
+// Writes elements [begin, begin + count) of a tensor, in the tensor's dtype, to `out`.
+using ElementFiller = std::function<void(void* out, size_t begin, size_t count)>;
+
+// Fills `dst` (persistent memory of `backend`) through `fill`. CPU tensors are filled in place;
+// device tensors through a host staging buffer of at most `staging_bytes`, uploaded with
+// backend.copy() chunk by chunk.
+void fill_backend_tensor(Backend& backend, Tensor& dst, const ElementFiller& fill, size_t staging_bytes = 64u << 20);
+
+}  // namespace specula
