@@ -1,0 +1,16 @@
+// The Llama family forward: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v bias)
+// and Qwen3ForCausalLM (per-head q/k RMSNorm). One decoder, differing only in which optional
+// weights exist; see llama.cc.
+#pragma once
+
+#include <memory>
+
+#include "model/model.h"
+
+namespace specula {
+
+// Loads every weight of a Llama-family checkpoint (HF names) through `weights` onto `backend`.
+// Throws specula::Error naming the tensor when one is missing or mis-shaped.
+std::unique_ptr<Model> create_llama_model(const ModelConfig& config, WeightSource& weights, Backend& backend);
+
+}  // namespace specula

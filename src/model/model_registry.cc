@@ -1,0 +1,21 @@
+// create_model: the one place that maps a config's architecture to its forward implementation.
+#include "model/llama.h"
+#include "model/model.h"
+
+namespace specula {
+
+std::unique_ptr<Model> create_model(const ModelConfig& config, WeightSource& weights, Backend& backend) {
+  switch (config.arch) {
+    case Architecture::kLlama:
+    case Architecture::kMistral:
+    case Architecture::kQwen2:
+    case Architecture::kQwen3:
+      return create_llama_model(config, weights, backend);
+    case Architecture::kDeepseekV2:
+    case Architecture::kDeepseekV3:
+      break;
+  }
+  throw Error(fmt::format("{}: this architecture's forward is not implemented yet", architecture_name(config.arch)));
+}
+
+}  // namespace specula
