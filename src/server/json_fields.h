@@ -1,0 +1,35 @@
+// Typed access to the fields of an OpenAI request body. A missing or null field is "unset"
+// (std::nullopt), as the OpenAI API treats null; a field of the wrong type is a 400 naming it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace specula::server::fields {
+
+using nlohmann::json;
+
+// The JSON type name used in error messages ("string", "number", ...).
+std::string type_name(const json& v);
+
+std::optional<double> number(const json& body, const char* key);
+// Accepts integral numbers only (2.0 is fine, 2.5 and "2" are not).
+std::optional<int64_t> integer(const json& body, const char* key);
+std::optional<bool> boolean(const json& body, const char* key);
+std::optional<std::string> string(const json& body, const char* key);
+// A list of integers (token ids): every element integral and within int32.
+std::optional<std::vector<int32_t>> int_list(const json& body, const char* key);
+// `stop`: a string or a list of strings.
+std::vector<std::string> string_or_string_list(const json& body, const char* key);
+// The field when it is an object / array; nullptr when absent or null; 400 for another type.
+const json* object(const json& body, const char* key);
+const json* array(const json& body, const char* key);
+
+// Converts one JSON value (already known to be a number) to int32, or 400 naming `param`.
+int32_t to_token_id(const json& v, const std::string& param);
+
+}  // namespace specula::server::fields

@@ -1,0 +1,36 @@
+// What every route handler shares: the engine, tokenizer and template, the served model's facts,
+// the server-side metrics and the shutdown flag. Handlers only read it (metrics are atomic).
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "server/metrics.h"
+#include "server/request_parser.h"
+
+namespace specula {
+class ChatTemplate;
+class LLMEngine;
+class Tokenizer;
+}  // namespace specula
+
+namespace specula::server {
+
+struct ServerState {
+  ServerState(LLMEngine& e, const Tokenizer& t, int max_len) : engine(e), tokenizer(t), max_model_len(max_len), metrics(max_len) {}
+
+  LLMEngine& engine;
+  const Tokenizer& tokenizer;
+  const ChatTemplate* chat_template = nullptr;  // null: the tokenizer has none (chat -> 400)
+  std::string served_model_name;                // /v1/models id and the "model" of responses
+  std::string model_root;                       // the checkpoint path (/v1/models root)
+  int max_model_len;
+  RequestDefaults defaults;
+  std::string reasoning_parser;                 // "" = off
+  bool enable_prompt_tokens_details = false;    // usage.prompt_tokens_details.cached_tokens
+  ServerMetrics metrics;
+  std::atomic<bool> stopping{false};            // shutdown began: in-flight requests abort
+};
+
+}  // namespace specula::server

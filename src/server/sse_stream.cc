@@ -1,0 +1,43 @@
+#include <memory>
+
+#include "server/routes.h"
+
+namespace specula::server {
+
+void install_sse_stream(httplib::Response& res, std::shared_ptr<GenerationRun> run,
+                        std::function<bool(std::string*)> pump) {
+  struct Session {
+    std::shared_ptr<GenerationRun> run;
+    std::function<bool(std::string*)> pump;
+    bool done = false;
+  };
+  auto session = std::make_shared<Session>(Session{std::move(run), std::move(pump)});
+  res.status = 200;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream; charset=utf-8",
+      [session](size_t /*offset*/, httplib::DataSink& sink) -> bool {
+        if (session->done) return false;
+        std::string out;
+        bool more = session->pump(&out);
+        if (!more && out.empty()) {
+          session->done = true;
+          return false;  // cancelled: end the response without a [DONE]
+        }
+        if (!out.empty() && !sink.write(out.data(), out.size())) {
+          session->run->cancel();  // the client is gone: free its KV blocks now
+          return false;
+        }
+        if (!more) {
+          session->done = true;
+          sink.done();
+        }
+        return true;
+      },
+      [session](bool /*success*/) {
+        // Whatever ended the response (write failure, server stop), nothing more will be read.
+        session->run->cancel();
+      });
+}
+
+}  // namespace specula::server
