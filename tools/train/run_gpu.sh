@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The GPU-machine side of the pipeline, one stage per call of the device tool (each under 10 min).
+#   dry    the whole pipeline with tiny step counts (a fast end-to-end check), then a timed full prepare
+#   main   corpus + tokenizer, specula-tiny and specula-tiny-moe trained side by side, evaluated, fixtures
+#   draft  corpus again (tokenizer from models/specula-tiny), specula-tiny-draft distilled, evaluated, fixtures
+# Everything that comes back is packed under $OUT (at most 8 files of 16 MiB).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+stage=${1:?usage: run_gpu.sh dry|main|draft}
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
+OUT=${OUT:-/tmp/specula_out}
+mkdir -p "$OUT"
+D=/tmp/specula_data
+PY="python3 tools/train/main.py"
+exec > >(tee "$OUT/$stage.log") 2>&1
+python3 -c "import torch, transformers, tokenizers, safetensors; print('torch', torch.__version__, 'transformers', transformers.__version__, 'tokenizers', tokenizers.__version__, 'cuda', torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else '')"
+
+case "$stage" in
+dry)
+  # Keeps going past a failing step, so one call shows every problem.
+  fail=0
+  run() { echo "=== $*"; "$@" || { echo "=== FAILED: $*"; fail=1; }; }
+  run $PY prepare --data $D --dry
+  $PY train --model tiny --data $D --dry > "$OUT/tiny.log" 2>&1 & p1=$!
+  $PY train --model moe --data $D --dry > "$OUT/moe.log" 2>&1 & p2=$!
+  s1=0; s2=0; wait $p1 || s1=$?; wait $p2 || s2=$?
+  cat "$OUT/tiny.log" "$OUT/moe.log"
+  echo "=== training exit codes: tiny=$s1 moe=$s2"
+  run $PY train --model draft --data $D --dry
+  for m in tiny moe draft; do run $PY evaluate --model $m --data $D --dry; done
+  run $PY fixtures --models tiny,draft,moe
+  python3 - <<'EOF2' || true
+import json, os, struct
+os.makedirs("tools/train/results-dry", exist_ok=True)
+for name in ["specula-tiny", "specula-tiny-moe", "specula-tiny-draft"]:
+    path = f"models/{name}/model.safetensors"
+    if not os.path.exists(path):
+        continue
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    with open(f"tools/train/results-dry/{name}.keys.txt", "w") as out:
+        for k, v in sorted(header.items()):
+            if k != "__metadata__":
+                out.write(f"{k} {v['dtype']} {v['shape']}\n")
+EOF2
+  tar -czf "$OUT/dry.tar.gz" --ignore-failed-read tools/train/results-dry tests/fixtures/embedded \
+    models/*/config.json models/*/generation_config.json models/*/tokenizer_config.json models/specula-tiny/tokenizer.json || true
+  echo "=== timing a full prepare"
+  time timeout 240 $PY prepare --data /tmp/specula_full || echo "full prepare failed or did not finish in 240 s"
+  echo "=== dry run: fail=$fail"
+  ;;
+main)
+  $PY prepare --data $D
+  $PY train --model tiny --data $D > "$OUT/tiny.log" 2>&1 & p1=$!
+  sleep 20  # lets the first process claim its memory before the second starts
+  $PY train --model moe --data $D > "$OUT/moe.log" 2>&1 & p2=$!
+  s1=0; s2=0; wait $p1 || s1=$?; wait $p2 || s2=$?
+  tail -n 30 "$OUT/tiny.log" "$OUT/moe.log"
+  [ $s1 = 0 ] && [ $s2 = 0 ] || { echo "training failed: tiny=$s1 moe=$s2"; exit 1; }
+  $PY evaluate --model tiny --data $D & p1=$!
+  $PY evaluate --model moe --data $D & p2=$!
+  wait $p1; wait $p2
+  $PY fixtures --models tiny,moe
+  tar -czf "$OUT/specula-tiny.tar.gz" models/specula-tiny
+  tar -czf "$OUT/specula-tiny-moe.tar.gz" models/specula-tiny-moe
+  tar -czf "$OUT/results-main.tar.gz" tools/train/results tests/fixtures/embedded
+  ;;
+draft)
+  $PY prepare --data $D --tokenizer-from models/specula-tiny
+  $PY train --model draft --data $D
+  $PY evaluate --model draft --data $D
+  $PY fixtures --models draft
+  tar -czf "$OUT/specula-tiny-draft.tar.gz" models/specula-tiny-draft
+  tar -czf "$OUT/results-draft.tar.gz" tools/train/results tests/fixtures/embedded/specula-tiny-draft
+  ;;
+*)
+  echo "unknown stage $stage"; exit 2 ;;
+esac
+ls -la "$OUT"
