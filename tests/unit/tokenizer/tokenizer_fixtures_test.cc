@@ -7,6 +7,7 @@
 #include <chrono>
 #include <fstream>
 #include <map>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -121,6 +122,23 @@ TEST_P(RealTokenizer, IncrementalDetokenizerMatchesDecode) {
       expect_incremental_matches(tok(), c["ids"].get<std::vector<int32_t>>(), skip, "ids " + c["ids"].dump());
     }
   }
+}
+
+// One instance serves every HTTP thread: concurrent encodes must agree with the references.
+TEST_P(RealTokenizer, ConcurrentEncodesAgree) {
+  std::vector<std::thread> threads;
+  std::vector<int> mismatches(4, 0);
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round) {
+        for (const auto& c : fixture()["cases"]) {
+          if (tok().encode(c["text"].get<std::string>(), true) != c["ids"].get<std::vector<int32_t>>()) ++mismatches[t];
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
 TEST_P(RealTokenizer, EncodingSeveralKilobytesTakesMilliseconds) {
