@@ -37,6 +37,7 @@ class Tokenizer {
   virtual std::optional<int32_t> eos_token_id() const = 0;
   virtual std::string bos_token() const = 0;  // "" when none
   virtual std::string eos_token() const = 0;
+  // Whether encode(text, true) starts with bos (from add_bos_token or tokenizer.json's template).
   virtual bool add_bos_token() const = 0;
   // tokenizer_config.json's chat_template (or chat_template.jinja beside it); "" when none.
   virtual const std::string& chat_template() const = 0;
@@ -46,6 +47,8 @@ class Tokenizer {
 // sequence: bytes of an incomplete character are held back until the character completes.
 class IncrementalDetokenizer {
  public:
+  // Byte-level decoding never puts spaces between tokens, so spaces_between_special_tokens has no
+  // effect (as in vLLM's detokenizer for fast tokenizers); it mirrors the sampling parameter.
   IncrementalDetokenizer(const Tokenizer& tok, bool skip_special_tokens, bool spaces_between_special_tokens = true);
   // Appends one token; returns the new text it completes (possibly empty).
   std::string add(int32_t token_id);
