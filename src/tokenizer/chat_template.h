@@ -18,7 +18,14 @@ class ChatTemplate {
   // `context` holds messages, add_generation_prompt, bos_token, eos_token, tools and any extra
   // template kwargs (enable_thinking, ...). raise_exception() in the template becomes a
   // specula::Error carrying its message.
-  virtual std::string render(const nlohmann::json& context) const = 0;
+  //
+  // Prefer the ordered_json overload: `tojson` writes dict keys in the order the context has
+  // them (as Python's json.dumps does), and nlohmann::json sorts keys on parse, so a request
+  // parsed into nlohmann::json renders tool schemas with sorted keys.
+  virtual std::string render(const nlohmann::ordered_json& context) const = 0;
+  std::string render(const nlohmann::json& context) const {
+    return render(nlohmann::ordered_json(context));
+  }
 };
 
 }  // namespace specula
