@@ -53,8 +53,9 @@ class LoadBalancer:
         return hook
 
     @torch.no_grad()
-    def update(self):
-        """After an optimizer step: move the biases, reset this step's counts."""
+    def update(self, record=True):
+        """After an optimizer step: move the biases, reset this step's counts (adding them to the
+        totals that summary() reports when record is set)."""
         for name, r in self.routers.items():
             load = self.counts[name]
             if load.sum() == 0:
@@ -62,7 +63,8 @@ class LoadBalancer:
             bias = r.e_score_correction_bias
             bias += self.gamma * torch.sign(load.mean() - load).to(bias.dtype)
             bias -= bias.min()
-            self.totals[name] += load
+            if record:
+                self.totals[name] += load
             load.zero_()
 
     def reset_counts(self):
@@ -70,7 +72,8 @@ class LoadBalancer:
             c.zero_()
 
     def summary(self):
-        """Per router: the most and least loaded expert's share relative to a perfectly even load."""
+        """Per router: the most and least loaded expert's load relative to a perfectly even load,
+        over the recorded steps."""
         out = {}
         for name, r in self.routers.items():
             t = self.totals[name]

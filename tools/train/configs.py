@@ -55,6 +55,6 @@ BIAS_UPDATE_SPEED = 1e-3   # gamma of the report's aux-loss-free balancing
 TRAIN = {
     "tiny": dict(steps=4000, batch=64, lr=3e-3, warmup=200, weight_decay=0.1, seed=1, time_limit_s=270),
     "moe": dict(steps=4000, batch=64, lr=3e-3, warmup=200, weight_decay=0.1, seed=2, time_limit_s=330),
-    "draft": dict(steps=4000, batch=64, lr=4e-3, warmup=200, weight_decay=0.1, seed=3, time_limit_s=270),
+    "draft": dict(steps=7000, batch=64, lr=4e-3, warmup=200, weight_decay=0.1, seed=3, time_limit_s=300),
 }
 DRY_RUN_STEPS = 40

@@ -50,7 +50,16 @@ def save_hf(model, folder, tokenizer_dir, extra_config=None):
 
 
 def _bf16_rounded(module):
-    return copy.deepcopy(module).to(torch.bfloat16).float().eval()
+    """A copy whose weights went through bf16 like the saved file's. Rope frequencies (buffers that
+    are recomputed in fp32 on load, never saved) are left alone."""
+    out = copy.deepcopy(module).float().eval()
+    with torch.no_grad():
+        for p in out.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
+        for name, b in out.named_buffers():
+            if "inv_freq" not in name and b.is_floating_point():
+                b.copy_(b.to(torch.bfloat16).float())
+    return out
 
 
 def _compare(name, ref, got):

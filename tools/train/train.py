@@ -85,9 +85,9 @@ def run_loop(kind, params, loss_fn, stream, tc, dry, after_step=None):
         grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if after_step:
-            after_step()
         step += 1
+        if after_step:
+            after_step(step, steps)
         tokens += batch.shape[0] * (batch.shape[1] - 1)
         if step == 10:
             torch.cuda.synchronize()
@@ -164,8 +164,11 @@ def train_moe(stream, tc, dry):
         l_mtp = ce(mtp_logits[:, :-1], batch[:, 2:])
         return l_main + MTP_LOSS_WEIGHT * l_mtp, {"main": l_main.detach(), "mtp": l_mtp.detach()}
 
-    summary = run_loop("moe", params, loss_fn, stream, tc, dry, after_step=balancer.update)
-    summary["expert_load"] = balancer.summary()
+    def after_step(step, steps):  # the load figures cover the last quarter of the planned steps
+        balancer.update(record=step > 0.75 * steps)
+
+    summary = run_loop("moe", params, loss_fn, stream, tc, dry, after_step=after_step)
+    summary["expert_load_last_quarter"] = balancer.summary()
     summary["mtp_loss_weight"] = MTP_LOSS_WEIGHT
     summary["bias_update_speed"] = BIAS_UPDATE_SPEED
     balancer.remove()
