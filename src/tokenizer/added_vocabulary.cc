@@ -86,17 +86,20 @@ AddedVocabulary::Matcher::Match AddedVocabulary::Matcher::find(std::string_view 
 void AddedVocabulary::add(const AddedToken& token) {
   if (token.content.empty()) return;
   if (auto it = by_content_.find(token.content); it != by_content_.end()) {
-    // Same content again (e.g. a special token named in tokenizer_config.json): update in place.
-    AddedToken& existing = tokens_[by_id_.at(it->second)];
-    const bool special = existing.special || token.special;
-    existing = token;
-    existing.id = it->second;
-    existing.special = special;
+    const size_t index = by_id_.at(it->second);
+    by_id_.erase(it->second);
+    tokens_[index] = token;
+    by_id_[token.id] = index;
+    it->second = token.id;
     return;
   }
   by_id_[token.id] = tokens_.size();
   by_content_.emplace(token.content, token.id);
   tokens_.push_back(token);
+}
+
+void AddedVocabulary::mark_special(int32_t id) {
+  if (const auto it = by_id_.find(id); it != by_id_.end()) tokens_[it->second].special = true;
 }
 
 void AddedVocabulary::build(const Normalizer* normalizer) {

@@ -36,8 +36,12 @@ struct TextSegment {
 
 class AddedVocabulary {
  public:
-  // Adds or replaces (same content) a token. Call build() after the last add().
+  // Adds a token; a second token with the same content replaces the first (as in a tokenizer.json
+  // listing it twice). Call build() after the last add().
   void add(const AddedToken& token);
+  // Makes an existing token special, keeping how it is matched: transformers does this for the
+  // special tokens tokenizer_config.json names (HF keeps such a token in the matcher it was in).
+  void mark_special(int32_t id);
   // Builds the matchers; normalized tokens are matched in their normalized form.
   void build(const Normalizer* normalizer);
   // When true, special tokens in the text are not matched (transformers' split_special_tokens).

@@ -131,7 +131,11 @@ class HfTokenizer final : public Tokenizer {
     // transformers registers every special token named in tokenizer_config.json as a special
     // added token: existing ones become special, missing ones get the next free id.
     for (AddedToken t : config.special_tokens) {
-      if (auto id = token_to_id(t.content)) {
+      if (auto id = added_.token_to_id(t.content)) {
+        added_.mark_special(*id);
+        continue;
+      }
+      if (auto id = model_->token_to_id(t.content)) {
         t.id = *id;
       } else {
         const int64_t model_size = model_->vocab_size();
