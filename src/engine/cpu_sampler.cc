@@ -1,0 +1,68 @@
+// The host implementation of Sampler: reads the logits back (when they live on a device) and
+// runs sampling_math row by row.
+#include <vector>
+
+#include "core/error.h"
+#include "engine/sampler.h"
+#include "engine/sampling_math.h"
+
+namespace specula {
+
+namespace {
+
+class CpuSampler : public Sampler {
+ public:
+  explicit CpuSampler(Backend& backend) : backend_(backend) {}
+
+  std::vector<SampledToken> sample(const Tensor& logits, std::span<const SamplingRow> rows) override {
+    const Tensor host = to_host(logits);
+    const size_t vocab = static_cast<size_t>(host.size(1));
+    std::vector<SampledToken> out(rows.size());
+    std::vector<float> work(vocab);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const SamplingRow& row = rows[i];
+      SPECULA_ASSERT(row.logits_row >= 0 && row.logits_row < host.size(0));
+      std::span<const float> raw(host.data_as<float>() + static_cast<size_t>(row.logits_row) * vocab, vocab);
+      work.assign(raw.begin(), raw.end());
+      logits_to_probs(work, row);
+      const int32_t token = row.params->greedy() ? argmax(work)
+                                                 : sample_from_probs(work, uniform_draw(row.seed, row.position));
+      out[i].token = token;
+      if (row.num_logprobs >= 0) out[i].logprobs = compute_logprobs(raw, token, row.num_logprobs);
+    }
+    return out;
+  }
+
+  std::vector<PositionLogprobs> logprobs_of(const Tensor& logits, std::span<const int> rows,
+                                            std::span<const int32_t> targets, int top_n) override {
+    SPECULA_ASSERT(rows.size() == targets.size());
+    const Tensor host = to_host(logits);
+    const size_t vocab = static_cast<size_t>(host.size(1));
+    std::vector<PositionLogprobs> out;
+    out.reserve(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::span<const float> raw(host.data_as<float>() + static_cast<size_t>(rows[i]) * vocab, vocab);
+      out.push_back(compute_logprobs(raw, targets[i], top_n));
+    }
+    return out;
+  }
+
+ private:
+  Tensor to_host(const Tensor& logits) {
+    SPECULA_CHECK(logits.dtype() == DType::kF32 && logits.ndim() == 2, "sampler: logits must be F32 [L, V], got {}",
+                  logits.describe());
+    if (logits.is_cpu()) return logits;
+    Tensor host = Tensor::empty(logits.shape(), DType::kF32, Device::kCPU);
+    backend_.copy(logits, host);
+    backend_.synchronize();
+    return host;
+  }
+
+  Backend& backend_;
+};
+
+}  // namespace
+
+std::unique_ptr<Sampler> make_cpu_sampler(Backend& backend) { return std::make_unique<CpuSampler>(backend); }
+
+}  // namespace specula

@@ -1,0 +1,168 @@
+#include "engine/engine_core.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+#include "core/logging.h"
+
+namespace specula {
+
+namespace {
+
+SchedulerConfig scheduler_config(const EngineCoreConfig& c) {
+  SchedulerConfig s;
+  s.max_num_seqs = c.max_num_seqs;
+  s.max_num_batched_tokens = c.max_num_batched_tokens;
+  s.max_model_len = c.max_model_len;
+  s.block_size = c.block_size;
+  s.num_blocks = c.num_blocks;
+  s.enable_prefix_caching = c.enable_prefix_caching;
+  s.num_spec_tokens = c.num_spec_tokens;
+  return s;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+EngineCore::EngineCore(const EngineCoreConfig& config, ModelExecutor& executor, const Tokenizer& tokenizer)
+    : config_(config), executor_(executor), tokenizer_(tokenizer), scheduler_(scheduler_config(config)),
+      outputs_(tokenizer) {}
+
+void EngineCore::validate(const NewRequest& request) const {
+  request.params.validate();
+  const int prompt_len = static_cast<int>(request.prompt_token_ids.size());
+  SPECULA_CHECK(prompt_len > 0, "the prompt is empty: at least one prompt token is required");
+  for (int32_t t : request.prompt_token_ids)
+    SPECULA_CHECK(t >= 0 && (config_.vocab_size <= 0 || t < config_.vocab_size),
+                  "prompt token id {} is out of vocabulary (vocab size {})", t, config_.vocab_size);
+  const int max_tokens = request.params.max_tokens.value_or(1);
+  const int64_t total = static_cast<int64_t>(prompt_len) + max_tokens;
+  SPECULA_CHECK(total <= config_.max_model_len,
+                "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the "
+                "prompt, {} in the completion). Please reduce the length of the prompt or completion.",
+                config_.max_model_len, total, prompt_len, max_tokens);
+}
+
+std::vector<std::string> EngineCore::child_ids(const std::string& request_id, int n) const {
+  if (n == 1) return {request_id};
+  std::vector<std::string> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(request_id + "#" + std::to_string(i));
+  return ids;
+}
+
+void EngineCore::add_request(NewRequest request, std::shared_ptr<RequestStream> stream) {
+  validate(request);
+  auto params = std::make_shared<const SamplingParams>(std::move(request.params));
+  const std::vector<std::string> ids = child_ids(request.request_id, params->n);
+  const int prompt_len = static_cast<int>(request.prompt_token_ids.size());
+
+  // eos and the extra stop tokens (vLLM semantics, see EngineCoreConfig).
+  std::optional<int32_t> eos;
+  std::vector<int32_t> extra_stops;
+  if (!config_.eos_token_ids.empty() && !params->ignore_eos) {
+    eos = config_.eos_token_ids.front();
+    extra_stops.assign(config_.eos_token_ids.begin() + 1, config_.eos_token_ids.end());
+  }
+  std::vector<int32_t> stop_ids = params->stop_token_ids;
+  for (int32_t t : extra_stops)
+    if (std::find(stop_ids.begin(), stop_ids.end(), t) == stop_ids.end()) stop_ids.push_back(t);
+
+  outputs_.add_request(request.request_id, ids, prompt_len, params, std::move(stream));
+  const double arrival = now_seconds();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    auto r = std::make_unique<Request>();
+    r->request_id = ids[i];
+    r->parent_id = request.request_id;
+    r->choice_index = static_cast<int>(i);
+    r->prompt_token_ids = request.prompt_token_ids;
+    r->all_token_ids = request.prompt_token_ids;
+    r->params = params;
+    r->max_tokens = params->max_tokens.value_or(config_.max_model_len - prompt_len);
+    r->eos_token_id = eos;
+    r->stop_token_ids = stop_ids;
+    // Each choice its own stream: (seed + index) as vLLM does for n > 1; unseeded sequences take
+    // the engine seed plus a counter, so a whole run is reproducible from --seed.
+    r->sampling_seed = params->seed ? *params->seed + i : config_.seed + (++unseeded_counter_) * 0x9e3779b97f4a7c15ull;
+    r->arrival_seq = arrival_seq_++;
+    r->arrival_time = arrival;
+    scheduler_.add_request(std::move(r));
+  }
+}
+
+void EngineCore::abort(const std::string& request_id) {
+  if (!outputs_.has_request(request_id)) return;
+  scheduler_.finish_requests(outputs_.children_of(request_id), RequestStatus::kFinishedAborted);
+  outputs_.abort(request_id);
+}
+
+void EngineCore::abort_all() {
+  for (const std::string& id : outputs_.request_ids()) abort(id);
+}
+
+void EngineCore::fail_requests(const std::vector<std::string>& request_ids, const std::string& message) {
+  for (const std::string& parent : request_ids) {
+    const std::vector<std::string> ids = outputs_.children_of(parent);
+    // Their KV blocks may hold garbage: keep them out of the prefix cache.
+    scheduler_.finish_requests(ids, RequestStatus::kFinishedError, /*kv_contents_valid=*/false);
+    outputs_.fail(parent, message);
+  }
+}
+
+void EngineCore::fail_all(const std::string& message) { fail_requests(outputs_.request_ids(), message); }
+
+bool EngineCore::step() {
+  if (!scheduler_.has_unfinished_requests()) return false;
+  SchedulerOutput scheduled = scheduler_.schedule();
+  if (scheduled.empty()) {
+    // Nothing fits even though requests wait: cannot happen while the cache holds a whole
+    // max_model_len sequence, but never spin on it.
+    fail_all("internal error: no request could be scheduled (KV cache too small?)");
+    return true;
+  }
+  ModelRunnerOutput result;
+  try {
+    result = executor_.execute(scheduled);
+  } catch (const std::exception& e) {
+    // One batch, one failure: every request in it gets the error; the engine carries on.
+    std::vector<std::string> parents;
+    for (const ScheduledRequest& s : scheduled.scheduled) {
+      std::string parent = outputs_.parent_of(s.req_id);
+      if (!parent.empty() && std::find(parents.begin(), parents.end(), parent) == parents.end())
+        parents.push_back(parent);
+    }
+    LOG_ERROR("engine step {} failed ({} requests): {}", scheduled.step_id, parents.size(), e.what());
+    fail_requests(parents, std::string("engine step failed: ") + e.what());
+    return true;
+  }
+  std::vector<EngineCoreOutput> outs = scheduler_.update(scheduled, result);
+  std::vector<std::string> stopped = outputs_.process(outs);
+  scheduler_.finish_requests(stopped, RequestStatus::kFinishedStopped);
+  return true;
+}
+
+EngineMetrics EngineCore::metrics() const {
+  EngineMetrics m;
+  const SchedulerStats& s = scheduler_.stats();
+  const KVCacheManager& kv = scheduler_.kv_cache();
+  m.num_requests_running = scheduler_.num_running();
+  m.num_requests_waiting = scheduler_.num_waiting();
+  m.kv_cache_usage = kv.usage();
+  m.prompt_tokens_total = s.prompt_tokens;
+  m.generation_tokens_total = s.generation_tokens;
+  m.prefix_cache_queries = kv.prefix_cache_stats().queries;
+  m.prefix_cache_hits = kv.prefix_cache_stats().hits;
+  m.num_preemptions = s.num_preemptions;
+  m.request_success_total = s.requests_finished;
+  m.spec_num_drafts = s.spec_num_drafts;
+  m.spec_num_draft_tokens = s.spec_num_draft_tokens;
+  m.spec_num_accepted_tokens = s.spec_num_accepted_tokens;
+  m.spec_accepted_per_pos = s.spec_accepted_per_pos;
+  m.num_gpu_blocks = kv.num_blocks();
+  return m;
+}
+
+}  // namespace specula

@@ -1,0 +1,72 @@
+// EngineCore: one engine iteration, synchronous and single-threaded: new requests and aborts in,
+// schedule -> execute -> update -> outputs to the RequestStreams. The threaded LLMEngine drives it
+// from its loop thread; tests drive it step by step.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/api.h"
+#include "engine/llm_engine.h"
+#include "engine/model_runner.h"
+#include "engine/output_processor.h"
+#include "engine/scheduler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula {
+
+struct EngineCoreConfig {
+  int max_model_len = 2048;
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;
+  int block_size = 16;
+  int num_blocks = 0;
+  bool enable_prefix_caching = true;
+  int num_spec_tokens = 0;
+  uint64_t seed = 0;            // requests without a seed draw from seed + a per-sequence counter
+  int64_t vocab_size = 0;       // prompt token ids must lie below it
+  // eos: the tokenizer's eos_token_id when it has one, else the first generation_config eos; the
+  // other generation_config eos ids also stop a sequence (reported as its stop_reason).
+  std::vector<int32_t> eos_token_ids;
+};
+
+class EngineCore {
+ public:
+  EngineCore(const EngineCoreConfig& config, ModelExecutor& executor, const Tokenizer& tokenizer);
+
+  const EngineCoreConfig& config() const { return config_; }
+  // Throws specula::Error naming the parameter or both lengths. Thread-safe (reads config only).
+  void validate(const NewRequest& request) const;
+  void add_request(NewRequest request, std::shared_ptr<RequestStream> stream);
+  // Finishes every sequence of the client request (blocks freed, final "abort" output).
+  void abort(const std::string& request_id);
+  void abort_all();
+  // Fails every unfinished request with `message` (the loop itself broke).
+  void fail_all(const std::string& message);
+
+  // One iteration; false when there was nothing to run.
+  bool step();
+  bool has_unfinished_requests() const { return scheduler_.has_unfinished_requests(); }
+
+  const Scheduler& scheduler() const { return scheduler_; }
+  Scheduler& scheduler() { return scheduler_; }
+  size_t num_client_requests() const { return outputs_.num_requests(); }
+  EngineMetrics metrics() const;
+
+ private:
+  void fail_requests(const std::vector<std::string>& request_ids, const std::string& message);
+  std::vector<std::string> child_ids(const std::string& request_id, int n) const;
+
+  EngineCoreConfig config_;
+  ModelExecutor& executor_;
+  const Tokenizer& tokenizer_;
+  Scheduler scheduler_;
+  OutputProcessor outputs_;
+  uint64_t arrival_seq_ = 0;
+  uint64_t unseeded_counter_ = 0;
+};
+
+}  // namespace specula

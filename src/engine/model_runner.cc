@@ -1,0 +1,252 @@
+#include "engine/model_runner.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace specula {
+
+namespace {
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+}  // namespace
+
+ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const ModelRunnerConfig& config)
+    : model_(model), backend_(backend), sampler_(sampler), config_(config) {
+  SPECULA_CHECK(config.num_blocks > 0, "model runner: the KV cache needs at least one block");
+  const KVCacheSpec spec = model.kv_cache_spec();
+  const DType dtype = backend.compute_dtype();
+  kv_.resize(static_cast<size_t>(spec.num_layers));
+  for (KVCacheLayer& layer : kv_) {
+    layer.k = backend.empty({config.num_blocks, config.block_size, spec.num_kv_heads, spec.head_dim}, dtype);
+    layer.v = backend.empty({config.num_blocks, config.block_size, spec.num_kv_heads, spec.v_head_dim}, dtype);
+    // Zeroed so that nothing uninitialised (NaN bit patterns) can ever reach attention.
+    backend.zero(layer.k);
+    if (layer.v.numel() > 0) backend.zero(layer.v);
+  }
+
+  const int64_t max_tokens = config.max_num_batched_tokens;
+  const int64_t max_seqs = config.max_num_seqs;
+  const int64_t max_blocks_per_seq = ceil_div(config.max_model_len + config.num_spec_tokens, config.block_size);
+  const int64_t max_logits = max_tokens + max_seqs * (1 + config.num_spec_tokens);
+  auto pair = [&](Tensor& h, Tensor& d, int64_t n, DType t) {
+    h = Tensor::empty({n}, t, Device::kCPU);
+    d = backend.empty({n}, t);
+  };
+  pair(h_tokens_, d_tokens_, max_tokens, DType::kI32);
+  pair(h_positions_, d_positions_, max_tokens, DType::kI32);
+  pair(h_slots_, d_slots_, max_tokens, DType::kI64);
+  pair(h_qsl_, d_qsl_, max_seqs + 1, DType::kI32);
+  pair(h_seq_lens_, d_seq_lens_, max_seqs, DType::kI32);
+  pair(h_block_tables_, d_block_tables_, max_seqs * max_blocks_per_seq, DType::kI32);
+  pair(h_logits_idx_, d_logits_idx_, max_logits, DType::kI32);
+}
+
+void ModelRunner::update_states(const SchedulerOutput& scheduled) {
+  for (const std::string& id : scheduled.finished_req_ids) requests_.erase(id);
+  for (const std::string& id : scheduled.preempted_req_ids) requests_.erase(id);
+  for (const NewRequestData& d : scheduled.new_requests) {
+    RequestState s;
+    s.tokens = d.prompt_token_ids;
+    s.tokens.insert(s.tokens.end(), d.output_token_ids.begin(), d.output_token_ids.end());
+    s.num_prompt_tokens = static_cast<int>(d.prompt_token_ids.size());
+    s.params = d.params;
+    s.seed = d.sampling_seed;
+    s.min_tokens_stop_ids = d.min_tokens_stop_ids;
+    s.want_prompt_logprobs = d.want_prompt_logprobs;
+    s.block_ids = d.block_ids;
+    requests_[d.req_id] = std::move(s);
+  }
+  for (const ScheduledRequest& r : scheduled.scheduled) {
+    auto it = requests_.find(r.req_id);
+    SPECULA_CHECK(it != requests_.end(), "internal error: model runner has no state for request {}", r.req_id);
+    it->second.block_ids.insert(it->second.block_ids.end(), r.new_block_ids.begin(), r.new_block_ids.end());
+  }
+}
+
+Tensor ModelRunner::upload(const Tensor& host, Tensor& device, int64_t n) {
+  Tensor dst = device.slice(0, n);
+  if (n > 0) backend_.copy(host.slice(0, n), dst);
+  return dst;
+}
+
+ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::vector<RequestPlan>& plans) {
+  const int bs = config_.block_size;
+  const int num_seqs = static_cast<int>(scheduled.scheduled.size());
+  SPECULA_CHECK(num_seqs <= config_.max_num_seqs && scheduled.total_num_scheduled_tokens <= config_.max_num_batched_tokens,
+                "internal error: step of {} sequences / {} tokens exceeds the runner's capacity", num_seqs,
+                scheduled.total_num_scheduled_tokens);
+  int32_t* tokens = h_tokens_.data_as<int32_t>();
+  int32_t* positions = h_positions_.data_as<int32_t>();
+  int64_t* slots = h_slots_.data_as<int64_t>();
+  int32_t* qsl = h_qsl_.data_as<int32_t>();
+  int32_t* seq_lens = h_seq_lens_.data_as<int32_t>();
+  int32_t* logits_idx = h_logits_idx_.data_as<int32_t>();
+
+  plans.assign(static_cast<size_t>(num_seqs), RequestPlan{});
+  int max_blocks = 1;
+  int t = 0, num_logits = 0, max_query = 0, max_seq = 0;
+  qsl[0] = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    const ScheduledRequest& r = scheduled.scheduled[s];
+    RequestState& st = requests_.at(r.req_id);
+    RequestPlan& plan = plans[s];
+    plan.state = &st;
+    plan.sched = &r;
+    const int start = r.num_computed_tokens;
+    const int n = r.num_scheduled_tokens;
+    const int num_spec = static_cast<int>(r.spec_token_ids.size());
+    const int n_known = n - num_spec;
+    const int num_tokens = static_cast<int>(st.tokens.size());
+    SPECULA_CHECK(n > 0 && start + n_known <= num_tokens,
+                  "internal error: request {} scheduled tokens [{}, {}) but has {} tokens", r.req_id, start,
+                  start + n_known, num_tokens);
+    const int seq_len = start + n;
+    SPECULA_CHECK(ceil_div(seq_len, bs) <= static_cast<int>(st.block_ids.size()),
+                  "internal error: request {} needs {} KV blocks, holds {}", r.req_id, ceil_div(seq_len, bs),
+                  st.block_ids.size());
+    for (int j = 0; j < n; ++j) {
+      const int pos = start + j;
+      tokens[t + j] = j < n_known ? st.tokens[pos] : r.spec_token_ids[j - n_known];
+      positions[t + j] = pos;
+      slots[t + j] = static_cast<int64_t>(st.block_ids[pos / bs]) * bs + pos % bs;
+    }
+    // Prompt logprobs: row at position p predicts prompt token p + 1.
+    if (st.want_prompt_logprobs && start < st.num_prompt_tokens - 1) {
+      const int end = std::min(start + n_known, st.num_prompt_tokens - 1);
+      plan.first_prompt_row = num_logits;
+      plan.num_prompt_rows = end - start;
+      plan.first_prompt_position = start + 1;
+      for (int p = start; p < end; ++p) logits_idx[num_logits++] = t + (p - start);
+    }
+    // A request samples once its chunk reaches its last known token: one row, or k+1 to verify.
+    if (start + n_known == num_tokens) {
+      plan.first_sample_row = num_logits;
+      plan.num_sample_rows = num_spec + 1;
+      for (int j = 0; j <= num_spec; ++j) logits_idx[num_logits++] = t + n_known - 1 + j;
+    }
+    t += n;
+    qsl[s + 1] = t;
+    seq_lens[s] = seq_len;
+    max_query = std::max(max_query, n);
+    max_seq = std::max(max_seq, seq_len);
+    max_blocks = std::max(max_blocks, ceil_div(seq_len, bs));
+  }
+  SPECULA_ASSERT(t == scheduled.total_num_scheduled_tokens);
+
+  // Block tables only as wide as this step needs; unused entries point at block 0 and are never
+  // read (attention stops at seq_lens).
+  int32_t* tables = h_block_tables_.data_as<int32_t>();
+  for (int s = 0; s < num_seqs; ++s) {
+    const std::vector<int32_t>& ids = plans[s].state->block_ids;
+    const int used = ceil_div(seq_lens[s], bs);
+    int32_t* row = tables + static_cast<size_t>(s) * max_blocks;
+    std::copy(ids.begin(), ids.begin() + used, row);
+    std::fill(row + used, row + max_blocks, 0);
+  }
+
+  ForwardInput in;
+  in.token_ids = upload(h_tokens_, d_tokens_, t);
+  in.positions = upload(h_positions_, d_positions_, t);
+  in.logits_indices = upload(h_logits_idx_, d_logits_idx_, num_logits);
+  AttentionMetadata& md = in.attn;
+  md.num_seqs = num_seqs;
+  md.num_tokens = t;
+  md.max_query_len = max_query;
+  md.max_seq_len = max_seq;
+  md.block_size = bs;
+  md.query_start_loc = upload(h_qsl_, d_qsl_, num_seqs + 1);
+  md.seq_lens = upload(h_seq_lens_, d_seq_lens_, num_seqs);
+  md.slot_mapping = upload(h_slots_, d_slots_, t);
+  md.block_tables = upload(h_block_tables_, d_block_tables_, static_cast<int64_t>(num_seqs) * max_blocks)
+                        .reshape({num_seqs, max_blocks});
+  md.query_start_loc_host.assign(qsl, qsl + num_seqs + 1);
+  md.seq_lens_host.assign(seq_lens, seq_lens + num_seqs);
+  return in;
+}
+
+std::vector<int32_t> ModelRunner::verify_and_accept(const RequestPlan& plan, const std::vector<SampledToken>& sampled,
+                                                    size_t first, std::vector<PositionLogprobs>* logprobs) const {
+  std::vector<int32_t> accepted;
+  const std::vector<int32_t>& drafts = plan.sched->spec_token_ids;
+  for (int j = 0; j < plan.num_sample_rows; ++j) {
+    const SampledToken& tok = sampled[first + static_cast<size_t>(j)];
+    accepted.push_back(tok.token);
+    if (tok.logprobs && logprobs) logprobs->push_back(*tok.logprobs);
+    if (j < static_cast<int>(drafts.size()) && tok.token != drafts[j]) break;  // the draft was wrong
+  }
+  return accepted;
+}
+
+ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
+  update_states(scheduled);
+  ModelRunnerOutput out;
+  const size_t num_seqs = scheduled.scheduled.size();
+  out.sampled_token_ids.resize(num_seqs);
+  out.logprobs.resize(num_seqs);
+  out.prompt_logprobs.resize(num_seqs);
+  if (num_seqs == 0) return out;
+
+  backend_.reset_scratch();
+  std::vector<RequestPlan> plans;
+  ForwardInput input = prepare_inputs(scheduled, plans);
+  ForwardOutput fwd = model_.forward(input, kv_);
+
+  // Sampling rows. Drafts are appended to the request's tokens for the duration of sampling, so
+  // that row j of a verification sees (and penalises) the j drafts before it.
+  std::vector<SamplingRow> rows;
+  std::vector<size_t> first_row_of(num_seqs, 0);
+  for (size_t s = 0; s < num_seqs; ++s) {
+    RequestPlan& plan = plans[s];
+    if (plan.first_sample_row < 0) continue;
+    RequestState& st = *plan.state;
+    const std::vector<int32_t>& drafts = plan.sched->spec_token_ids;
+    const int num_tokens = static_cast<int>(st.tokens.size());
+    st.tokens.insert(st.tokens.end(), drafts.begin(), drafts.end());
+    first_row_of[s] = rows.size();
+    for (int j = 0; j < plan.num_sample_rows; ++j) {
+      SamplingRow row;
+      row.logits_row = plan.first_sample_row + j;
+      row.params = st.params.get();
+      row.seed = st.seed;
+      row.position = num_tokens + j;
+      row.prompt_token_ids = std::span<const int32_t>(st.tokens.data(), static_cast<size_t>(st.num_prompt_tokens));
+      row.output_token_ids = std::span<const int32_t>(st.tokens.data() + st.num_prompt_tokens,
+                                                      static_cast<size_t>(num_tokens + j - st.num_prompt_tokens));
+      if (st.num_output_tokens() - static_cast<int>(drafts.size()) + j < st.params->min_tokens)
+        row.masked_token_ids = st.min_tokens_stop_ids;
+      row.num_logprobs = st.params->logprobs ? *st.params->logprobs : -1;
+      rows.push_back(row);
+    }
+  }
+  std::vector<SampledToken> sampled = sampler_.sample(fwd.logits, rows);
+
+  for (size_t s = 0; s < num_seqs; ++s) {
+    RequestPlan& plan = plans[s];
+    RequestState& st = *plan.state;
+    if (plan.first_sample_row >= 0) {
+      st.tokens.resize(st.tokens.size() - plan.sched->spec_token_ids.size());
+      const bool want_logprobs = st.params->logprobs.has_value();
+      std::vector<int32_t> accepted =
+          verify_and_accept(plan, sampled, first_row_of[s], want_logprobs ? &out.logprobs[s] : nullptr);
+      st.tokens.insert(st.tokens.end(), accepted.begin(), accepted.end());
+      out.sampled_token_ids[s] = std::move(accepted);
+    }
+    if (plan.num_prompt_rows > 0) {
+      std::vector<int> lrows(static_cast<size_t>(plan.num_prompt_rows));
+      std::vector<int32_t> targets(lrows.size());
+      for (int i = 0; i < plan.num_prompt_rows; ++i) {
+        lrows[i] = plan.first_prompt_row + i;
+        targets[i] = st.tokens[plan.first_prompt_position + i];
+      }
+      std::vector<PositionLogprobs> lp = sampler_.logprobs_of(fwd.logits, lrows, targets, *st.params->prompt_logprobs);
+      PromptLogprobsChunk& chunk = out.prompt_logprobs[s];
+      const bool from_start = plan.first_prompt_position == 1;
+      chunk.start = from_start ? 0 : plan.first_prompt_position;
+      if (from_start) chunk.entries.push_back(std::nullopt);  // the first prompt token has no logprob
+      for (PositionLogprobs& p : lp) chunk.entries.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+}  // namespace specula

@@ -1,0 +1,96 @@
+// ModelRunner: turns a SchedulerOutput into one Model::forward over the flattened batch, then
+// samples. It keeps persistent per-request state (tokens, block table, sampling settings: vLLM's
+// InputBatch idea) so that each step only ships what changed, and builds the step's inputs in
+// host buffers that are copied to the backend's device in one go per tensor.
+//
+// Draft tokens scheduled for verification get logits at all k+1 positions; each position is
+// sampled from the target's own distribution and drafts are accepted while they equal the sampled
+// token. That is lossless (and, with position-keyed random draws, gives exactly the tokens of a
+// run without speculation); the rejection sampler of spec/ (accepting with min(1, p/q)) slots in
+// at verify_and_accept() for a higher acceptance rate.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/sampler.h"
+#include "engine/scheduler_output.h"
+#include "model/model.h"
+
+namespace specula {
+
+// What the engine core drives each step: the ModelRunner, or a fake in tests.
+class ModelExecutor {
+ public:
+  virtual ~ModelExecutor() = default;
+  virtual ModelRunnerOutput execute(const SchedulerOutput& scheduled) = 0;
+};
+
+struct ModelRunnerConfig {
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 8192;
+  int max_model_len = 2048;
+  int block_size = 16;
+  int num_blocks = 0;
+  int num_spec_tokens = 0;
+};
+
+class ModelRunner : public ModelExecutor {
+ public:
+  // Allocates the KV cache (num_blocks blocks per layer, in the backend's compute dtype) and the
+  // persistent device input buffers.
+  ModelRunner(Model& model, Backend& backend, Sampler& sampler, const ModelRunnerConfig& config);
+
+  ModelRunnerOutput execute(const SchedulerOutput& scheduled) override;
+
+  std::vector<KVCacheLayer>& kv_cache() { return kv_; }
+  size_t num_cached_requests() const { return requests_.size(); }
+
+ private:
+  struct RequestState {
+    std::vector<int32_t> tokens;   // prompt followed by the output sampled so far
+    int num_prompt_tokens = 0;
+    std::shared_ptr<const SamplingParams> params;
+    uint64_t seed = 0;
+    std::vector<int32_t> min_tokens_stop_ids;
+    bool want_prompt_logprobs = false;
+    std::vector<int32_t> block_ids;
+    int num_output_tokens() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
+  };
+
+  // Where one request's results come from in the step's logits.
+  struct RequestPlan {
+    RequestState* state = nullptr;
+    const ScheduledRequest* sched = nullptr;
+    int first_sample_row = -1;     // k+1 consecutive logits rows when it samples, else -1
+    int num_sample_rows = 0;
+    int first_prompt_row = -1;     // prompt logprob rows
+    int num_prompt_rows = 0;
+    int first_prompt_position = 0; // the prompt position the first prompt row predicts
+  };
+
+  void update_states(const SchedulerOutput& scheduled);
+  ForwardInput prepare_inputs(const SchedulerOutput& scheduled, std::vector<RequestPlan>& plans);
+  // Samples every row of `plan`, keeps the accepted prefix (drafts equal to the sampled token,
+  // then the first token that differs or the bonus token).
+  std::vector<int32_t> verify_and_accept(const RequestPlan& plan, const std::vector<SampledToken>& sampled,
+                                         size_t first, std::vector<PositionLogprobs>* logprobs) const;
+  Tensor upload(const Tensor& host, Tensor& device, int64_t n);
+
+  Model& model_;
+  Backend& backend_;
+  Sampler& sampler_;
+  ModelRunnerConfig config_;
+  std::vector<KVCacheLayer> kv_;
+  std::unordered_map<std::string, RequestState> requests_;
+
+  // Host staging buffers and their device twins, sized for the largest step.
+  Tensor h_tokens_, h_positions_, h_slots_, h_qsl_, h_seq_lens_, h_block_tables_, h_logits_idx_;
+  Tensor d_tokens_, d_positions_, d_slots_, d_qsl_, d_seq_lens_, d_block_tables_, d_logits_idx_;
+};
+
+}  // namespace specula

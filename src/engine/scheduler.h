@@ -1,0 +1,90 @@
+// The continuous-batching scheduler (vLLM v1 style). Each step has a token budget; running
+// requests go first (decodes, continuing chunked prefills, draft tokens to verify), then waiting
+// requests are admitted first-come-first-served, their prompts split into chunks that fit what is
+// left of the budget. When KV blocks run out, the most recently admitted running request is
+// preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed.
+//
+// Accounting is "scheduled = computed": num_computed_tokens advances when a step is scheduled and
+// is rolled back for rejected draft tokens when the step's result arrives. Together with
+// Request::num_output_placeholders this is what lets async scheduling (schedule step N+1 while
+// step N runs) slot in later without changing the data flow.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/kv_cache_manager.h"
+#include "engine/request.h"
+#include "engine/scheduler_output.h"
+
+namespace specula {
+
+struct SchedulerConfig {
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 8192;
+  int max_model_len = 2048;
+  int block_size = 16;
+  int num_blocks = 0;
+  bool enable_prefix_caching = true;
+  int num_spec_tokens = 0;  // KV slots reserved ahead of each request for draft tokens
+};
+
+// Cumulative counters (the engine turns them into metrics and the periodic stats line).
+struct SchedulerStats {
+  int64_t num_preemptions = 0;
+  int64_t prompt_tokens = 0;       // prompts of requests that produced their first token
+  int64_t generation_tokens = 0;
+  int64_t requests_finished = 0;   // stopped or length-capped
+  int64_t spec_num_drafts = 0;
+  int64_t spec_num_draft_tokens = 0;
+  int64_t spec_num_accepted_tokens = 0;
+  std::vector<int64_t> spec_accepted_per_pos;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+
+  const SchedulerConfig& config() const { return config_; }
+  void add_request(std::unique_ptr<Request> request);
+  // Ends requests outside a step's result (abort, a stop string, a failed step) and frees their
+  // blocks; unknown or already finished ids are ignored. Returns the ids it ended.
+  std::vector<std::string> finish_requests(const std::vector<std::string>& ids, RequestStatus status,
+                                           bool kv_contents_valid = true);
+  // Drafts for the request's next step (from a proposer); trimmed to what the budget allows.
+  void set_draft_tokens(const std::string& id, std::vector<int32_t> tokens);
+
+  SchedulerOutput schedule();
+  // Applies a step's result: appends the accepted tokens (rolling back rejected drafts), checks
+  // stop conditions, frees finished requests' blocks.
+  std::vector<EngineCoreOutput> update(const SchedulerOutput& scheduled, const ModelRunnerOutput& result);
+
+  const Request* find(const std::string& id) const;
+  int num_running() const { return static_cast<int>(running_.size()); }
+  int num_waiting() const { return static_cast<int>(waiting_.size()); }
+  bool has_unfinished_requests() const { return !running_.empty() || !waiting_.empty(); }
+  const KVCacheManager& kv_cache() const { return kv_; }
+  KVCacheManager& kv_cache() { return kv_; }
+  const SchedulerStats& stats() const { return stats_; }
+
+ private:
+  bool check_stop(Request& r) const;
+  void preempt(Request* r);
+  void finish(Request* r, RequestStatus status, bool kv_contents_valid);
+  NewRequestData new_request_data(const Request& r) const;
+
+  SchedulerConfig config_;
+  KVCacheManager kv_;
+  std::unordered_map<std::string, std::unique_ptr<Request>> requests_;  // unfinished only
+  std::deque<Request*> waiting_;
+  std::vector<Request*> running_;  // admission order; the back is preempted first
+  std::vector<std::string> finished_since_last_step_;
+  uint64_t step_id_ = 0;
+  SchedulerStats stats_;
+};
+
+}  // namespace specula
