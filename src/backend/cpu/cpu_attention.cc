@@ -130,6 +130,7 @@ void CpuBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, con
         const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
         const float* kv = kc + (slot * hk + kv_head) * d;
         float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)  // lets the compiler vectorise the sum (reassociating it)
         for (int64_t i = 0; i < d; ++i) dot += qv[i] * kv[i];
         probs[j] = dot * scale;
         max_score = std::max(max_score, probs[j]);

@@ -2,8 +2,15 @@
 //
 // HF stores a Linear weight as [out_features, in_features] row-major, so out = x W^T is one
 // row-major SGEMM with the second operand transposed; no copy of the weight is ever made.
+//
+// Threads: OpenBLAS runs single-threaded (see CpuBackend's constructor) and we split the output
+// columns over our OpenMP threads instead, each thread one SGEMM on its own rows of W. One thread
+// pool for the whole backend: two pools (OpenMP's and OpenBLAS's) that each busy-wait between
+// ops fight over the cores when small ops alternate quickly, as in decode. Splitting N also
+// suits decode, where M is tiny and the cost is streaming W: each thread streams its own slice.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu/cpu_backend.h"
@@ -37,9 +44,29 @@ void CpuBackend::linear(const Tensor& x, const Tensor& weight, const Tensor* bia
     if (bias == nullptr) std::memset(o, 0, out.nbytes());
     return;
   }
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m), static_cast<blasint>(n),
-              static_cast<blasint>(k), 1.0f, x.data_as<float>(), static_cast<blasint>(k), weight.data_as<float>(),
-              static_cast<blasint>(k), beta, o, static_cast<blasint>(n));
+  const float* xp = x.data_as<float>();
+  const float* wp = weight.data_as<float>();
+  // out[:, n0:n1] = x @ W[n0:n1, :]^T, written in place with leading dimension n.
+  auto gemm_columns = [&](int64_t n0, int64_t n1) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(m), static_cast<blasint>(n1 - n0),
+                static_cast<blasint>(k), 1.0f, xp, static_cast<blasint>(k), wp + n0 * k, static_cast<blasint>(k), beta,
+                o + n0, static_cast<blasint>(n));
+  };
+  // Slices of at least 64 columns (whole cache lines of out, enough work per call), and only when
+  // the GEMM is big enough to pay for the fork.
+  constexpr int64_t kMinColumns = 64, kMinParallelMacs = 1 << 18;
+  const int64_t parts = std::min<int64_t>(threads_, n / kMinColumns);
+  if (parts <= 1 || m * n * k < kMinParallelMacs) {
+    gemm_columns(0, n);
+    return;
+  }
+#pragma omp parallel for num_threads(static_cast<int>(parts)) schedule(static)
+  for (int64_t p = 0; p < parts; ++p) {
+    // Boundaries on multiples of 16 columns so that each slice starts on a cache line of out.
+    const int64_t n0 = p == 0 ? 0 : (n * p / parts) / 16 * 16;
+    const int64_t n1 = p == parts - 1 ? n : (n * (p + 1) / parts) / 16 * 16;
+    gemm_columns(n0, n1);
+  }
 }
 
 }  // namespace specula

@@ -53,8 +53,9 @@ void ScratchArena::reset() {
 // ---- backend basics ----
 
 CpuBackend::CpuBackend(int threads) : threads_(threads > 0 ? threads : omp_get_max_threads()) {
-  // OpenBLAS keeps its own thread pool; give the GEMMs the same number of threads as our loops.
-  if (threads > 0) openblas_set_num_threads(threads);
+  // One thread pool: linear splits its GEMMs over our OpenMP threads (cpu_linear.cc says why), so
+  // OpenBLAS itself runs each call single-threaded, in the calling thread. (Process-wide setting.)
+  openblas_set_num_threads(1);
 }
 
 std::string CpuBackend::name() const { return fmt::format("cpu ({} threads, fp32)", threads_); }

@@ -14,6 +14,7 @@
 #include "forward_runner.h"
 #include "model/llama.h"
 #include "model/model.h"
+#include "test_paths.h"
 
 namespace specula {
 namespace {
@@ -253,6 +254,23 @@ TEST_P(LlamaForward, ChunkedPrefillAndDecodeMatchOneShotPrefill) {
 
 INSTANTIATE_TEST_SUITE_P(Variants, LlamaForward, ::testing::ValuesIn(variants()),
                          [](const auto& info) { return std::string(info.param.name); });
+
+// --load-format dummy: a real config.json alone must give a runnable model (finite logits).
+TEST(LlamaForwardDummy, EveryLlamaFamilyFixtureConfigRunsOnDummyWeights) {
+  auto be = make_cpu_backend(2);
+  for (const char* variant : {"llama", "llama_linear_rope_type_key", "qwen2_bias_tied", "qwen3_qknorm_headdim",
+                              "qwen3_yarn_tied", "mistral_sharded"}) {
+    ModelConfig c = load_model_config(specula::testing::fixtures_dir() / "models" / variant);
+    auto w = make_dummy_weight_source(c, 0);
+    auto model = create_model(c, *w, *be);
+    PagedRunner r(*model, *be, 4, 16);
+    r.feed(0, {1, 5, 9, 13, 17});
+    auto logits = r.step({{0, 5, true}})[0];
+    ASSERT_EQ(logits.size(), static_cast<size_t>(5 * c.vocab_size)) << variant;
+    for (float x : logits) ASSERT_TRUE(std::isfinite(x)) << variant;
+    EXPECT_GT(max_abs(logits), 0.0) << variant;
+  }
+}
 
 TEST(LlamaForwardErrors, MissingTensorIsNamed) {
   ModelConfig c = small_config(Architecture::kLlama);
