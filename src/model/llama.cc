@@ -14,6 +14,7 @@
 // Shapes: H hidden, Hq query heads, Hk kv heads, D head_dim, I intermediate, V vocab.
 #include "model/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -37,7 +38,7 @@ struct LlamaLayer {
   Tensor down_bias;                 // [H]; mlp_bias
 };
 
-const Tensor* optional(const Tensor& t) { return t.defined() ? &t : nullptr; }
+const Tensor* if_defined(const Tensor& t) { return t.defined() ? &t : nullptr; }
 
 // Loads HF-named tensors in the backend's compute dtype, fusing row-stacked projections so that
 // each fused projection is one GEMM at run time.
@@ -259,7 +260,7 @@ Tensor LlamaModel::attention(const LlamaLayer& w, const Tensor& x, const Forward
 
   // One GEMM for q, k and v: [T, H] -> [T, (Hq + 2 Hk) D], then split into contiguous heads.
   Tensor qkv = backend_.scratch({t, (hq + 2 * hk) * d}, dt);
-  backend_.linear(x, w.qkv_proj, optional(w.qkv_bias), qkv);
+  backend_.linear(x, w.qkv_proj, if_defined(w.qkv_bias), qkv);
   ensure_head_split_indices(t);
   Tensor heads = qkv.reshape({t * (hq + 2 * hk), d});
   Tensor q = backend_.scratch({t * hq, d}, dt), k = backend_.scratch({t * hk, d}, dt),
@@ -292,7 +293,7 @@ Tensor LlamaModel::attention(const LlamaLayer& w, const Tensor& x, const Forward
   backend_.paged_attention(q, cache, in.attn, attn_scale_, attn);
 
   Tensor out = backend_.scratch({t, hidden_}, dt);
-  backend_.linear(attn.reshape({t, hq * d}), w.o_proj, optional(w.o_bias), out);
+  backend_.linear(attn.reshape({t, hq * d}), w.o_proj, if_defined(w.o_bias), out);
   return out;
 }
 
@@ -301,11 +302,11 @@ Tensor LlamaModel::mlp(const LlamaLayer& w, const Tensor& x) {
   const DType dt = backend_.compute_dtype();
   const int64_t t = x.size(0);
   Tensor gate_up = backend_.scratch({t, 2 * intermediate_}, dt);
-  backend_.linear(x, w.gate_up_proj, optional(w.gate_up_bias), gate_up);
+  backend_.linear(x, w.gate_up_proj, if_defined(w.gate_up_bias), gate_up);
   Tensor act = backend_.scratch({t, intermediate_}, dt);
   backend_.silu_mul(gate_up, act);
   Tensor out = backend_.scratch({t, hidden_}, dt);
-  backend_.linear(act, w.down_proj, optional(w.down_bias), out);
+  backend_.linear(act, w.down_proj, if_defined(w.down_bias), out);
   return out;
 }
 
