@@ -7,7 +7,7 @@
 
 namespace specula::server {
 
-using nlohmann::json;
+using ojson = nlohmann::ordered_json;
 
 namespace {
 
@@ -21,7 +21,7 @@ std::string strip(const std::string& s) {
 }  // namespace
 
 std::string render_chat_prompt(const ChatTemplate& tmpl, const Tokenizer& tok, const ChatPromptInputs& in) {
-  json ctx = json::object();
+  ojson ctx = ojson::object();
   ctx["messages"] = *in.messages;
   ctx["add_generation_prompt"] = in.add_generation_prompt;
   ctx["continue_final_message"] = in.continue_final_message;
@@ -39,7 +39,7 @@ std::string render_chat_prompt(const ChatTemplate& tmpl, const Tokenizer& tok, c
   }
   if (!in.continue_final_message) return rendered;
 
-  const json& last = in.messages->back();
+  const ojson& last = in.messages->back();
   std::string final_text = last.contains("content") && last["content"].is_string() ? last["content"].get<std::string>() : "";
   size_t at = final_text.empty() ? std::string::npos : rendered.rfind(final_text);
   if (at == std::string::npos) {

@@ -16,9 +16,9 @@ class Tokenizer;
 namespace specula::server {
 
 struct ChatPromptInputs {
-  const nlohmann::json* messages = nullptr;   // normalised (normalize_messages)
-  const nlohmann::json* tools = nullptr;      // may be null
-  const nlohmann::json* chat_template_kwargs = nullptr;
+  const nlohmann::ordered_json* messages = nullptr;   // normalised (normalize_messages)
+  const nlohmann::ordered_json* tools = nullptr;      // may be null
+  const nlohmann::ordered_json* chat_template_kwargs = nullptr;
   bool add_generation_prompt = true;
   bool continue_final_message = false;
 };

@@ -39,16 +39,6 @@ int64_t as_int64(const json& v) {
 
 }  // namespace
 
-std::string type_name(const json& v) {
-  if (v.is_null()) return "null";
-  if (v.is_boolean()) return "boolean";
-  if (v.is_number_integer()) return "integer";
-  if (v.is_number()) return "number";
-  if (v.is_string()) return "string";
-  if (v.is_array()) return "array";
-  return "object";
-}
-
 std::optional<double> number(const json& body, const char* key) {
   const json* v = find(body, key);
   if (!v) return std::nullopt;

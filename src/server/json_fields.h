@@ -14,7 +14,16 @@ namespace specula::server::fields {
 using nlohmann::json;
 
 // The JSON type name used in error messages ("string", "number", ...).
-std::string type_name(const json& v);
+template <class J>
+std::string type_name(const J& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "boolean";
+  if (v.is_number_integer()) return "integer";
+  if (v.is_number()) return "number";
+  if (v.is_string()) return "string";
+  if (v.is_array()) return "array";
+  return "object";
+}
 
 std::optional<double> number(const json& body, const char* key);
 // Accepts integral numbers only (2.0 is fine, 2.5 and "2" are not).

@@ -84,7 +84,9 @@ void parse_sampling(const json& body, const RequestDefaults& defaults, CommonReq
   }
 }
 
-std::string flatten_content_parts(const json& parts) {
+using ojson = nlohmann::ordered_json;
+
+std::string flatten_content_parts(const ojson& parts) {
   std::string text;
   bool first = true;
   for (const auto& part : parts) {
@@ -194,15 +196,15 @@ void validate_sampling_params(const SamplingParams& p, const RequestDefaults& de
   }
 }
 
-json normalize_messages(const json& messages) {
+ojson normalize_messages(const ojson& messages) {
   if (!messages.is_array()) {
     throw bad_request(fmt::format("Invalid type for 'messages': expected an array, got {}.", fields::type_name(messages)),
                       "messages");
   }
   if (messages.empty()) throw bad_request("'messages' must contain at least one message.", "messages");
-  json out = json::array();
+  ojson out = ojson::array();
   for (size_t i = 0; i < messages.size(); ++i) {
-    const json& m = messages[i];
+    const ojson& m = messages[i];
     if (!m.is_object()) {
       throw bad_request(fmt::format("messages[{}] must be an object, got {}.", i, fields::type_name(m)), "messages");
     }
@@ -210,7 +212,7 @@ json normalize_messages(const json& messages) {
     if (role == m.end() || !role->is_string()) {
       throw bad_request(fmt::format("messages[{}] needs a string 'role'.", i), "messages");
     }
-    json msg = m;
+    ojson msg = m;
     auto content = m.find("content");
     if (content != m.end()) {
       if (content->is_array()) {
@@ -224,9 +226,9 @@ json normalize_messages(const json& messages) {
     if (auto calls = msg.find("tool_calls"); calls != msg.end() && calls->is_array()) {
       for (auto& call : *calls) {
         if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
-        json& fn = call["function"];
+        ojson& fn = call["function"];
         if (auto args = fn.find("arguments"); args != fn.end() && args->is_string()) {
-          json parsed = json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          ojson parsed = ojson::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
           if (parsed.is_object()) *args = std::move(parsed);
         }
       }
@@ -258,13 +260,13 @@ CompletionRequest parse_completion_request(const json& body, const RequestDefaul
   return req;
 }
 
-ChatRequest parse_chat_request(const json& body, const RequestDefaults& defaults) {
+ChatRequest parse_chat_request(const json& body, const ojson& ordered, const RequestDefaults& defaults) {
   if (!body.is_object()) throw bad_request("The request body must be a JSON object.");
   ChatRequest req;
   parse_sampling(body, defaults, &req);
   auto messages = body.find("messages");
   if (messages == body.end() || messages->is_null()) throw bad_request("Field required: 'messages'.", "messages");
-  req.messages = normalize_messages(*messages);
+  req.messages = normalize_messages(ordered.at("messages"));
 
   req.echo = fields::boolean(body, "echo").value_or(false);
   req.logprobs = fields::boolean(body, "logprobs").value_or(false);
@@ -296,8 +298,8 @@ ChatRequest parse_chat_request(const json& body, const RequestDefaults& defaults
                       "continue_final_message");
   }
   req.add_special_tokens = fields::boolean(body, "add_special_tokens").value_or(false);
-  if (const json* kwargs = fields::object(body, "chat_template_kwargs")) req.chat_template_kwargs = *kwargs;
-  if (const json* tools = fields::array(body, "tools")) req.tools = *tools;
+  if (fields::object(body, "chat_template_kwargs")) req.chat_template_kwargs = ordered.at("chat_template_kwargs");
+  if (fields::array(body, "tools")) req.tools = ordered.at("tools");
   if (const json* choice = body.contains("tool_choice") ? &body["tool_choice"] : nullptr; choice && !choice->is_null()) {
     bool plain = choice->is_string() && (*choice == "none" || *choice == "auto");
     if (!plain) {

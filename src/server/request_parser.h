@@ -45,10 +45,12 @@ struct CompletionRequest : CommonRequest {
   bool add_special_tokens = true;
 };
 
+// Template inputs keep the client's key order (ordered_json): a template's tojson writes tool
+// schemas in that order, as Python's json.dumps does.
 struct ChatRequest : CommonRequest {
-  nlohmann::json messages;            // normalised: content flattened to a string where given as parts
-  nlohmann::json tools;               // null when absent
-  nlohmann::json chat_template_kwargs = nlohmann::json::object();
+  nlohmann::ordered_json messages;    // normalised: content flattened to a string where given as parts
+  nlohmann::ordered_json tools;       // null when absent
+  nlohmann::ordered_json chat_template_kwargs = nlohmann::ordered_json::object();
   bool add_generation_prompt = true;
   bool continue_final_message = false;
   bool add_special_tokens = false;    // the template already holds bos etc.
@@ -59,10 +61,12 @@ struct ChatRequest : CommonRequest {
 
 // Both throw ApiError (400) naming the offending parameter.
 CompletionRequest parse_completion_request(const nlohmann::json& body, const RequestDefaults& defaults);
-ChatRequest parse_chat_request(const nlohmann::json& body, const RequestDefaults& defaults);
+// `ordered` is the same body parsed as ordered_json (for messages, tools, chat_template_kwargs).
+ChatRequest parse_chat_request(const nlohmann::json& body, const nlohmann::ordered_json& ordered,
+                               const RequestDefaults& defaults);
 
 // The chat messages array (validated and normalised), shared with /tokenize.
-nlohmann::json normalize_messages(const nlohmann::json& messages);
+nlohmann::ordered_json normalize_messages(const nlohmann::ordered_json& messages);
 
 // max_tokens for one prompt of `prompt_len` tokens: the request's value (400 stating both numbers
 // when prompt + max_tokens exceed max_model_len), else generation_config's max_new_tokens or what

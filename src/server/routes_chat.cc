@@ -154,7 +154,7 @@ void handle_chat_completions(ServerState& state, const httplib::Request& http, h
   auto arrival = GenerationRun::Clock::now();
   json body = parse_body(http);
   check_model(state, body);
-  ChatRequest req = parse_chat_request(body, state.defaults);
+  ChatRequest req = parse_chat_request(body, nlohmann::ordered_json::parse(http.body), state.defaults);
   if (!state.chat_template) {
     throw bad_request("As of transformers v4.44, default chat template is no longer allowed, so you must provide a "
                       "chat template if the tokenizer does not define one.", "messages");
@@ -173,7 +173,7 @@ void handle_chat_completions(ServerState& state, const httplib::Request& http, h
   // vLLM's echo: when the last message is the assistant's own, the reply continues it.
   std::string echo;
   if (req.echo) {
-    const json& last = req.messages.back();
+    const auto& last = req.messages.back();
     if (last.value("role", "") == "assistant" && last.contains("content") && last["content"].is_string()) {
       echo = last["content"].get<std::string>();
     }

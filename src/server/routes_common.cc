@@ -102,12 +102,15 @@ void handle_tokenize(ServerState& state, const httplib::Request& req, httplib::R
   std::vector<int32_t> tokens;
   if (body.contains("messages") && !body["messages"].is_null()) {
     if (!state.chat_template) throw bad_request("The tokenizer has no chat template.", "messages");
-    json messages = normalize_messages(body["messages"]);
-    json kwargs = json::object();
-    if (const json* k = fields::object(body, "chat_template_kwargs")) kwargs = *k;
+    nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(req.body);
+    nlohmann::ordered_json messages = normalize_messages(ordered["messages"]);
+    nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
+    if (fields::object(body, "chat_template_kwargs")) kwargs = ordered["chat_template_kwargs"];
+    nlohmann::ordered_json tools;
+    if (fields::array(body, "tools")) tools = ordered["tools"];
     ChatPromptInputs in;
     in.messages = &messages;
-    in.tools = fields::array(body, "tools");
+    in.tools = &tools;
     in.chat_template_kwargs = &kwargs;
     in.add_generation_prompt = fields::boolean(body, "add_generation_prompt").value_or(true);
     in.continue_final_message = fields::boolean(body, "continue_final_message").value_or(false);
