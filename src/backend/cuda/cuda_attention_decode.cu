@@ -1,0 +1,303 @@
+// Paged attention for decode steps (one query row per sequence): split-KV flash-decoding.
+//
+// Why this shape: a decode step reads every cached K/V byte once and does ~2 flops per byte, so it
+// is bound by HBM bandwidth, and a batch of a few sequences has far too few (sequence, head) pairs
+// to fill 132 SMs. So:
+//  - GQA-aware: a block owns one KV head and up to 8 of the query heads that share it, so each
+//    K/V row is loaded from memory once for all of them (not once per query head);
+//  - split-KV: a sequence's keys are cut into `num_splits` contiguous partitions processed by
+//    different blocks (grid z), whose unnormalised partial outputs are merged by a second, tiny
+//    kernel with the usual max/sum rescaling; the split is computed on the device from the
+//    sequence's length, so a launch captured in a CUDA graph stays correct for any seq_lens;
+//  - each K/V row (D bf16 = D/8 16-byte vectors) is read by L = D/8 lanes (rounded up to a power
+//    of two) with one 16-byte load each, so a warp reads 32/L rows per instruction, coalesced;
+//    the q.k dot products are finished with shuffles inside each group of L lanes;
+//  - keys go through the block in tiles of 64: scores for the tile into shared memory, one warp
+//    per query head updates the running max / sum (online softmax, fp32, log2 domain), then the
+//    same lanes accumulate p * V in registers. Nothing is sized by the sequence length.
+#include <algorithm>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_utils.cuh"
+
+namespace specula::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kTile = 64;  // keys per tile: two per lane when one warp reduces a head's tile
+constexpr int kMaxSplits = 64;
+constexpr int kMinKeysPerSplit = 128;  // below this a split's fixed costs outweigh its parallelism
+constexpr float kLog2e = 1.4426950408889634f;
+
+// L: lanes per K/V row (power of two, 2..32); G: query heads per block (1, 2, 4 or 8).
+template <int L, int G>
+__global__ void __launch_bounds__(kThreads)
+    decode_attention_kernel(PagedAttentionParams p, int group, int head_chunks, float* partial_out,
+                            float* partial_stats) {
+  constexpr int kRowsPerPass = kThreads / L;
+  constexpr int kPasses = kTile / kRowsPerPass;
+  __shared__ float scores[G][kTile];
+  __shared__ float run_max[G], run_sum[G], tile_scale[G];
+  __shared__ float partial[kWarps][G][L * 8];
+
+  const int kv_head = blockIdx.x / head_chunks, chunk = blockIdx.x % head_chunks;
+  const int seq = blockIdx.y, split = blockIdx.z, num_splits = gridDim.z;
+  const int row = p.query_start_loc[seq];
+  if (p.query_start_loc[seq + 1] - row < 1) return;  // no query row for this sequence this step
+  const int seq_len = p.seq_lens[seq];
+  const int head0 = kv_head * group + chunk * G;
+  const int heads = min(G, group - chunk * G);
+  const int hq = p.num_q_heads, hk = p.num_kv_heads, d = p.head_dim, dv = p.v_head_dim;
+
+  // This split's keys: an even share of the sequence, rounded up to whole tiles.
+  const int per_split = ceil_div(ceil_div(seq_len, num_splits), kTile) * kTile;
+  const int begin = split * per_split, end = min(seq_len, begin + per_split);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (begin >= end) {  // nothing to attend: an empty partial (weight 0 in the merge)
+    if (num_splits > 1) {
+      for (int g = tid; g < heads; g += kThreads) {
+        const int64_t at = (static_cast<int64_t>(seq) * hq + head0 + g) * num_splits + split;
+        partial_stats[at * 2] = -INFINITY;
+        partial_stats[at * 2 + 1] = 0.0f;
+      }
+    }
+    return;
+  }
+
+  const int sub = tid % L;   // which 8-element slice of a row this thread reads
+  const int slot = tid / L;  // which row of a pass
+  const int dim0 = sub * 8;
+  const bool k_active = dim0 < d, v_active = dim0 < dv;
+
+  for (int g = tid; g < G; g += kThreads) {
+    run_max[g] = -INFINITY;
+    run_sum[g] = 0.0f;
+  }
+  // q, pre-scaled so that scores come out in the log2 domain.
+  const bf16* q = static_cast<const bf16*>(p.q);
+  const float q_scale = p.scale * kLog2e;
+  float qv[G][8];
+  float acc[G][8];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) qv[g][e] = acc[g][e] = 0.0f;
+    if (g < heads && k_active) {
+      load_vec(q + (static_cast<int64_t>(row) * hq + head0 + g) * d + dim0, qv[g]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) qv[g][e] *= q_scale;
+    }
+  }
+  const bf16* k_cache = static_cast<const bf16*>(p.k_cache) + static_cast<int64_t>(kv_head) * d + dim0;
+  const bf16* v_cache = static_cast<const bf16*>(p.v_cache) + static_cast<int64_t>(kv_head) * dv + dim0;
+  const int64_t k_row_stride = static_cast<int64_t>(hk) * d, v_row_stride = static_cast<int64_t>(hk) * dv;
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const int bs = p.block_size;
+  __syncthreads();
+
+  for (int t0 = begin; t0 < end; t0 += kTile) {
+    // Scores of this tile's keys for every query head of the block.
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int i = pass * kRowsPerPass + slot, j = t0 + i;
+      float dot[G];
+#pragma unroll
+      for (int g = 0; g < G; ++g) dot[g] = 0.0f;
+      if (j < end && k_active) {
+        const int64_t cache_row = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
+        float kv[8];
+        load_vec(k_cache + cache_row * k_row_stride, kv);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) dot[g] += qv[g][e] * kv[e];
+        }
+      }
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+#pragma unroll
+        for (int off = L / 2; off > 0; off >>= 1) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], off);
+      }
+      if (sub == 0) {
+#pragma unroll
+        for (int g = 0; g < G; ++g) scores[g][i] = j < end ? dot[g] : -INFINITY;
+      }
+    }
+    __syncthreads();
+    // Online softmax: one warp per head rescales the running sum and turns scores into weights.
+    for (int g = warp; g < G; g += kWarps) {
+      const float s0 = scores[g][lane], s1 = scores[g][lane + 32];
+      const float old_max = run_max[g];
+      const float new_max = fmaxf(old_max, warp_max(fmaxf(s0, s1)));  // finite: key t0 is valid
+      const float p0 = fast_exp2(s0 - new_max), p1 = fast_exp2(s1 - new_max);
+      scores[g][lane] = p0;
+      scores[g][lane + 32] = p1;
+      const float tile_sum = warp_sum(p0 + p1);
+      if (lane == 0) {
+        const float alpha = fast_exp2(old_max - new_max);  // 0 on the first tile (old_max = -inf)
+        tile_scale[g] = alpha;
+        run_max[g] = new_max;
+        run_sum[g] = run_sum[g] * alpha + tile_sum;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float alpha = tile_scale[g];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
+    }
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int i = pass * kRowsPerPass + slot, j = t0 + i;
+      if (j < end && v_active) {
+        const int64_t cache_row = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
+        float vv[8];
+        load_vec(v_cache + cache_row * v_row_stride, vv);
+#pragma unroll
+        for (int g = 0; g < G; ++g) {
+          const float w = scores[g][i];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[g][e] += w * vv[e];
+        }
+      }
+    }
+    __syncthreads();  // the next tile overwrites scores
+  }
+
+  // Sum the accumulators of the lanes that read the same dims (lanes differing in the bits above
+  // log2(L)), then across warps through shared memory.
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+#pragma unroll
+      for (int off = L; off < 32; off <<= 1) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+    }
+  }
+  if (lane < L) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) partial[warp][g][lane * 8 + e] = acc[g][e];
+    }
+  }
+  __syncthreads();
+  bf16* out = static_cast<bf16*>(p.out);
+  for (int idx = tid; idx < heads * dv; idx += kThreads) {
+    const int g = idx / dv, e = idx % dv;
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += partial[w][g][e];
+    if (num_splits == 1) {
+      out[(static_cast<int64_t>(row) * hq + head0 + g) * dv + e] = __float2bfloat16_rn(o / run_sum[g]);
+    } else {
+      const int64_t at = (static_cast<int64_t>(seq) * hq + head0 + g) * num_splits + split;
+      partial_out[at * dv + e] = o;
+      if (e == 0) {
+        partial_stats[at * 2] = run_max[g];
+        partial_stats[at * 2 + 1] = run_sum[g];
+      }
+    }
+  }
+}
+
+// Merges the splits of one (sequence, query head): out = sum_i w_i o_i / sum_i w_i l_i with
+// w_i = 2^(m_i - max_j m_j). Empty splits (l_i = 0) carry no weight and unwritten outputs.
+__global__ void decode_merge_kernel(PagedAttentionParams p, int num_splits, const float* __restrict__ partial_out,
+                                    const float* __restrict__ partial_stats) {
+  __shared__ float weight[kMaxSplits];
+  __shared__ float inv_total;
+  const int head = blockIdx.x, seq = blockIdx.y;
+  const int row = p.query_start_loc[seq];
+  if (p.query_start_loc[seq + 1] - row < 1) return;
+  const int hq = p.num_q_heads, dv = p.v_head_dim;
+  const int64_t base = (static_cast<int64_t>(seq) * hq + head) * num_splits;
+  if (threadIdx.x < 32) {
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < num_splits; i += 32) m = fmaxf(m, partial_stats[(base + i) * 2]);
+    m = warp_max(m);
+    float total = 0.0f;
+    for (int i = threadIdx.x; i < num_splits; i += 32) {
+      const float l = partial_stats[(base + i) * 2 + 1];
+      const float w = l > 0.0f ? fast_exp2(partial_stats[(base + i) * 2] - m) : 0.0f;
+      weight[i] = w;
+      total += w * l;
+    }
+    total = warp_sum(total);
+    if (threadIdx.x == 0) inv_total = 1.0f / total;
+  }
+  __syncthreads();
+  bf16* out = static_cast<bf16*>(p.out) + (static_cast<int64_t>(row) * hq + head) * dv;
+  for (int e = threadIdx.x; e < dv; e += blockDim.x) {
+    float o = 0.0f;
+    for (int i = 0; i < num_splits; ++i) {
+      if (weight[i] > 0.0f) o += weight[i] * partial_out[(base + i) * dv + e];
+    }
+    out[e] = __float2bfloat16_rn(o * inv_total);
+  }
+}
+
+int heads_per_block(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
+
+int lanes_per_row(int max_dim) {
+  int lanes = 2;
+  while (lanes * 8 < max_dim) lanes *= 2;
+  return lanes;
+}
+
+template <int L, int G>
+cudaError_t launch_lg(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
+                      float* partial_stats, cudaStream_t stream) {
+  const int head_chunks = ceil_div(group, G);
+  const dim3 grid(p.num_kv_heads * head_chunks, p.num_seqs, num_splits);
+  decode_attention_kernel<L, G><<<grid, kThreads, 0, stream>>>(p, group, head_chunks, partial_out, partial_stats);
+  return cudaGetLastError();
+}
+
+template <int L>
+cudaError_t launch_l(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
+                     float* partial_stats, cudaStream_t stream) {
+  switch (heads_per_block(group)) {
+    case 1: return launch_lg<L, 1>(p, group, num_splits, partial_out, partial_stats, stream);
+    case 2: return launch_lg<L, 2>(p, group, num_splits, partial_out, partial_stats, stream);
+    case 4: return launch_lg<L, 4>(p, group, num_splits, partial_out, partial_stats, stream);
+    default: return launch_lg<L, 8>(p, group, num_splits, partial_out, partial_stats, stream);
+  }
+}
+
+}  // namespace
+
+int decode_num_splits(const PagedAttentionParams& p, int sm_count) {
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const int blocks = p.num_seqs * p.num_kv_heads * ceil_div(group, heads_per_block(group));
+  // Aim for ~4 blocks per SM (enough loads in flight to cover HBM latency), but give every split
+  // at least kMinKeysPerSplit keys of the longest sequence.
+  const int wanted = ceil_div(4 * sm_count, std::max(blocks, 1));
+  const int by_length = ceil_div(std::max(p.max_seq_len, 1), kMinKeysPerSplit);
+  return std::clamp(std::min(wanted, by_length), 1, kMaxSplits);
+}
+
+cudaError_t launch_decode_attention(const PagedAttentionParams& p, int num_splits, float* partial_out,
+                                    float* partial_stats, cudaStream_t stream) {
+  if (p.num_seqs == 0) return cudaSuccess;
+  if (num_splits < 1 || num_splits > kMaxSplits) return cudaErrorInvalidValue;
+  const int group = p.num_q_heads / p.num_kv_heads;
+  cudaError_t err;
+  switch (lanes_per_row(std::max(p.head_dim, p.v_head_dim))) {
+    case 2: err = launch_l<2>(p, group, num_splits, partial_out, partial_stats, stream); break;
+    case 4: err = launch_l<4>(p, group, num_splits, partial_out, partial_stats, stream); break;
+    case 8: err = launch_l<8>(p, group, num_splits, partial_out, partial_stats, stream); break;
+    case 16: err = launch_l<16>(p, group, num_splits, partial_out, partial_stats, stream); break;
+    case 32: err = launch_l<32>(p, group, num_splits, partial_out, partial_stats, stream); break;
+    default: return cudaErrorInvalidValue;
+  }
+  if (err != cudaSuccess || num_splits == 1) return err;
+  const int threads = std::clamp((p.v_head_dim + 31) / 32 * 32, 32, 256);
+  decode_merge_kernel<<<dim3(p.num_q_heads, p.num_seqs), threads, 0, stream>>>(p, num_splits, partial_out,
+                                                                              partial_stats);
+  return cudaGetLastError();
+}
+
+}  // namespace specula::cuda

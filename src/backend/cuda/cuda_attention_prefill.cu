@@ -1,0 +1,247 @@
+// Paged attention for any query lengths: varlen causal flash attention (FlashAttention-2 style)
+// reading K/V from the paged cache through the block tables. Serves prefill, chunked prefill,
+// speculative verification (k+1 rows per sequence) and mixed batches with decode rows.
+//
+// Why this shape:
+//  - prefill is compute-bound, so Q.K^T and P.V run on the tensor cores (mma.sync m16n8k16,
+//    bf16 in, fp32 accumulate); a block of 4 warps owns 64 query rows, each warp 16 of them, and
+//    loops over the keys in tiles of BC, keeping the running max / sum and the output in
+//    registers (online softmax in fp32, log2 domain) so that the score matrix never exists;
+//  - GQA rows are packed: the block's 64 rows are (token, query head) pairs of ONE kv head, so a
+//    K/V tile brought into shared memory serves all query heads of its group, and a short query
+//    (verification, or a decode row in a mixed batch) still fills the tile's rows with heads;
+//  - K/V tiles are gathered from the paged cache row by row with cp.async (16-byte, L1 bypass),
+//    K of the next tile in flight while P.V runs and V in flight while Q.K^T runs; rows past the
+//    causal horizon are zero-filled so that padding never injects NaN into P.V;
+//  - shared-memory rows are padded by 16 bytes so that the 8 row addresses of every ldmatrix
+//    phase fall in distinct banks (a row stride that is a multiple of 128 bytes would serialise
+//    them 8-way);
+//  - head dims are compiled for four capacities (32, 64, 128, 256) and any multiple of 8 up to the
+//    capacity runs, the tail zero-padded; 64 and 128 run without padding.
+#include <algorithm>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_utils.cuh"
+
+namespace specula::cuda {
+namespace {
+
+constexpr int kThreads = 128;  // 4 warps
+constexpr int kRowsPerBlock = 64;
+constexpr float kLog2e = 1.4426950408889634f;
+
+template <int DMAX, int BC>
+constexpr size_t prefill_smem_bytes() {
+  return static_cast<size_t>(kRowsPerBlock + 2 * BC) * (DMAX + 8) * sizeof(bf16);
+}
+
+// Copies a [rows, dim] tile into shared memory (row stride DMAX + 8); row r comes from `row_ptr(r)`
+// or is zero-filled when it returns null; columns past `dim` are zero-filled.
+template <int DMAX, int ROWS, class RowPtr>
+__device__ __forceinline__ void load_tile_async(bf16* tile, int dim, RowPtr row_ptr, const bf16* any_valid) {
+  constexpr int kChunksPerRow = DMAX / 8;
+  for (int c = threadIdx.x; c < ROWS * kChunksPerRow; c += kThreads) {
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const bf16* src = col < dim ? row_ptr(r) : nullptr;
+    cp_async16(tile + r * (DMAX + 8) + col, src ? src + col : any_valid, src != nullptr);
+  }
+}
+
+template <int DMAX, int BC>
+__global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttentionParams p, int group) {
+  constexpr int kStride = DMAX + 8;  // shared-memory row stride, elements
+  constexpr int kScoreChunks = BC / 8;
+  constexpr int kOutChunks = DMAX / 8;
+  extern __shared__ uint4 smem_raw[];
+  bf16* q_tile = reinterpret_cast<bf16*>(smem_raw);
+  bf16* k_tile = q_tile + kRowsPerBlock * kStride;
+  bf16* v_tile = k_tile + BC * kStride;
+
+  const int seq = blockIdx.y, kv_head = blockIdx.z;
+  const int q_start = p.query_start_loc[seq];
+  const int q_len = p.query_start_loc[seq + 1] - q_start;
+  const int rows = q_len * group;  // packed (token, head) rows of this sequence and kv head
+  const int row0 = blockIdx.x * kRowsPerBlock;
+  if (row0 >= rows) return;
+  const int seq_len = p.seq_lens[seq];
+  const int context = seq_len - q_len;  // keys before the first query token
+  const int kv_end = context + (min(rows, row0 + kRowsPerBlock) - 1) / group + 1;  // causal horizon
+  const int num_tiles = ceil_div(kv_end, BC);
+  const int hq = p.num_q_heads, hk = p.num_kv_heads, d = p.head_dim, dv = p.v_head_dim, bs = p.block_size;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  const bf16* q = static_cast<const bf16*>(p.q);
+  const bf16* k_cache = static_cast<const bf16*>(p.k_cache);
+  const bf16* v_cache = static_cast<const bf16*>(p.v_cache);
+  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+
+  load_tile_async<DMAX, kRowsPerBlock>(q_tile, d, [&](int r) -> const bf16* {
+    const int pr = row0 + r;
+    if (pr >= rows) return nullptr;
+    return q + (static_cast<int64_t>(q_start + pr / group) * hq + kv_head * group + pr % group) * d;
+  }, q);
+  auto load_kv = [&](bf16* tile, const bf16* cache, int dim, int key0) {
+    load_tile_async<DMAX, BC>(tile, dim, [&](int r) -> const bf16* {
+      const int j = key0 + r;
+      if (j >= kv_end) return nullptr;
+      const int64_t cache_row = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
+      return cache + (cache_row * hk + kv_head) * dim;
+    }, cache);
+  };
+  load_kv(k_tile, k_cache, d, 0);
+  cp_async_commit();  // group: Q + K(0)
+
+  // This thread's two rows in the warp's 16 (mma C layout: row lane/4 and lane/4 + 8) and the
+  // position each attends up to (-1: a padding row, attends nothing).
+  int position[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int pr = row0 + warp * 16 + (lane >> 2) + 8 * h;
+    position[h] = pr < rows ? context + pr / group : -1;
+  }
+  float o[kOutChunks][4];
+#pragma unroll
+  for (int c = 0; c < kOutChunks; ++c) o[c][0] = o[c][1] = o[c][2] = o[c][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  const float score_scale = p.scale * kLog2e;
+  // ldmatrix addressing: lane l points at row (l & 7) of 8x8 matrix (l >> 3).
+  const int mat = lane >> 3, mat_row = lane & 7;
+
+  for (int t = 0; t < num_tiles; ++t) {
+    const int key0 = t * BC;
+    load_kv(v_tile, v_cache, dv, key0);
+    cp_async_commit();    // group: V(t)
+    cp_async_wait<1>();   // Q and K(t) have landed
+    __syncthreads();
+
+    // S = Q K^T for the warp's 16 rows x BC keys.
+    float s[kScoreChunks][4];
+#pragma unroll
+    for (int c = 0; c < kScoreChunks; ++c) s[c][0] = s[c][1] = s[c][2] = s[c][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < DMAX / 16; ++kk) {
+      if (kk * 16 >= d) break;
+      uint32_t a[4];  // A fragment: matrices (rows 0-7 | 8-15) x (dims 0-7 | 8-15)
+      ldmatrix_x4(a, q_tile + (warp * 16 + (mat & 1) * 8 + mat_row) * kStride + kk * 16 + (mat >> 1) * 8);
+#pragma unroll
+      for (int nn = 0; nn < BC / 16; ++nn) {
+        uint32_t b[4];  // keys (0-7: b0 b1 | 8-15: b2 b3) x dims (0-7 | 8-15)
+        ldmatrix_x4(b, k_tile + (nn * 16 + (mat >> 1) * 8 + mat_row) * kStride + kk * 16 + (mat & 1) * 8);
+        mma_bf16_16816(s[2 * nn], a, b[0], b[1]);
+        mma_bf16_16816(s[2 * nn + 1], a, b[2], b[3]);
+      }
+    }
+
+    // Causal mask + online softmax. Element (c, 2h + e) is row h's key key0 + 8c + 2 (lane % 4) + e;
+    // the four lanes of a row (same lane / 4) combine their maxima with two shuffles.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kScoreChunks; ++c) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = key0 + c * 8 + (lane & 3) * 2 + e;
+          float& x = s[c][2 * h + e];
+          x = key <= position[h] ? x * score_scale : -INFINITY;
+          tile_max = fmaxf(tile_max, x);
+        }
+      }
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      const float new_max = fmaxf(row_max[h], tile_max);
+      const float base = new_max == -INFINITY ? 0.0f : new_max;  // a row with nothing visible yet
+      const float alpha = fast_exp2(row_max[h] - base);
+      row_max[h] = new_max;
+      row_sum[h] *= alpha;  // this lane's share of the row sum; the shares are added at the end
+#pragma unroll
+      for (int c = 0; c < kOutChunks; ++c) {
+        o[c][2 * h] *= alpha;
+        o[c][2 * h + 1] *= alpha;
+      }
+#pragma unroll
+      for (int c = 0; c < kScoreChunks; ++c) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float pr = fast_exp2(s[c][2 * h + e] - base);
+          s[c][2 * h + e] = pr;
+          row_sum[h] += pr;
+        }
+      }
+    }
+
+    __syncthreads();  // every warp is done with k_tile
+    if (t + 1 < num_tiles) load_kv(k_tile, k_cache, d, key0 + BC);
+    cp_async_commit();   // group: K(t+1) (possibly empty, to keep the group count uniform)
+    cp_async_wait<1>();  // V(t) has landed
+    __syncthreads();
+
+    // O += P V. The S accumulator layout of two adjacent 8-key chunks is exactly the A fragment
+    // layout of one 16-key step, so P goes from registers to the tensor cores without shuffles.
+#pragma unroll
+    for (int kc = 0; kc < BC / 16; ++kc) {
+      uint32_t a[4];
+      a[0] = pack_bf16x2(s[2 * kc][0], s[2 * kc][1]);
+      a[1] = pack_bf16x2(s[2 * kc][2], s[2 * kc][3]);
+      a[2] = pack_bf16x2(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+      a[3] = pack_bf16x2(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+#pragma unroll
+      for (int dn = 0; dn < DMAX / 16; ++dn) {
+        if (dn * 16 >= dv) break;
+        uint32_t b[4];  // transposed: keys (0-7 | 8-15) x dims (0-7: b0 b1 | 8-15: b2 b3)
+        ldmatrix_x4_trans(b, v_tile + (kc * 16 + (mat & 1) * 8 + mat_row) * kStride + dn * 16 + (mat >> 1) * 8);
+        mma_bf16_16816(o[2 * dn], a, b[0], b[1]);
+        mma_bf16_16816(o[2 * dn + 1], a, b[2], b[3]);
+      }
+    }
+    __syncthreads();  // every warp is done with v_tile before V(t+1) overwrites it
+  }
+
+  // Normalise and store: row h of this lane, dims 8c + 2 (lane % 4) .. +1.
+  bf16* out = static_cast<bf16*>(p.out);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float sum = row_sum[h];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int pr = row0 + warp * 16 + (lane >> 2) + 8 * h;
+    if (pr >= rows) continue;
+    const float inv = 1.0f / sum;
+    bf16* dst = out + (static_cast<int64_t>(q_start + pr / group) * hq + kv_head * group + pr % group) * dv;
+#pragma unroll
+    for (int c = 0; c < kOutChunks; ++c) {
+      const int col = c * 8 + (lane & 3) * 2;
+      if (col < dv) {
+        *reinterpret_cast<__nv_bfloat162*>(dst + col) =
+            __floats2bfloat162_rn(o[c][2 * h] * inv, o[c][2 * h + 1] * inv);
+      }
+    }
+  }
+}
+
+template <int DMAX, int BC>
+cudaError_t launch_typed(const PagedAttentionParams& p, cudaStream_t stream) {
+  constexpr size_t kSmem = prefill_smem_bytes<DMAX, BC>();
+  // More than 48 KiB of dynamic shared memory needs an explicit opt-in, once per kernel.
+  static const cudaError_t opt_in = cudaFuncSetAttribute(
+      prefill_attention_kernel<DMAX, BC>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  if (opt_in != cudaSuccess) return opt_in;
+  const int group = p.num_q_heads / p.num_kv_heads;
+  const dim3 grid(ceil_div(p.max_query_len * group, kRowsPerBlock), p.num_seqs, p.num_kv_heads);
+  prefill_attention_kernel<DMAX, BC><<<grid, kThreads, kSmem, stream>>>(p, group);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_prefill_attention(const PagedAttentionParams& p, cudaStream_t stream) {
+  if (p.num_seqs == 0 || p.max_query_len == 0) return cudaSuccess;
+  const int dim = std::max(p.head_dim, p.v_head_dim);
+  if (dim <= 32) return launch_typed<32, 64>(p, stream);
+  if (dim <= 64) return launch_typed<64, 64>(p, stream);
+  if (dim <= 128) return launch_typed<128, 64>(p, stream);
+  if (dim <= 256) return launch_typed<256, 32>(p, stream);
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace specula::cuda

@@ -1,0 +1,177 @@
+// CUDA backend: construction, memory (persistent, scratch arena), copies, casts, zero.
+#include "backend/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <vector>
+
+#include "backend/cuda/cuda_allocator.h"
+#include "backend/cuda/cuda_gemm.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace specula {
+namespace {
+
+cudaStream_t make_stream(int device_index) {
+  int count = 0;
+  check_cuda(cudaGetDeviceCount(&count), "CUDA backend: cudaGetDeviceCount");
+  SPECULA_CHECK(device_index >= 0 && device_index < count, "CUDA backend: device index {} is out of range ({} GPUs)",
+                device_index, count);
+  check_cuda(cudaSetDevice(device_index), "CUDA backend: cudaSetDevice");
+  cudaStream_t stream = nullptr;
+  // Non-blocking: no implicit synchronisation with the legacy default stream, which would both
+  // serialise unrelated work and break stream capture.
+  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "CUDA backend: cudaStreamCreate");
+  return stream;
+}
+
+bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
+
+bool is_pinned(const void* p) {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeHost;
+}
+
+}  // namespace
+
+void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess) throw Error(fmt::format("{}: {} ({})", what, cudaGetErrorString(err), cudaGetErrorName(err)));
+}
+
+CudaBackend::CudaBackend(int device_index)
+    : device_index_(device_index), stream_(make_stream(device_index)), arena_(stream_) {
+  register_allocator(Device::kCUDA, &CudaCachingAllocator::instance());
+  check_cuda(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_index),
+             "CUDA backend: SM count");
+  cudaDeviceProp prop{};
+  check_cuda(cudaGetDeviceProperties(&prop, device_index), "CUDA backend: device properties");
+  device_name_ = prop.name;
+  gemm_ = std::make_unique<CublasLtGemm>(stream_);
+}
+
+CudaBackend::~CudaBackend() {
+  gemm_.reset();
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+}
+
+std::string CudaBackend::name() const {
+  return fmt::format("cuda:{} ({}, {} SMs, bf16)", device_index_, device_name_, sm_count_);
+}
+
+Tensor CudaBackend::empty(Shape shape, DType dtype) { return Tensor::empty(std::move(shape), dtype, Device::kCUDA); }
+
+Tensor CudaBackend::scratch(Shape shape, DType dtype) { return arena_.allocate(shape, dtype); }
+
+void CudaBackend::reset_scratch() { arena_.reset(); }
+
+void CudaBackend::copy(const Tensor& src, Tensor& dst) {
+  SPECULA_CHECK(src.defined() && dst.defined(), "copy: source {} or destination {} is an empty tensor",
+                src.describe(), dst.describe());
+  SPECULA_CHECK(src.dtype() == dst.dtype() && src.numel() == dst.numel(),
+                "copy: source {} and destination {} differ in dtype or element count", src.describe(),
+                dst.describe());
+  const size_t bytes = src.nbytes();
+  if (bytes == 0 || src.data() == dst.data()) return;
+  if (src.is_cpu() && dst.is_cpu()) {
+    std::memmove(dst.data(), src.data(), bytes);
+    return;
+  }
+  if (!src.is_cpu() && !dst.is_cpu()) {
+    check_cuda(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream_), "copy (device)");
+    return;
+  }
+  const bool to_device = src.is_cpu();
+  const void* host = to_device ? src.data() : dst.data();
+  check_cuda(cudaMemcpyAsync(dst.data(), src.data(), bytes, to_device ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost,
+                             stream_),
+             to_device ? "copy (host to device)" : "copy (device to host)");
+  // Pageable host memory: wait, so that the buffer may be reused (H2D) or read (D2H) at once.
+  if (!is_pinned(host)) check_cuda(cudaStreamSynchronize(stream_), "copy: waiting for a pageable transfer");
+}
+
+void CudaBackend::cast(const Tensor& src, Tensor& dst) {
+  SPECULA_CHECK(src.defined() && dst.defined(), "cast: source {} or destination {} is an empty tensor",
+                src.describe(), dst.describe());
+  SPECULA_CHECK(is_float_dtype(src.dtype()) && is_float_dtype(dst.dtype()),
+                "cast: only F32/F16/BF16 convert, got {} -> {}", src.describe(), dst.describe());
+  SPECULA_CHECK(src.numel() == dst.numel(), "cast: source {} and destination {} differ in element count",
+                src.describe(), dst.describe());
+  SPECULA_CHECK(src.device() == dst.device(), "cast: source {} and destination {} are on different devices",
+                src.describe(), dst.describe());
+  if (src.dtype() == dst.dtype()) {
+    copy(src, dst);
+    return;
+  }
+  if (src.is_cpu()) {  // host tensors (e.g. weights before upload): convert through fp32 chunks
+    const int64_t n = src.numel();
+    constexpr int64_t kChunk = 4096;
+    std::vector<float> buf(kChunk);
+    const size_t in_size = dtype_size(src.dtype()), out_size = dtype_size(dst.dtype());
+    for (int64_t begin = 0; begin < n; begin += kChunk) {
+      const size_t len = static_cast<size_t>(std::min(kChunk, n - begin));
+      convert_to_f32(static_cast<const char*>(src.data()) + begin * in_size, src.dtype(), buf.data(), len);
+      convert_from_f32(buf.data(), dst.dtype(), static_cast<char*>(dst.data()) + begin * out_size, len);
+    }
+    return;
+  }
+  check_cuda(cuda::launch_cast(src.data(), src.dtype(), dst.data(), dst.dtype(), src.numel(), stream_), "cast");
+}
+
+void CudaBackend::zero(Tensor& t) {
+  SPECULA_CHECK(t.defined(), "zero: empty tensor");
+  if (t.nbytes() == 0) return;
+  if (t.is_cpu()) {
+    std::memset(t.data(), 0, t.nbytes());
+    return;
+  }
+  check_cuda(cudaMemsetAsync(t.data(), 0, t.nbytes(), stream_), "zero");
+}
+
+void CudaBackend::synchronize() { check_cuda(cudaStreamSynchronize(stream_), "synchronize"); }
+
+// ---- shared argument checks ----
+
+namespace cuda_check {
+
+void on_gpu(const Tensor& t, const char* op, const char* param) {
+  SPECULA_CHECK(t.defined(), "{}: {} is an empty tensor", op, param);
+  SPECULA_CHECK(t.device() == Device::kCUDA, "{}: {} must be on the GPU, got {}", op, param, t.describe());
+}
+
+void float_tensor(const Tensor& t, const char* op, const char* param) {
+  on_gpu(t, op, param);
+  SPECULA_CHECK(t.dtype() == DType::kBF16 || t.dtype() == DType::kF32, "{}: {} must be BF16 or F32, got {}", op,
+                param, t.describe());
+}
+
+void dtype(const Tensor& t, DType dtype, const char* op, const char* param) {
+  on_gpu(t, op, param);
+  SPECULA_CHECK(t.dtype() == dtype, "{}: {} must be {}, got {}", op, param, dtype_name(dtype), t.describe());
+}
+
+void index_vector(const Tensor& t, DType dtype, const char* op, const char* param) {
+  on_gpu(t, op, param);
+  SPECULA_CHECK(t.dtype() == dtype && t.ndim() == 1, "{}: {} must be a 1-d {} GPU tensor, got {}", op, param,
+                dtype_name(dtype), t.describe());
+}
+
+void same_dtype(const Tensor& a, const Tensor& b, const char* op, const char* pa, const char* pb) {
+  SPECULA_CHECK(a.dtype() == b.dtype(), "{}: {} {} and {} {} must have the same dtype", op, pa, a.describe(), pb,
+                b.describe());
+}
+
+void same_shape(const Tensor& a, const Tensor& b, const char* op, const char* pa, const char* pb) {
+  SPECULA_CHECK(a.shape() == b.shape(), "{}: {} {} and {} {} must have the same shape", op, pa, a.describe(), pb,
+                b.describe());
+}
+
+}  // namespace cuda_check
+}  // namespace specula

@@ -1,0 +1,102 @@
+// The CUDA backend: bf16 storage, fp32 accumulation, one stream per backend.
+//
+// Everything a backend does is enqueued on its own (non-blocking) stream, in program order, so
+// ops never need to synchronise with each other and the caching allocator can reuse freed blocks
+// in stream order. Nothing inside the forward-pass ops allocates device memory outside the
+// scratch arena, synchronises, or reads device memory on the host, so a whole decode step can be
+// captured into a CUDA graph.
+//
+// Host <-> device copies (copy()):
+//  - from pageable host memory: the call returns after the bytes have been consumed (it waits for
+//    the stream), so the caller may reuse or free the host buffer at once;
+//  - from pinned host memory (cudaHostAlloc / cudaHostRegister): truly asynchronous; the caller
+//    must not modify the buffer until the stream has passed the copy (synchronize() or an event);
+//  - to pageable host memory: the data is there when the call returns;
+//  - to pinned host memory: asynchronous; read it after synchronize().
+// Pageable copies cannot be captured into a graph (they synchronise); pinned ones can.
+//
+// Methods are defined across files, one family each:
+//   cuda_backend.cc    construction, memory, copies, casts
+//   cuda_ops.cc        row-wise ops, rope, KV-cache writes (kernels in cuda_rowwise/norm/rope/kv_cache.cu)
+//   cuda_linear.cc     linear through cuBLASLt (cuda_gemm.cc)
+//   cuda_attention.cc  paged attention dispatch (kernels in cuda_attention_{decode,prefill}.cu)
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_scratch_arena.h"
+
+namespace specula {
+
+class CublasLtGemm;
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device_index);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  Device device() const override { return Device::kCUDA; }
+  std::string name() const override;
+  DType compute_dtype() const override { return DType::kBF16; }
+
+  Tensor empty(Shape shape, DType dtype) override;
+  Tensor scratch(Shape shape, DType dtype) override;
+  void reset_scratch() override;
+  void copy(const Tensor& src, Tensor& dst) override;
+  void cast(const Tensor& src, Tensor& dst) override;
+  void zero(Tensor& t) override;
+  void synchronize() override;
+
+  void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
+  void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
+  void add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, float eps) override;
+  void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) override;
+  void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& cos_sin, int rotary_dim,
+            bool neox) override;
+  void silu_mul(const Tensor& gate_up, Tensor& out) override;
+  void add(const Tensor& a, const Tensor& b, Tensor& out) override;
+  void write_kv_cache(const Tensor& k, const Tensor& v, KVCacheLayer& cache,
+                      const Tensor& slot_mapping) override;
+  void paged_attention(const Tensor& q, const KVCacheLayer& cache, const AttentionMetadata& md,
+                       float scale, Tensor& out) override;
+  void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
+
+  // ---- CUDA specifics (for the engine's CUDA graphs, benchmarks and tests) ----
+  cudaStream_t stream() const { return stream_; }
+  int device_index() const { return device_index_; }
+  int sm_count() const { return sm_count_; }
+  size_t scratch_capacity() const { return arena_.capacity(); }
+
+ private:
+  int device_index_;
+  int sm_count_ = 0;
+  std::string device_name_;
+  cudaStream_t stream_ = nullptr;
+  CudaScratchArena arena_;
+  std::unique_ptr<CublasLtGemm> gemm_;
+};
+
+// Throws specula::Error "<what>: <CUDA error string>" unless err is cudaSuccess.
+void check_cuda(cudaError_t err, const char* what);
+
+// Argument checks shared by the op files; each names the op and the parameter at fault.
+namespace cuda_check {
+// A defined tensor on the GPU.
+void on_gpu(const Tensor& t, const char* op, const char* param);
+// On the GPU with dtype F32 or BF16.
+void float_tensor(const Tensor& t, const char* op, const char* param);
+// On the GPU with exactly this dtype.
+void dtype(const Tensor& t, DType dtype, const char* op, const char* param);
+// A 1-d tensor of the given integer dtype on the GPU.
+void index_vector(const Tensor& t, DType dtype, const char* op, const char* param);
+void same_dtype(const Tensor& a, const Tensor& b, const char* op, const char* pa, const char* pb);
+void same_shape(const Tensor& a, const Tensor& b, const char* op, const char* pa, const char* pb);
+}  // namespace cuda_check
+
+}  // namespace specula

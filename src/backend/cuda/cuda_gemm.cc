@@ -1,0 +1,138 @@
+#include "backend/cuda/cuda_gemm.h"
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace specula {
+namespace {
+
+void check_lt(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw Error(fmt::format("cuBLASLt {}: {} ({})", what, cublasLtGetStatusString(status),
+                            cublasLtGetStatusName(status)));
+  }
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+    default: throw Error(fmt::format("linear: dtype {} is not supported by the GEMM", dtype_name(t)));
+  }
+}
+
+// Largest power of two (up to 256) dividing the address: what the algorithm may assume.
+uint16_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint16_t align = 256;
+  while (align > 1 && (a & (align - 1)) != 0) align >>= 1;
+  return align;
+}
+
+}  // namespace
+
+struct CublasLtGemm::Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t w = nullptr, x = nullptr, out = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  ~Plan() {
+    if (out) cublasLtMatrixLayoutDestroy(out);
+    if (x) cublasLtMatrixLayoutDestroy(x);
+    if (w) cublasLtMatrixLayoutDestroy(w);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+size_t CublasLtGemm::KeyHash::operator()(const Key& k) const {
+  size_t h = std::hash<int64_t>()(k.m);
+  auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+  mix(std::hash<int64_t>()(k.n));
+  mix(std::hash<int64_t>()(k.k));
+  mix(static_cast<size_t>(k.in) << 8 | static_cast<size_t>(k.out) << 16 | static_cast<size_t>(k.bias));
+  mix(static_cast<size_t>(k.align_x) | static_cast<size_t>(k.align_w) << 16 | static_cast<size_t>(k.align_out) << 32);
+  return h;
+}
+
+CublasLtGemm::CublasLtGemm(cudaStream_t stream) : stream_(stream) {
+  check_lt(cublasLtCreate(&handle_), "create");
+  workspace_ = Tensor::empty({static_cast<int64_t>(kWorkspaceBytes)}, DType::kU8, Device::kCUDA);
+}
+
+CublasLtGemm::~CublasLtGemm() {
+  plans_.clear();
+  if (handle_) cublasLtDestroy(handle_);
+}
+
+CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const char* op) {
+  auto it = plans_.find(key);
+  if (it != plans_.end()) return *it->second;
+
+  auto plan = std::make_unique<Plan>();
+  const cublasComputeType_t compute = CUBLAS_COMPUTE_32F;  // fp32 accumulation; no TF32 for f32
+  check_lt(cublasLtMatmulDescCreate(&plan->op, compute, CUDA_R_32F), "matmul descriptor");
+  const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+  check_lt(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)), "transa");
+  check_lt(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof(no_trans)),
+           "transb");
+  if (key.bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    check_lt(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)),
+             "bias epilogue");
+  }
+  const auto m = static_cast<uint64_t>(key.m), n = static_cast<uint64_t>(key.n), k = static_cast<uint64_t>(key.k);
+  check_lt(cublasLtMatrixLayoutCreate(&plan->w, cuda_type(key.in), k, n, static_cast<int64_t>(k)), "weight layout");
+  check_lt(cublasLtMatrixLayoutCreate(&plan->x, cuda_type(key.in), k, m, static_cast<int64_t>(k)), "input layout");
+  check_lt(cublasLtMatrixLayoutCreate(&plan->out, cuda_type(key.out), n, m, static_cast<int64_t>(n)),
+           "output layout");
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const uint64_t workspace = kWorkspaceBytes;
+  const uint32_t a_align = key.align_w, b_align = key.align_x, c_align = key.align_out;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_align, sizeof(a_align));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b_align, sizeof(b_align));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_align, sizeof(c_align));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c_align, sizeof(c_align));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->op, plan->w, plan->x, plan->out,
+                                                               plan->out, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  SPECULA_CHECK(status == CUBLAS_STATUS_SUCCESS && found > 0,
+                "{}: cuBLASLt has no algorithm for [{}, {}] x [{}, {}]^T ({} in, {} out{}; alignments x {} w {} "
+                "out {}): {}",
+                op, key.m, key.k, key.n, key.k, dtype_name(key.in), dtype_name(key.out), key.bias ? ", bias" : "",
+                key.align_x, key.align_w, key.align_out, cublasLtGetStatusString(status));
+  plan->algo = result.algo;
+  return *plans_.emplace(key, std::move(plan)).first->second;
+}
+
+void CublasLtGemm::matmul(const void* x, const void* w, DType in_dtype, const void* bias, DType bias_dtype,
+                          void* out, DType out_dtype, int64_t m, int64_t n, int64_t k, const char* op) {
+  if (m == 0 || n == 0) return;
+  if (k == 0) {  // an empty sum: out = bias (or 0)
+    check_cuda(cudaMemsetAsync(out, 0, static_cast<size_t>(m * n) * dtype_size(out_dtype), stream_), op);
+    if (bias) check_cuda(cuda::launch_add_bias(out, out_dtype, bias, bias_dtype, m, n, stream_), op);
+    return;
+  }
+  // The bias goes in the epilogue when it has the output's dtype and 16-byte alignment; otherwise
+  // a separate broadcast add follows the GEMM.
+  const bool epilogue_bias = bias != nullptr && bias_dtype == out_dtype && alignment_of(bias) >= 16;
+  const Key key{m, n, k, in_dtype, out_dtype, epilogue_bias, alignment_of(x), alignment_of(w), alignment_of(out)};
+  Plan& plan = plan_for(key, op);
+  if (epilogue_bias) {
+    check_lt(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
+             "bias pointer");
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  check_lt(cublasLtMatmul(handle_, plan.op, &alpha, w, plan.w, x, plan.x, &beta, out, plan.out, out, plan.out,
+                          &plan.algo, workspace_.data(), kWorkspaceBytes, stream_),
+           op);
+  if (bias != nullptr && !epilogue_bias) {
+    check_cuda(cuda::launch_add_bias(out, out_dtype, bias, bias_dtype, m, n, stream_), op);
+  }
+}
+
+}  // namespace specula

@@ -1,0 +1,58 @@
+// out[M, N] = x[M, K] . w[N, K]^T (+ bias[N]) through cuBLASLt: bf16 (or f16/f32) operands, fp32
+// accumulation and scaling, bf16 or f32 output.
+//
+// cuBLASLt sees column-major matrices, and a row-major [N, K] weight IS a column-major K x N
+// matrix, so the product is computed as out^T (N x M) = op_T(w) (N x K) . x^T (K x M) with no
+// copy of anything. The bias rides in the epilogue (CUBLASLT_EPILOGUE_BIAS adds a vector over
+// the N rows of out^T). Descriptors and the heuristic's algorithm are cached per (M, N, K, dtypes,
+// bias, pointer alignment): the heuristic query costs tens of microseconds, far more than a
+// decode-sized GEMM. The workspace is allocated once (32 MiB, what cuBLAS recommends on Hopper),
+// so calls never allocate and can be captured into a CUDA graph.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+
+#include "core/tensor.h"
+
+namespace specula {
+
+class CublasLtGemm {
+ public:
+  explicit CublasLtGemm(cudaStream_t stream);
+  ~CublasLtGemm();
+  CublasLtGemm(const CublasLtGemm&) = delete;
+  CublasLtGemm& operator=(const CublasLtGemm&) = delete;
+
+  // Raw form; the caller has checked shapes. bias may be null. `op` names the caller in errors.
+  void matmul(const void* x, const void* w, DType in_dtype, const void* bias, DType bias_dtype, void* out,
+              DType out_dtype, int64_t m, int64_t n, int64_t k, const char* op);
+
+  size_t cached_plans() const { return plans_.size(); }
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+ private:
+  struct Key {
+    int64_t m, n, k;
+    DType in, out;
+    bool bias;
+    uint16_t align_x, align_w, align_out;
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const;
+  };
+  struct Plan;
+
+  Plan& plan_for(const Key& key, const char* op);
+
+  cudaStream_t stream_;
+  cublasLtHandle_t handle_ = nullptr;
+  Tensor workspace_;
+  std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans_;
+};
+
+}  // namespace specula

@@ -1,0 +1,93 @@
+// Launchers of the CUDA kernels: plain functions over raw device pointers, called by CudaBackend
+// after it has checked its arguments (so the .cu files stay free of fmt/spdlog and compile fast).
+// Every launcher enqueues on `stream` and returns cudaGetLastError() of its launch; none of them
+// allocates, synchronises or reads device memory from the host, so all of them can be captured
+// into a CUDA graph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace specula::cuda {
+
+// dst[i] = convert(src[i]) between F32, F16 and BF16 (round to nearest even).
+cudaError_t launch_cast(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t stream);
+
+// dst row i = src row idx[i] (row_bytes each); an index outside [0, src_rows) yields a zero row
+// (the host cannot check device-resident indices without a sync). Used by embedding too.
+cudaError_t launch_gather_rows(const void* src, int64_t src_rows, size_t row_bytes, const int32_t* idx, int64_t n,
+                               void* dst, cudaStream_t stream);
+
+// out = a + b over n elements of dtype (F32 or BF16).
+cudaError_t launch_add(const void* a, const void* b, void* out, int64_t n, DType dtype, cudaStream_t stream);
+
+// out[r, :] += bias[:] for r < rows; out and bias each F32 or BF16.
+cudaError_t launch_add_bias(void* out, DType out_dtype, const void* bias, DType bias_dtype, int64_t rows, int64_t n,
+                            cudaStream_t stream);
+
+// out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i].
+cudaError_t launch_silu_mul(const void* gate_up, void* out, int64_t rows, int64_t inter, DType dtype,
+                            cudaStream_t stream);
+
+// out = x * rsqrt(mean(x^2) + eps) * w per row of h elements; out may alias x.
+cudaError_t launch_rms_norm(const void* x, const void* w, void* out, int64_t rows, int64_t h, float eps, DType dtype,
+                            cudaStream_t stream);
+// residual += x (rounded to the storage type); x = rms_norm(residual) * w.
+cudaError_t launch_add_rms_norm(void* x, void* residual, const void* w, int64_t rows, int64_t h, float eps,
+                                DType dtype, cudaStream_t stream);
+
+// Rotary embedding in place (see Backend::rope). Rows whose position is outside [0, max_pos) are
+// left unchanged.
+cudaError_t launch_rope(void* q, void* k, const int32_t* positions, const float* cos_sin, int64_t max_pos,
+                        int64_t tokens, int hq, int hk, int head_dim, int rotary_dim, bool neox, DType dtype,
+                        cudaStream_t stream);
+
+// cache row slots[t] = row t of k (and of v), for t < tokens; slot -1 (or outside [0, num_slots))
+// skips the row.
+cudaError_t launch_write_kv_cache(const void* k, const void* v, void* k_cache, void* v_cache, const int64_t* slots,
+                                  int64_t tokens, size_t k_row_bytes, size_t v_row_bytes, int64_t num_slots,
+                                  cudaStream_t stream);
+
+// ---- paged attention (bf16 q / cache / out, fp32 softmax) ----
+struct PagedAttentionParams {
+  const void* q = nullptr;        // [T, Hq, D]
+  const void* k_cache = nullptr;  // [num_blocks, block_size, Hk, D]
+  const void* v_cache = nullptr;  // [num_blocks, block_size, Hk, Dv]
+  void* out = nullptr;            // [T, Hq, Dv]
+  const int32_t* query_start_loc = nullptr;  // [num_seqs + 1]
+  const int32_t* seq_lens = nullptr;         // [num_seqs]
+  const int32_t* block_tables = nullptr;     // [num_seqs, max_blocks_per_seq]
+  int num_seqs = 0;
+  int max_blocks_per_seq = 0;
+  int block_size = 0;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;    // D, a multiple of 8, at most 256
+  int v_head_dim = 0;  // Dv, a multiple of 8, at most 256
+  float scale = 1.0f;
+  int max_query_len = 0;  // host-side maxima over the batch; they size the grids
+  int max_seq_len = 0;
+};
+
+// Largest head dim the attention kernels take; head dims must be multiples of this granule.
+constexpr int kMaxAttentionHeadDim = 256;
+constexpr int kAttentionHeadDimGranule = 8;
+
+// Split-KV decode (every sequence has at most one query row). How many splits of each
+// sequence's keys to run in parallel for this batch on a GPU with `sm_count` SMs; 1 means no
+// partial buffers are needed.
+int decode_num_splits(const PagedAttentionParams& p, int sm_count);
+// partial_out F32 [num_seqs, Hq, num_splits, Dv] and partial_stats F32 [num_seqs, Hq, num_splits, 2]
+// are scratch for num_splits > 1 (may be null otherwise).
+cudaError_t launch_decode_attention(const PagedAttentionParams& p, int num_splits, float* partial_out,
+                                    float* partial_stats, cudaStream_t stream);
+
+// Varlen causal flash attention over the paged cache for any query lengths (prefill, chunked
+// prefill, verification, mixed batches), on the tensor cores.
+cudaError_t launch_prefill_attention(const PagedAttentionParams& p, cudaStream_t stream);
+
+}  // namespace specula::cuda

@@ -1,0 +1,144 @@
+// CUDA backend: argument checks and launches of the row-wise ops, rope and KV-cache writes.
+// Device-resident indices (token ids, positions, slots, gather indices) cannot be validated on
+// the host without a synchronisation; the kernels treat out-of-range values as documented in
+// cuda_kernels.h (zero rows, untouched rows, skipped slots) instead of reading out of bounds.
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
+
+namespace specula {
+namespace {
+int64_t rows_of(const Tensor& t, int64_t h) { return h == 0 ? 0 : t.numel() / h; }
+}  // namespace
+
+void CudaBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out) {
+  cuda_check::index_vector(ids, DType::kI32, "embedding", "ids");
+  cuda_check::on_gpu(table, "embedding", "table");
+  cuda_check::on_gpu(out, "embedding", "out");
+  cuda_check::same_dtype(table, out, "embedding", "table", "out");
+  SPECULA_CHECK(table.ndim() == 2, "embedding: table must be [V, H], got {}", table.describe());
+  const int64_t t = ids.size(0), h = table.size(1);
+  SPECULA_CHECK(out.numel() == t * h && (t == 0 || out.size(-1) == h), "embedding: out {} must be [{}, {}]",
+                out.describe(), t, h);
+  check_cuda(cuda::launch_gather_rows(table.data(), table.size(0), table.row_bytes(), ids.data_as<int32_t>(), t,
+                                      out.data(), stream_),
+             "embedding");
+}
+
+void CudaBackend::gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
+  cuda_check::index_vector(indices, DType::kI32, "gather_rows", "indices");
+  cuda_check::on_gpu(x, "gather_rows", "x");
+  cuda_check::on_gpu(out, "gather_rows", "out");
+  cuda_check::same_dtype(x, out, "gather_rows", "x", "out");
+  SPECULA_CHECK(x.ndim() >= 1, "gather_rows: x {} has no rows", x.describe());
+  const int64_t n = indices.size(0);
+  const size_t row_bytes = x.row_bytes();
+  SPECULA_CHECK(out.ndim() >= 1 && out.size(0) == n && (n == 0 || out.row_bytes() == row_bytes),
+                "gather_rows: out {} must have {} rows shaped like those of x {}", out.describe(), n, x.describe());
+  check_cuda(cuda::launch_gather_rows(x.data(), x.size(0), row_bytes, indices.data_as<int32_t>(), n, out.data(),
+                                      stream_),
+             "gather_rows");
+}
+
+void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
+  cuda_check::float_tensor(x, "rms_norm", "x");
+  cuda_check::on_gpu(weight, "rms_norm", "weight");
+  cuda_check::on_gpu(out, "rms_norm", "out");
+  cuda_check::same_dtype(x, weight, "rms_norm", "x", "weight");
+  cuda_check::same_dtype(x, out, "rms_norm", "x", "out");
+  SPECULA_CHECK(weight.ndim() == 1 && x.ndim() >= 1 && x.size(-1) == weight.size(0),
+                "rms_norm: weight {} must be [H] with H the last dim of x {}", weight.describe(), x.describe());
+  SPECULA_CHECK(out.numel() == x.numel(), "rms_norm: out {} must match x {}", out.describe(), x.describe());
+  const int64_t h = weight.size(0);
+  check_cuda(cuda::launch_rms_norm(x.data(), weight.data(), out.data(), rows_of(x, h), h, eps, x.dtype(), stream_),
+             "rms_norm");
+}
+
+void CudaBackend::add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, float eps) {
+  cuda_check::float_tensor(x, "add_rms_norm", "x");
+  cuda_check::on_gpu(residual, "add_rms_norm", "residual");
+  cuda_check::on_gpu(weight, "add_rms_norm", "weight");
+  cuda_check::same_dtype(x, residual, "add_rms_norm", "x", "residual");
+  cuda_check::same_dtype(x, weight, "add_rms_norm", "x", "weight");
+  cuda_check::same_shape(x, residual, "add_rms_norm", "x", "residual");
+  SPECULA_CHECK(weight.ndim() == 1 && x.ndim() >= 1 && x.size(-1) == weight.size(0),
+                "add_rms_norm: weight {} must be [H] with H the last dim of x {}", weight.describe(), x.describe());
+  const int64_t h = weight.size(0);
+  check_cuda(cuda::launch_add_rms_norm(x.data(), residual.data(), weight.data(), rows_of(x, h), h, eps, x.dtype(),
+                                       stream_),
+             "add_rms_norm");
+}
+
+void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {
+  cuda_check::float_tensor(gate_up, "silu_mul", "gate_up");
+  cuda_check::on_gpu(out, "silu_mul", "out");
+  cuda_check::same_dtype(gate_up, out, "silu_mul", "gate_up", "out");
+  SPECULA_CHECK(gate_up.ndim() >= 1 && gate_up.size(-1) % 2 == 0, "silu_mul: gate_up {} must be [T, 2I]",
+                gate_up.describe());
+  const int64_t inter = gate_up.size(-1) / 2, rows = rows_of(gate_up, 2 * inter);
+  SPECULA_CHECK(out.numel() == rows * inter && (rows == 0 || out.size(-1) == inter),
+                "silu_mul: out {} must be [{}, {}]", out.describe(), rows, inter);
+  check_cuda(cuda::launch_silu_mul(gate_up.data(), out.data(), rows, inter, out.dtype(), stream_), "silu_mul");
+}
+
+void CudaBackend::add(const Tensor& a, const Tensor& b, Tensor& out) {
+  cuda_check::float_tensor(a, "add", "a");
+  cuda_check::on_gpu(b, "add", "b");
+  cuda_check::on_gpu(out, "add", "out");
+  cuda_check::same_dtype(a, b, "add", "a", "b");
+  cuda_check::same_dtype(a, out, "add", "a", "out");
+  cuda_check::same_shape(a, b, "add", "a", "b");
+  SPECULA_CHECK(out.numel() == a.numel(), "add: out {} must match a {}", out.describe(), a.describe());
+  check_cuda(cuda::launch_add(a.data(), b.data(), out.data(), a.numel(), a.dtype(), stream_), "add");
+}
+
+void CudaBackend::rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& cos_sin, int rotary_dim,
+                       bool neox) {
+  cuda_check::float_tensor(q, "rope", "q");
+  cuda_check::on_gpu(k, "rope", "k");
+  cuda_check::same_dtype(q, k, "rope", "q", "k");
+  cuda_check::dtype(cos_sin, DType::kF32, "rope", "cos_sin");
+  cuda_check::index_vector(positions, DType::kI32, "rope", "positions");
+  SPECULA_CHECK(q.ndim() == 3 && k.ndim() == 3 && q.size(0) == k.size(0) && q.size(2) == k.size(2),
+                "rope: q {} and k {} must be [T, Hq, D] and [T, Hk, D]", q.describe(), k.describe());
+  const int64_t t = q.size(0), d = q.size(2);
+  SPECULA_CHECK(rotary_dim > 0 && rotary_dim % 2 == 0 && rotary_dim <= d,
+                "rope: rotary_dim {} must be even and in (0, head_dim = {}]", rotary_dim, d);
+  SPECULA_CHECK(cos_sin.ndim() == 2 && cos_sin.size(1) == rotary_dim,
+                "rope: cos_sin {} must be [max_positions, rotary_dim = {}]", cos_sin.describe(), rotary_dim);
+  SPECULA_CHECK(positions.size(0) >= t, "rope: positions {} has fewer than the {} rows of q", positions.describe(),
+                t);
+  check_cuda(cuda::launch_rope(q.data(), k.data(), positions.data_as<int32_t>(), cos_sin.data_as<float>(),
+                               cos_sin.size(0), t, static_cast<int>(q.size(1)), static_cast<int>(k.size(1)),
+                               static_cast<int>(d), rotary_dim, neox, q.dtype(), stream_),
+             "rope");
+}
+
+void CudaBackend::write_kv_cache(const Tensor& k, const Tensor& v, KVCacheLayer& cache, const Tensor& slot_mapping) {
+  cuda_check::on_gpu(k, "write_kv_cache", "k");
+  cuda_check::on_gpu(v, "write_kv_cache", "v");
+  cuda_check::on_gpu(cache.k, "write_kv_cache", "cache.k");
+  cuda_check::on_gpu(cache.v, "write_kv_cache", "cache.v");
+  cuda_check::same_dtype(k, cache.k, "write_kv_cache", "k", "cache.k");
+  cuda_check::same_dtype(v, cache.v, "write_kv_cache", "v", "cache.v");
+  cuda_check::index_vector(slot_mapping, DType::kI64, "write_kv_cache", "slot_mapping");
+  SPECULA_CHECK(cache.k.ndim() == 4 && cache.v.ndim() == 4 && cache.k.size(0) == cache.v.size(0) &&
+                    cache.k.size(1) == cache.v.size(1) && cache.k.size(2) == cache.v.size(2),
+                "write_kv_cache: cache.k {} and cache.v {} must be [num_blocks, block_size, Hk, D]",
+                cache.k.describe(), cache.v.describe());
+  SPECULA_CHECK(k.ndim() >= 1 && v.ndim() >= 1 && k.size(0) == v.size(0), "write_kv_cache: k {} and v {} differ in rows",
+                k.describe(), v.describe());
+  const int64_t t = k.size(0);
+  const int64_t k_row = cache.k.size(2) * cache.k.size(3), v_row = cache.v.size(2) * cache.v.size(3);
+  SPECULA_CHECK(k.numel() == t * k_row && v.numel() == t * v_row,
+                "write_kv_cache: k {} / v {} rows must match the cache's [Hk, D] ({} / {})", k.describe(),
+                v.describe(), cache.k.describe(), cache.v.describe());
+  SPECULA_CHECK(slot_mapping.size(0) >= t, "write_kv_cache: slot_mapping {} has fewer than {} rows",
+                slot_mapping.describe(), t);
+  const size_t elem = dtype_size(k.dtype());
+  check_cuda(cuda::launch_write_kv_cache(k.data(), v.data(), cache.k.data(), cache.v.data(),
+                                         slot_mapping.data_as<int64_t>(), t, k_row * elem,
+                                         v_row * dtype_size(v.dtype()), cache.k.size(0) * cache.k.size(1), stream_),
+             "write_kv_cache");
+}
+
+}  // namespace specula

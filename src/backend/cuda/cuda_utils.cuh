@@ -1,0 +1,137 @@
+// Device-side helpers shared by the kernels: element conversions (bf16/f16/f32 storage, fp32
+// math), 16-byte vector access, warp/block reductions and the PTX wrappers the attention kernels
+// use (cp.async, ldmatrix, mma.sync). Only .cu files include this.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace specula::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// ---- scalar conversions: storage type <-> fp32 ----
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+
+template <class T> __device__ __forceinline__ T from_float(float x);
+template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 from_float<bf16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+
+// ---- 16-byte vectors ----
+// A global-memory transaction is served in 32-byte sectors; one 16-byte load per thread (LDG.128)
+// lets a warp cover 512 contiguous bytes with the fewest instructions, which is what memory-bound
+// kernels need to get near the HBM bandwidth.
+template <class T>
+struct Vec16 {
+  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  union {
+    uint4 raw;
+    T elems[kN];
+  };
+};
+
+template <class T>
+__device__ __forceinline__ void load_vec(const T* p, float (&out)[Vec16<T>::kN]) {
+  Vec16<T> v;
+  v.raw = *reinterpret_cast<const uint4*>(p);
+#pragma unroll
+  for (int i = 0; i < Vec16<T>::kN; ++i) out[i] = to_float(v.elems[i]);
+}
+
+template <class T>
+__device__ __forceinline__ void store_vec(T* p, const float (&in)[Vec16<T>::kN]) {
+  Vec16<T> v;
+#pragma unroll
+  for (int i = 0; i < Vec16<T>::kN; ++i) v.elems[i] = from_float<T>(in[i]);
+  *reinterpret_cast<uint4*>(p) = v.raw;
+}
+
+// ---- reductions ----
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the
+// result. `shared` holds 32 floats. Warp shuffles do the work inside a warp (no shared memory
+// traffic); one value per warp then goes through shared memory.
+__device__ __forceinline__ float block_sum(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // `shared` may still be read from a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+// 2^x on the SFU (MUFU.EX2, ~2 ulp); softmax is computed in the log2 domain so that each
+// exponential is a single instruction. ex2.approx(-inf) = +0, which masked scores rely on.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- PTX wrappers (sm_80+) ----
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Asynchronous 16-byte global->shared copy that bypasses L1 (.cg) and registers; with pred
+// false it writes 16 zero bytes instead (src-size 0), so tails and padding never hold garbage.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool pred) {
+  const int src_size = pred ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(src_size));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Four 8x8 b16 matrices from shared memory; lane l supplies the address of row (l & 7) of matrix
+// (l >> 3). Lane l receives, in register i, elements (l / 4, 2 (l % 4) .. +1) of matrix i, or with
+// .trans the elements (2 (l % 4) .. +1, l / 4): exactly the mma.sync fragment layouts.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p)));
+}
+
+// D += A (16x16 bf16, row) * B (16x8 bf16, col), fp32 accumulators, one warp-wide tensor-core op.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two fp32 -> one register of two bf16 (lo in the low half, as mma fragments expect).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace specula::cuda

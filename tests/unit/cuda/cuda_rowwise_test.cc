@@ -1,0 +1,182 @@
+// Row-wise ops on the GPU (bf16, and f32 where supported) against the CPU backend (fp32) on the
+// same bf16-rounded inputs, over ragged shapes that take both the 16-byte vector path and the
+// scalar tail path.
+//
+// Tolerances (|gpu - cpu| <= atol + rtol |cpu|): copies are exact. Elementwise ops compute in fp32
+// and round once to bf16 (relative 2^-9 = 0.2%): rtol 8e-3. RMSNorm adds a reduction and, when
+// fused, the rounding of the stored residual before normalising (as torch does in bf16): rtol
+// 1.6e-2, atol 1e-2 on O(1) outputs. In fp32 the GPU must agree to 1e-5 relative.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "cuda_test_util.h"
+
+namespace specula {
+namespace {
+
+using testing::expect_close;
+using testing::expect_equal;
+using testing::random_bf16_values;
+using testing::to_gpu;
+using testing::to_host;
+
+class CudaRowwise : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SKIP_WITHOUT_GPU();
+    cpu_ = make_cpu_backend(2);
+    gpu_ = make_cuda_backend(0);
+  }
+  // Tolerances for a dtype: bf16 per the header comment, f32 near-exact.
+  static double rtol(DType dt, double bf16_rtol) { return dt == DType::kF32 ? 1e-5 : bf16_rtol; }
+  static double atol(DType dt, double bf16_atol) { return dt == DType::kF32 ? 1e-5 : bf16_atol; }
+
+  std::unique_ptr<Backend> cpu_, gpu_;
+  std::mt19937 rng_{42};
+};
+
+TEST_F(CudaRowwise, EmbeddingCopiesRowsExactly) {
+  for (int64_t h : {64, 36, 4096, 7}) {
+    Tensor table = random_bf16_values({50, h}, rng_);
+    Tensor ids = Tensor::from_i32({3, 0, 49, 3, 17, 17, 1});
+    Tensor want = Tensor::zeros({7, h}, DType::kF32);
+    cpu_->embedding(ids, table, want);
+    Tensor out = gpu_->empty({7, h}, DType::kBF16);
+    gpu_->embedding(to_gpu(*gpu_, ids), to_gpu(*gpu_, table), out);
+    expect_equal(to_host(*gpu_, out), want.to_f32_vector(), "embedding H=" + std::to_string(h));
+  }
+}
+
+TEST_F(CudaRowwise, EmbeddingOfAnOutOfRangeIdIsAZeroRow) {
+  Tensor table = random_bf16_values({10, 64}, rng_);
+  Tensor out = gpu_->empty({2, 64}, DType::kBF16);
+  gpu_->embedding(to_gpu(*gpu_, Tensor::from_i32({-1, 10})), to_gpu(*gpu_, table), out);
+  expect_equal(to_host(*gpu_, out), std::vector<float>(128, 0.0f), "invalid ids");
+}
+
+TEST_F(CudaRowwise, GatherRowsOfEveryWidth) {
+  Tensor idx = Tensor::from_i32({4, 4, 0, 2, 1});
+  for (int64_t h : {64, 6, 3}) {  // 128 / 12 / 6 bytes per bf16 row: 16-byte, 4-byte, 2-byte units
+    Tensor x = random_bf16_values({5, h}, rng_);
+    Tensor want = Tensor::zeros({5, h}, DType::kF32);
+    cpu_->gather_rows(x, idx, want);
+    Tensor out = gpu_->empty({5, h}, DType::kBF16);
+    gpu_->gather_rows(to_gpu(*gpu_, x), to_gpu(*gpu_, idx), out);
+    expect_equal(to_host(*gpu_, out), want.to_f32_vector(), "gather_rows H=" + std::to_string(h));
+  }
+  // Integer rows (I32 [5, 3] = 12 bytes a row).
+  std::vector<int32_t> vals(15);
+  for (int i = 0; i < 15; ++i) vals[i] = 1000 + i;
+  Tensor xi = Tensor::from_i32(vals, {5, 3});
+  Tensor oi = gpu_->empty({5, 3}, DType::kI32);
+  gpu_->gather_rows(to_gpu(*gpu_, xi), to_gpu(*gpu_, idx), oi);
+  Tensor back = Tensor::empty({5, 3}, DType::kI32);
+  gpu_->copy(oi, back);
+  EXPECT_EQ(back.to_i32_vector(), (std::vector<int32_t>{1012, 1013, 1014, 1012, 1013, 1014, 1000, 1001, 1002, 1006,
+                                                        1007, 1008, 1003, 1004, 1005}));
+}
+
+TEST_F(CudaRowwise, RmsNormMatchesCpu) {
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    for (auto [rows, h] : {std::pair<int64_t, int64_t>{1, 64}, {7, 100}, {33, 4096}, {3, 5120}, {2, 12}}) {
+      Tensor x = random_bf16_values({rows, h}, rng_, 3.0f);
+      Tensor w = random_bf16_values({h}, rng_, 1.5f);
+      Tensor want = Tensor::zeros({rows, h}, DType::kF32);
+      cpu_->rms_norm(x, w, 1e-6f, want);
+      Tensor xg = to_gpu(*gpu_, x, dt), out = gpu_->empty({rows, h}, dt);
+      gpu_->rms_norm(xg, to_gpu(*gpu_, w, dt), 1e-6f, out);
+      const std::string what = fmt::format("rms_norm {} [{}, {}]", dtype_name(dt), rows, h);
+      expect_close(to_host(*gpu_, out), want.to_f32_vector(), rtol(dt, 1.6e-2), atol(dt, 1e-2), what);
+      gpu_->rms_norm(xg, to_gpu(*gpu_, w, dt), 1e-6f, xg);  // in place
+      expect_close(to_host(*gpu_, xg), want.to_f32_vector(), rtol(dt, 1.6e-2), atol(dt, 1e-2), what + " in place");
+    }
+  }
+}
+
+TEST_F(CudaRowwise, AddRmsNormMatchesCpu) {
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    for (auto [rows, h] : {std::pair<int64_t, int64_t>{1, 64}, {5, 100}, {17, 4096}, {2, 12}}) {
+      Tensor x = random_bf16_values({rows, h}, rng_, 2.0f);
+      Tensor r = random_bf16_values({rows, h}, rng_, 2.0f);
+      Tensor w = random_bf16_values({h}, rng_, 1.5f);
+      Tensor xg = to_gpu(*gpu_, x, dt), rg = to_gpu(*gpu_, r, dt);
+      cpu_->add_rms_norm(x, r, w, 1e-5f);
+      gpu_->add_rms_norm(xg, rg, to_gpu(*gpu_, w, dt), 1e-5f);
+      const std::string what = fmt::format("add_rms_norm {} [{}, {}]", dtype_name(dt), rows, h);
+      expect_close(to_host(*gpu_, rg), r.to_f32_vector(), rtol(dt, 8e-3), atol(dt, 1e-6), what + " residual");
+      expect_close(to_host(*gpu_, xg), x.to_f32_vector(), rtol(dt, 1.6e-2), atol(dt, 1e-2), what + " x");
+    }
+  }
+}
+
+TEST_F(CudaRowwise, SiluMulMatchesCpu) {
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    for (auto [rows, inter] : {std::pair<int64_t, int64_t>{5, 8}, {3, 100}, {9, 1376}, {1, 14336}}) {
+      Tensor gu = random_bf16_values({rows, 2 * inter}, rng_, 4.0f);
+      Tensor want = Tensor::zeros({rows, inter}, DType::kF32);
+      cpu_->silu_mul(gu, want);
+      Tensor out = gpu_->empty({rows, inter}, dt);
+      gpu_->silu_mul(to_gpu(*gpu_, gu, dt), out);
+      expect_close(to_host(*gpu_, out), want.to_f32_vector(), rtol(dt, 8e-3), atol(dt, 1e-3),
+                   fmt::format("silu_mul {} [{}, {}]", dtype_name(dt), rows, inter));
+    }
+  }
+}
+
+TEST_F(CudaRowwise, AddMatchesCpu) {
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    for (int64_t n : {1, 1000, 1003, 65536 + 5}) {
+      Tensor a = random_bf16_values({n}, rng_), b = random_bf16_values({n}, rng_);
+      Tensor want = Tensor::zeros({n}, DType::kF32);
+      cpu_->add(a, b, want);
+      Tensor out = gpu_->empty({n}, dt);
+      gpu_->add(to_gpu(*gpu_, a, dt), to_gpu(*gpu_, b, dt), out);
+      expect_close(to_host(*gpu_, out), want.to_f32_vector(), rtol(dt, 8e-3), atol(dt, 1e-6),
+                   fmt::format("add {} [{}]", dtype_name(dt), n));
+    }
+  }
+}
+
+// A real rotary table: row p holds cos(p f_i) then sin(p f_i).
+Tensor rope_table(int64_t max_pos, int rotary_dim, double theta) {
+  std::vector<float> v(static_cast<size_t>(max_pos * rotary_dim));
+  const int half = rotary_dim / 2;
+  for (int64_t p = 0; p < max_pos; ++p) {
+    for (int i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(p) * std::pow(theta, -2.0 * i / rotary_dim);
+      v[p * rotary_dim + i] = static_cast<float>(std::cos(angle));
+      v[p * rotary_dim + half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  return Tensor::from_f32(v, {max_pos, rotary_dim});
+}
+
+TEST_F(CudaRowwise, RopeMatchesCpu) {
+  struct Case {
+    int64_t t, hq, hk, d;
+    int rot;
+    bool neox;
+  };
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    for (Case c : {Case{5, 8, 2, 128, 128, true}, {9, 4, 4, 64, 64, false}, {3, 4, 1, 64, 32, true},
+                   {6, 2, 2, 192, 64, false}, {1, 32, 8, 128, 128, true}, {4, 4, 2, 16, 16, true}}) {
+      const int64_t max_pos = 4096;
+      Tensor table = rope_table(max_pos, c.rot, 10000.0);
+      std::vector<int32_t> pos;
+      for (int64_t i = 0; i < c.t; ++i) pos.push_back(static_cast<int32_t>(rng_() % max_pos));
+      Tensor positions = Tensor::from_i32(pos);
+      Tensor q = random_bf16_values({c.t, c.hq, c.d}, rng_), k = random_bf16_values({c.t, c.hk, c.d}, rng_);
+      Tensor qg = to_gpu(*gpu_, q, dt), kg = to_gpu(*gpu_, k, dt);
+      cpu_->rope(q, k, positions, table, c.rot, c.neox);
+      gpu_->rope(qg, kg, to_gpu(*gpu_, positions), to_gpu(*gpu_, table, DType::kF32), c.rot, c.neox);
+      const std::string what = fmt::format("rope {} t{} hq{} hk{} d{} rot{} {}", dtype_name(dt), c.t, c.hq, c.hk, c.d,
+                                           c.rot, c.neox ? "neox" : "interleaved");
+      expect_close(to_host(*gpu_, qg), q.to_f32_vector(), rtol(dt, 1e-2), atol(dt, 1e-2), what + " q");
+      expect_close(to_host(*gpu_, kg), k.to_f32_vector(), rtol(dt, 1e-2), atol(dt, 1e-2), what + " k");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specula
