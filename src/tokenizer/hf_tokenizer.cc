@@ -128,23 +128,17 @@ class HfTokenizer final : public Tokenizer {
     wrap_ = make_post_processor(post, file);
 
     load_added_tokens(member_or_null(doc, "added_tokens"), file);
-    // transformers registers every special token named in tokenizer_config.json as a special
-    // added token: existing ones become special, missing ones get the next free id.
-    for (AddedToken t : config.special_tokens) {
+    // transformers adds the config's added_tokens_decoder entries that tokenizer.json lacks, then
+    // registers every special token the config names as a special added token.
+    for (const AddedToken& t : config.added_tokens) {
+      if (!added_.token_to_id(t.content)) add_new_token(t);
+    }
+    for (const AddedToken& t : config.special_tokens) {
       if (auto id = added_.token_to_id(t.content)) {
         added_.mark_special(*id);
-        continue;
-      }
-      if (auto id = model_->token_to_id(t.content)) {
-        t.id = *id;
       } else {
-        const int64_t model_size = model_->vocab_size();
-        const auto max_added = added_.max_id();
-        t.id = static_cast<int32_t>(!max_added ? model_size
-                                               : (*max_added >= model_size || model_size == 0) ? *max_added + 1
-                                                                                             : model_size);
+        add_new_token(t);
       }
-      added_.add(t);
     }
     added_.set_split_special_tokens(config.split_special_tokens);
     added_.build(normalizer_.get());
@@ -166,6 +160,21 @@ class HfTokenizer final : public Tokenizer {
     }
     chat_template_ = config.chat_template;
     build_pieces();
+  }
+
+  // Adds a token the added vocabulary lacks, with the id HF tokenizers' add_tokens gives it: its
+  // vocab id if the model has it, else the next id after the model vocab and the added tokens.
+  void add_new_token(AddedToken t) {
+    if (auto id = model_->token_to_id(t.content)) {
+      t.id = *id;
+    } else {
+      const int64_t model_size = model_->vocab_size();
+      const auto max_added = added_.max_id();
+      t.id = static_cast<int32_t>(!max_added ? model_size
+                                             : (*max_added >= model_size || model_size == 0) ? *max_added + 1
+                                                                                           : model_size);
+    }
+    added_.add(t);
   }
 
   void load_added_tokens(const nlohmann::json& list, const std::string& file) {

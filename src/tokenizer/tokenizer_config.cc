@@ -1,5 +1,6 @@
 #include "tokenizer/tokenizer_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -82,11 +83,28 @@ TokenizerConfig load_tokenizer_config(const std::filesystem::path& dir) {
       config.bos_token = named("bos_token");
       config.eos_token = named("eos_token");
       for (const char* key : {"unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) named(key);
+      // A list of tokens, or (transformers 5) a map from attribute name to token.
       for (const char* key : {"additional_special_tokens", "extra_special_tokens"}) {
-        if (!cfg.contains(key) || !cfg[key].is_array()) continue;
+        if (!cfg.contains(key) || !(cfg[key].is_array() || cfg[key].is_object())) continue;
         for (const auto& v : cfg[key]) {
           if (auto t = parse_token(v, key, file)) config.special_tokens.push_back(*t);
         }
+      }
+      if (cfg.contains("added_tokens_decoder") && cfg["added_tokens_decoder"].is_object()) {
+        for (const auto& [id, v] : cfg["added_tokens_decoder"].items()) {
+          const std::string key = "added_tokens_decoder." + id;
+          auto t = parse_token(v, key, file);
+          if (!t) continue;
+          t->special = v.is_object() && v.value("special", false);
+          try {
+            t->id = std::stoi(id);
+          } catch (const std::exception&) {
+            throw Error(fmt::format("{}: {}: the key is not a token id", file, key));
+          }
+          config.added_tokens.push_back(*t);
+        }
+        std::sort(config.added_tokens.begin(), config.added_tokens.end(),
+                  [](const AddedToken& a, const AddedToken& b) { return a.id < b.id; });  // JSON keys sort as text
       }
       config.add_bos_token = optional_bool(cfg, "add_bos_token", file);
       config.add_eos_token = optional_bool(cfg, "add_eos_token", file);

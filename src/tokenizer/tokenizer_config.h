@@ -18,6 +18,8 @@ struct TokenizerConfig {
   // Every named special token (bos, eos, unk, sep, pad, cls, mask, additional/extra special
   // tokens), which transformers registers as special added tokens. Ids are not known here.
   std::vector<AddedToken> special_tokens;
+  // "added_tokens_decoder" entries (with their ids); transformers adds those that tokenizer.json lacks.
+  std::vector<AddedToken> added_tokens;
   std::optional<bool> add_bos_token;  // unset when the key is absent
   std::optional<bool> add_eos_token;
   bool split_special_tokens = false;

@@ -308,6 +308,22 @@ TEST(Config, NamedSpecialTokensAreRegistered) {
   EXPECT_EQ(tok->chat_template(), "{{ messages }}");
 }
 
+TEST(Config, AddedTokensDecoderAndExtraSpecialTokensMap) {
+  TempTokenizerDir dir;
+  auto tok = load(dir, toy_tokenizer({}),
+                  {{"added_tokens_decoder",
+                    {{"256", {{"content", "<tool>"}, {"special", false}, {"normalized", false}}},
+                     {"257", {{"content", "<sys>"}, {"special", true}, {"normalized", false}}}}},
+                   {"extra_special_tokens", {{"image_token", "<image>"}}}});
+  EXPECT_EQ(tok->token_to_id("<tool>"), 256);
+  EXPECT_EQ(tok->token_to_id("<sys>"), 257);
+  EXPECT_EQ(tok->token_to_id("<image>"), 258);
+  EXPECT_FALSE(tok->is_special(256));
+  EXPECT_TRUE(tok->is_special(257));
+  EXPECT_TRUE(tok->is_special(258));
+  EXPECT_EQ(tok->encode("<image>x<tool>", false), ids({258, "x", 256}));
+}
+
 TEST(Config, SplitSpecialTokensEncodesThemAsText) {
   TempTokenizerDir dir;
   auto tok = load(dir, with_added(toy_tokenizer({}), {testing::added_token(256, "<x>"), testing::added_token(257, "<y>", false)}),
