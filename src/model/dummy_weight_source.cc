@@ -120,12 +120,26 @@ void fill_dummy_values(const DummyInit& init, uint64_t base, DType dtype, void* 
       if (init.kind == DummyInit::Kind::kConstant) {
         std::fill(f, f + m, init.value);
       } else {
-        for (size_t i = 0; i < m; ++i) {
-          // Element index -> 64 random bits; the top 24 map exactly onto floats in [-1, 1).
-          uint64_t r = splitmix64(base + (begin + b + i + 1) * kGolden);
-          float u = static_cast<float>(r >> 40) * (1.0f / 8388608.0f) - 1.0f;
-          f[i] = init.value + init.scale * u;
+        // One 64-bit hash per pair of elements (2k, 2k + 1): bits 40..63 for the even one, 8..31
+        // for the odd one. 24 bits map exactly onto floats in [-1, 1); converting them through
+        // int32 keeps the hot loop free of the slow unsigned-64-to-float sequence.
+        const uint64_t first = begin + b;  // absolute index of f[0]
+        auto pair_hash = [&](uint64_t idx) { return splitmix64(base + ((idx >> 1) + 1) * kGolden); };
+        auto value = [&](uint64_t r, bool odd) {
+          int32_t bits = odd ? static_cast<int32_t>((r >> 8) & 0xffffff) : static_cast<int32_t>(r >> 40);
+          return init.value + init.scale * (static_cast<float>(bits) * (1.0f / 8388608.0f) - 1.0f);
+        };
+        size_t i = 0;
+        if (first & 1) {
+          f[0] = value(pair_hash(first), true);
+          i = 1;
         }
+        for (; i + 1 < m; i += 2) {
+          uint64_t r = pair_hash(first + i);
+          f[i] = value(r, false);
+          f[i + 1] = value(r, true);
+        }
+        if (i < m) f[i] = value(pair_hash(first + i), false);
       }
       if (dtype != DType::kF32) convert_from_f32(f, dtype, dst + b * elem, m);
     }
