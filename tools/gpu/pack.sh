@@ -2,17 +2,21 @@
 # Builds specula with CUDA (sm_90) here and packs what the GPU machine needs into .gpu/ (ignored by
 # git; name it in the device tool's `carry`): stripped binaries in .gpu/bin and the few shared
 # libraries that the GPU machine's Ubuntu image lacks (or has at another soname) in .gpu/lib.
-# Usage: tools/gpu/pack.sh [targets...]   (default: specula and every test binary)
+# Usage: tools/gpu/pack.sh [targets...]   (default: specula, every test binary, cuda_roofline)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export BUILD_DIR=${BUILD_DIR:-build-gpu}
 export CMAKE_ARGS="${CMAKE_ARGS:-} -DSPECULA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"
 targets=("$@")
-scripts/build.sh "${targets[@]}"
+if [ ${#targets[@]} -gt 0 ]; then
+  scripts/build.sh --target "${targets[@]}"
+else
+  scripts/build.sh
+fi
 rm -rf .gpu/bin .gpu/lib
 mkdir -p .gpu/bin .gpu/lib
-for f in "$BUILD_DIR"/src/specula "$BUILD_DIR"/tests/test_*; do
-  [ -x "$f" ] || continue
+for f in "$BUILD_DIR"/src/specula "$BUILD_DIR"/tests/test_* "$BUILD_DIR"/tools/gpu/cuda_roofline; do
+  [ -f "$f" ] && [ -x "$f" ] || continue
   if [ ${#targets[@]} -gt 0 ]; then
     keep=0
     for t in "${targets[@]}"; do [ "$(basename "$f")" = "$t" ] && keep=1; done

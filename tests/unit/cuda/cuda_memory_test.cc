@@ -27,14 +27,10 @@ TEST(CudaMemory, BackendDescribesItself) {
 TEST(CudaMemory, AllocatorReusesFreedBlocks) {
   SKIP_WITHOUT_GPU();
   auto be = make_cuda_backend(0);
-  void* first;
-  {
-    Tensor t = be->empty({1000, 3000}, DType::kBF16);
-    first = t.data();
-  }
+  { Tensor t = be->empty({1000, 3000}, DType::kBF16); }
+  // The freed block (or an equally sized cached one) serves the next request: no cudaMalloc.
   const size_t mallocs = CudaCachingAllocator::instance().stats().cuda_malloc_calls;
   Tensor again = be->empty({1000, 3000}, DType::kBF16);
-  EXPECT_EQ(again.data(), first);
   EXPECT_EQ(CudaCachingAllocator::instance().stats().cuda_malloc_calls, mallocs);
   EXPECT_GE(CudaCachingAllocator::instance().stats().in_use_bytes, again.nbytes());
 }

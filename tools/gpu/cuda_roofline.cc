@@ -1,0 +1,180 @@
+// Micro-benchmarks of the CUDA backend against the hardware, so that engine figures can be stated
+// against a measured roofline: device-to-device copy bandwidth, bf16 GEMM rate (cuBLASLt at
+// 8192^3 and at the Llama-3.1-8B layer shapes), decode attention bandwidth and prefill attention
+// rate. Every figure is the median of several timed repetitions (CUDA events on the backend's
+// stream) after a warm-up. Prints one line per measurement; `--quick` runs fewer repetitions.
+//
+//   cuda_roofline [--quick]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/dtype.h"
+
+namespace specula {
+namespace {
+
+int g_reps = 20;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw Error(fmt::format("{}: {}", what, cudaGetErrorString(e)));
+}
+
+// Median milliseconds of one call of fn, timed in batches of `inner` calls between two events.
+double time_ms(CudaBackend& be, const std::function<void()>& fn, int inner = 1) {
+  cudaEvent_t start, stop;
+  check(cudaEventCreate(&start), "event");
+  check(cudaEventCreate(&stop), "event");
+  for (int i = 0; i < 3; ++i) fn();  // warm-up (plans, caches, clocks)
+  std::vector<double> samples;
+  for (int r = 0; r < g_reps; ++r) {
+    check(cudaEventRecord(start, be.stream()), "record");
+    for (int i = 0; i < inner; ++i) fn();
+    check(cudaEventRecord(stop, be.stream()), "record");
+    check(cudaEventSynchronize(stop), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, start, stop), "elapsed");
+    samples.push_back(ms / inner);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
+  return samples[samples.size() / 2];
+}
+
+Tensor random_bf16(Backend& be, const Shape& shape, float scale, unsigned seed) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<uint16_t> host(static_cast<size_t>(n));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-scale, scale);
+  // Fill a 1M-element pattern and repeat it: generating billions of randoms would dominate.
+  const size_t pattern = std::min<size_t>(host.size(), 1 << 20);
+  for (size_t i = 0; i < pattern; ++i) host[i] = f32_to_bf16(u(rng));
+  for (size_t i = pattern; i < host.size(); ++i) host[i] = host[i % pattern];
+  Tensor t = be.empty(shape, DType::kBF16);
+  Tensor src = Tensor::from_blob(host.data(), shape, DType::kBF16, Device::kCPU);
+  be.copy(src, t);
+  return t;
+}
+
+Tensor upload_i32(Backend& be, const std::vector<int32_t>& v, Shape shape = {}) {
+  Tensor host = Tensor::from_i32(v, std::move(shape));
+  Tensor t = be.empty(host.shape(), DType::kI32);
+  be.copy(host, t);
+  return t;
+}
+
+double copy_bandwidth(CudaBackend& be) {
+  const size_t bytes = size_t{2} << 30;
+  Tensor a = be.empty({static_cast<int64_t>(bytes)}, DType::kU8), b = be.empty({static_cast<int64_t>(bytes)}, DType::kU8);
+  be.zero(a);
+  const double ms = time_ms(be, [&] { check(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, be.stream()), "copy"); });
+  const double copied = bytes / (ms * 1e-3) / 1e12;
+  std::printf("copy    d2d %zu MiB: %.3f ms  %.2f TB/s copied = %.2f TB/s read+write\n", bytes >> 20, ms, copied,
+              2 * copied);
+  return 2 * copied;
+}
+
+double gemm(CudaBackend& be, const char* label, int64_t m, int64_t n, int64_t k, double roofline_tbs) {
+  Tensor x = random_bf16(be, {m, k}, 1.0f, 1), w = random_bf16(be, {n, k}, 0.02f, 2);
+  Tensor out = be.empty({m, n}, DType::kBF16);
+  const double ms = time_ms(be, [&] { be.linear(x, w, nullptr, out); }, m <= 64 ? 10 : 1);
+  const double tflops = 2.0 * m * n * k / (ms * 1e-3) / 1e12;
+  const double bytes = 2.0 * (m * k + n * k + m * n);
+  const double tbs = bytes / (ms * 1e-3) / 1e12;
+  std::printf("gemm    %-10s M=%-5ld N=%-6ld K=%-5ld: %8.4f ms  %7.1f TFLOP/s  %5.2f TB/s (%3.0f%% of copy)\n", label, m,
+              n, k, ms, tflops, tbs, 100 * tbs / roofline_tbs);
+  return tflops;
+}
+
+// Llama-3.1-8B attention: 32 query heads, 8 kv heads, head_dim 128, block size 16.
+void attention(CudaBackend& be, int batch, int seq_len, int query_len, double roofline_tbs, double gemm_tflops) {
+  const int hq = 32, hk = 8, d = 128, bs = 16;
+  const int blocks_per_seq = (seq_len + bs - 1) / bs;
+  const int num_blocks = batch * blocks_per_seq;
+  KVCacheLayer cache{random_bf16(be, {num_blocks, bs, hk, d}, 1.0f, 3), random_bf16(be, {num_blocks, bs, hk, d}, 1.0f, 4)};
+  std::vector<int32_t> ids(num_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), std::mt19937(5));  // pages scattered as in a real pool
+  std::vector<int32_t> qsl = {0}, lens;
+  for (int s = 0; s < batch; ++s) {
+    qsl.push_back(qsl.back() + query_len);
+    lens.push_back(seq_len);
+  }
+  AttentionMetadata md;
+  md.num_seqs = batch;
+  md.num_tokens = qsl.back();
+  md.max_query_len = query_len;
+  md.max_seq_len = seq_len;
+  md.block_size = bs;
+  md.query_start_loc = upload_i32(be, qsl);
+  md.seq_lens = upload_i32(be, lens);
+  md.block_tables = upload_i32(be, ids, {batch, blocks_per_seq});
+  md.query_start_loc_host = qsl;
+  md.seq_lens_host = lens;
+  Tensor q = random_bf16(be, {qsl.back(), hq, d}, 1.0f, 6);
+  Tensor out = be.empty({qsl.back(), hq, d}, DType::kBF16);
+  const double ms = time_ms(be, [&] {
+    be.reset_scratch();
+    be.paged_attention(q, cache, md, 0.088f, out);
+  }, query_len == 1 ? 10 : 1);
+  if (query_len == 1) {
+    const double bytes = 2.0 * batch * seq_len * hk * d * 2;  // K and V, bf16
+    const double tbs = bytes / (ms * 1e-3) / 1e12;
+    std::printf("decode  attention batch=%-3d seq=%-6d: %8.4f ms  %5.2f TB/s (%3.0f%% of copy)\n", batch, seq_len, ms,
+                tbs, 100 * tbs / roofline_tbs);
+  } else {
+    // Causal: query row i of a fresh prompt sees i + 1 keys; 2 GEMMs of 2 flops per MAC.
+    const double pairs = static_cast<double>(batch) * query_len * (query_len + 1) / 2.0;
+    const double tflops = 4.0 * pairs * hq * d / (ms * 1e-3) / 1e12;
+    std::printf("prefill attention batch=%-3d seq=%-6d: %8.4f ms  %7.1f TFLOP/s (%3.0f%% of the 8192^3 GEMM)\n", batch,
+                seq_len, ms, tflops, 100 * tflops / gemm_tflops);
+  }
+}
+
+int run(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--quick") == 0) g_reps = 5;
+  auto backend = make_cuda_backend(0);
+  auto& be = dynamic_cast<CudaBackend&>(*backend);
+  std::printf("device: %s\n", be.name().c_str());
+  const double roofline = copy_bandwidth(be);
+  const double peak = gemm(be, "square", 8192, 8192, 8192, roofline);
+  // Llama-3.1-8B linear layers (hidden 4096, intermediate 14336, 32/8 heads of 128, vocab 128256)
+  // at decode batch 1 and 64 and at a 4096-token prefill.
+  struct Shape3 {
+    const char* label;
+    int64_t n, k;
+  };
+  const Shape3 layers[] = {{"qkv", 6144, 4096}, {"o_proj", 4096, 4096}, {"gate_up", 28672, 4096},
+                           {"down", 4096, 14336}, {"lm_head", 128256, 4096}};
+  for (int64_t m : {1, 64, 4096}) {
+    for (const Shape3& l : layers) gemm(be, l.label, m, l.n, l.k, roofline);
+  }
+  for (int batch : {1, 64}) {
+    for (int seq : {1024, 4096}) attention(be, batch, seq, 1, roofline, peak);
+  }
+  attention(be, 1, 4096, 4096, roofline, peak);
+  return 0;
+}
+
+}  // namespace
+}  // namespace specula
+
+int main(int argc, char** argv) {
+  try {
+    return specula::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cuda_roofline: %s\n", e.what());
+    return 1;
+  }
+}

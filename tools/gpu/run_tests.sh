@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, after `source tools/gpu/env.sh`, with the
+# binaries that tools/gpu/pack.sh carried in .gpu/bin:
+#   1. test_cuda (every CUDA op against the CPU backend, whole models against transformers);
+#   2. compute-sanitizer memcheck over a subset of test_cuda (every kernel family once);
+#   3. cuda_roofline (copy bandwidth, GEMM rate, attention), when packed.
+# Logs go under $OUT (the device tool's output folder). Exit status: that of test_cuda, or of
+# memcheck when the tests passed.
+#   RUN_TESTS_FILTER='CudaAttention.*' bash tools/gpu/run_tests.sh   to run a subset
+#   SKIP_MEMCHECK=1 / SKIP_ROOFLINE=1                                 to skip a stage
+set -uo pipefail
+OUT=${OUT:-$(pwd)/.gpu/out}
+mkdir -p "$OUT"
+command -v nvidia-smi >/dev/null && nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true
+
+echo "== test_cuda"
+start=$(date +%s)
+test_cuda --gtest_filter="${RUN_TESTS_FILTER:-*}" > "$OUT/test_cuda.log" 2>&1
+status=$?
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error|cuda-model" "$OUT/test_cuda.log" | head -150
+echo "test_cuda exit $status in $(( $(date +%s) - start ))s (log: test_cuda.log)"
+
+if [ -z "${SKIP_MEMCHECK:-}" ]; then
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  if [ -x "$sanitizer" ]; then
+    echo "== compute-sanitizer memcheck"
+    start=$(date +%s)
+    # One case per kernel family; memcheck slows kernels 10-100x.
+    filter='CudaMemory.CastsBetweenFloatTypesLikeTheCpu:CudaRowwise.*:CudaKvCache.*:CudaLinear.MatchesCpu'
+    filter+=':Decode/CudaAttention.MatchesCpu/decode_long_splits:Decode/CudaAttention.MatchesCpu/decode_d24_dv16'
+    filter+=':Decode/CudaAttention.MatchesCpu/decode_batch64:Prefill/CudaAttention.MatchesCpu/mixed_prefill_decode'
+    filter+=':Prefill/CudaAttention.MatchesCpu/prefill_d200:Prefill/CudaAttention.MatchesCpu/mixed_block5'
+    filter+=':CudaForward.ChunkedBatchedScheduleMatchesTransformers/qwen3_qknorm_headdim'
+    "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 test_cuda --gtest_filter="$filter" \
+      > "$OUT/memcheck.log" 2>&1
+    mc=$?
+    grep -E "ERROR SUMMARY|Invalid|^\[  (PASSED|FAILED) " "$OUT/memcheck.log" | head -40
+    echo "memcheck exit $mc in $(( $(date +%s) - start ))s (log: memcheck.log)"
+    [ $status -eq 0 ] && status=$mc
+  else
+    echo "== compute-sanitizer not found; memcheck skipped"
+  fi
+fi
+
+if [ -z "${SKIP_ROOFLINE:-}" ] && command -v cuda_roofline >/dev/null; then
+  echo "== cuda_roofline"
+  cuda_roofline ${ROOFLINE_ARGS:-} 2>&1 | tee "$OUT/roofline.txt"
+fi
+exit $status
