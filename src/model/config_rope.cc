@@ -139,6 +139,10 @@ RopeConfig parse_rope_config(const JsonKeys& config, int64_t max_position_embedd
       if (mscale) rope.mscale = *mscale;
       if (mscale_all_dim) rope.mscale_all_dim = *mscale_all_dim;
       rope.attention_factor = dict->get_number("attention_factor");
+      // transformers 5's `truncate: false` (gpt-oss) keeps the correction range unrounded; RopeConfig
+      // has no field for it, so refuse rather than silently rounding.
+      if (dict->get_bool("truncate").value_or(true) == false)
+        dict->fail("truncate", "only true (the default) is supported");
       // transformers uses mscale / mscale_all_dim only when both are given and non-zero, else
       // get_mscale(factor). RopeConfig's default mscale of 1.0 would turn "mscale absent,
       // mscale_all_dim given" into the ratio; pin the transformers value instead.

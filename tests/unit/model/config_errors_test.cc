@@ -133,6 +133,9 @@ TEST(ConfigErrors, MissingRopeParameters) {
   j = good();
   j["rope_scaling"] = {{"type", "linear"}};
   expect_load_error(j, {"'rope_scaling.factor'"});
+  j = good();
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 2.0}, {"truncate", false}};
+  expect_load_error(j, {"'rope_parameters.truncate'"});
 }
 
 TEST(ConfigErrors, DeepseekKeys) {
