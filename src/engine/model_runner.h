@@ -48,7 +48,8 @@ class ModelRunner : public ModelExecutor {
   ModelRunnerOutput execute(const SchedulerOutput& scheduled) override;
 
   std::vector<KVCacheLayer>& kv_cache() { return kv_; }
-  size_t num_cached_requests() const { return requests_.size(); }
+  // Per-request state is dropped when a later SchedulerOutput lists the request as finished.
+  bool has_request_state(const std::string& id) const { return requests_.count(id) > 0; }
 
  private:
   struct RequestState {
