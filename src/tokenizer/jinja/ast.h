@@ -19,26 +19,26 @@ using Body = std::vector<StmtPtr>;
 
 struct Expr {
   enum class Kind {
-    Literal,   // literal
-    Name,      // name
-    GetAttr,   // a.name
-    GetItem,   // a[b]
-    Slice,     // a[b:c:d], each of b/c/d may be null
-    Call,      // a(args..., kwargs...)
-    Filter,    // a | name(args..., kwargs...); a is null inside {% filter %} / {% set x | f %}
-    Test,      // a is [not] name(args..., kwargs...)
-    Not,       // not a
-    Neg,       // -a
-    Pos,       // +a
-    Binary,    // a <name> b, name in + - * / // % **
-    And,       // a and b
-    Or,        // a or b
-    Concat,    // args[0] ~ args[1] ~ ...
-    Compare,   // args[0] ops[0] args[1] ops[1] args[2] ...  (ops: == != < <= > >= in notin)
-    Cond,      // a if b else c (c may be null)
-    List,      // [args...]
-    Tuple,     // (args...)
-    Dict,      // {args[0]: args[1], args[2]: args[3], ...}
+    Literal,  // literal
+    Name,     // name
+    GetAttr,  // a.name
+    GetItem,  // a[b]
+    Slice,    // a[b:c:d], each of b/c/d may be null
+    Call,     // a(args..., kwargs...)
+    Filter,   // a | name(args..., kwargs...); a is null inside {% filter %} / {% set x | f %}
+    Test,     // a is [not] name(args..., kwargs...)
+    Not,      // not a
+    Neg,      // -a
+    Pos,      // +a
+    Binary,   // a <name> b, name in + - * / // % **
+    And,      // a and b
+    Or,       // a or b
+    Concat,   // args[0] ~ args[1] ~ ...
+    Compare,  // args[0] ops[0] args[1] ops[1] args[2] ...  (ops: == != < <= > >= in notin)
+    Cond,     // a if b else c (c may be null)
+    List,     // [args...]
+    Tuple,    // (args...)
+    Dict,     // {args[0]: args[1], args[2]: args[3], ...}
   };
   Kind kind;
   int line = 0;

@@ -17,7 +17,8 @@ class Env {
   virtual ~Env() = default;
   virtual Value getattr(const Value& obj, std::string_view name) = 0;
   virtual Value getitem(const Value& obj, const Value& key) = 0;
-  virtual Value call_filter(std::string_view name, const Value& v, const CallArgs& args, int line) = 0;
+  virtual Value call_filter(std::string_view name, const Value& v, const CallArgs& args,
+                            int line) = 0;
   virtual bool call_test(std::string_view name, const Value& v, const CallArgs& args, int line) = 0;
 };
 
@@ -32,16 +33,16 @@ bool apply_test(Env& env, std::string_view name, const Value& v, const CallArgs&
 Value get_method(const Value& obj, std::string_view name);
 
 // Python-semantics helpers shared by the interpreter and the builtins.
-size_t py_len(const Value& v);                  // len(); an error for values without one
-std::vector<Value> iterate(const Value& v);     // iter(): list items, dict keys, str chars
+size_t py_len(const Value& v);               // len(); an error for values without one
+std::vector<Value> iterate(const Value& v);  // iter(): list items, dict keys, str chars
 Value py_getitem(const Value& obj, const Value& key, bool* found);  // obj[key] without fallbacks
-bool contains(const Value& container, const Value& item);          // `item in container`
+bool contains(const Value& container, const Value& item);           // `item in container`
 Value binary_op(std::string_view op, const Value& a, const Value& b);
 std::string py_format(const std::string& fmt, const Value& args);  // str % args (%s %d %r %%)
 
 // Argument binding for builtins: binds positional then keyword args to `names`; missing ones are
 // nullopt; unknown or surplus arguments are an error naming `fn`.
 std::vector<std::optional<Value>> bind_args(std::string_view fn, const CallArgs& args,
-                             std::initializer_list<std::string_view> names);
+                                            std::initializer_list<std::string_view> names);
 
 }  // namespace specula::jinja

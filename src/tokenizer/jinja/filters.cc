@@ -1,6 +1,7 @@
 // jinja2's builtin filters, plus transformers' tojson (json.dumps with ensure_ascii=False and
 // indent / separators / sort_keys exposed). Filters that return generators in jinja2 (map, select,
-// reject, selectattr, rejectattr, unique, reverse of a list) return Generator sequences here so that
+// reject, selectattr, rejectattr, unique, reverse of a list) return Generator sequences here so
+// that
 // `|length` on them fails and they are truthy, as in Python.
 #include <algorithm>
 #include <array>
@@ -15,26 +16,31 @@ namespace specula::jinja {
 namespace {
 
 constexpr std::array kFilters = {
-    "abs", "attr", "capitalize", "center", "count", "d", "default", "dictsort", "e", "escape",
-    "first", "float", "format", "indent", "int", "items", "join", "last", "length", "list",
-    "lower", "map", "max", "min", "reject", "rejectattr", "replace", "reverse", "round", "safe",
-    "select", "selectattr", "sort", "string", "sum", "title", "tojson", "trim", "unique", "upper",
-    "wordcount"};
+    "abs",      "attr",   "capitalize", "center",     "count",      "d",        "default",
+    "dictsort", "e",      "escape",     "first",      "float",      "format",   "indent",
+    "int",      "items",  "join",       "last",       "length",     "list",     "lower",
+    "map",      "max",    "min",        "reject",     "rejectattr", "replace",  "reverse",
+    "round",    "safe",   "select",     "selectattr", "sort",       "string",   "sum",
+    "title",    "tojson", "trim",       "unique",     "upper",      "wordcount"};
 
 std::string soft_str(const Value& v) { return to_str(v); }
 
 int64_t int_arg(const std::optional<Value>& v, int64_t def, std::string_view what) {
   if (!v) return def;
-  if (!v->is_int() && !v->is_bool()) throw Error(fmt::format("{} must be an integer, not {}", what, type_name(*v)));
+  if (!v->is_int() && !v->is_bool())
+    throw Error(fmt::format("{} must be an integer, not {}", what, type_name(*v)));
   return v->to_int();
 }
 
 bool bool_arg(const std::optional<Value>& v, bool def) { return v ? truthy(*v) : def; }
 
-Value generator(std::vector<Value> items) { return Value::list(std::move(items), SeqKind::Generator); }
+Value generator(std::vector<Value> items) {
+  return Value::list(std::move(items), SeqKind::Generator);
+}
 
 // jinja2's make_attrgetter: "a.b.0" walks getitem with digits as ints.
-Value get_attribute_path(Env& env, const Value& item, const Value& attribute, const std::optional<Value>& def) {
+Value get_attribute_path(Env& env, const Value& item, const Value& attribute,
+                         const std::optional<Value>& def) {
   Value cur = item;
   std::vector<Value> parts;
   if (attribute.is_string()) {
@@ -57,7 +63,8 @@ Value ignore_case(const Value& v, bool case_sensitive) {
   return v;
 }
 
-std::vector<Value> sorted_by(std::vector<Value> items, const std::function<Value(const Value&)>& key, bool reverse) {
+std::vector<Value> sorted_by(std::vector<Value> items,
+                             const std::function<Value(const Value&)>& key, bool reverse) {
   std::vector<std::pair<Value, Value>> keyed;
   keyed.reserve(items.size());
   for (auto& it : items) keyed.emplace_back(key(it), std::move(it));
@@ -76,8 +83,11 @@ Value do_tojson(const Value& v, const CallArgs& args) {
   o.ensure_ascii = bool_arg(a[0], false);
   if (a[1] && !a[1]->is_none()) {
     o.has_indent = true;
-    if (a[1]->is_string()) o.indent = a[1]->str();
-    else o.indent = std::string(static_cast<size_t>(std::max<int64_t>(0, int_arg(a[1], 0, "indent"))), ' ');
+    if (a[1]->is_string())
+      o.indent = a[1]->str();
+    else
+      o.indent =
+          std::string(static_cast<size_t>(std::max<int64_t>(0, int_arg(a[1], 0, "indent"))), ' ');
     o.item_separator = ",";  // json.dumps drops the space after ',' when indenting
   }
   if (a[2] && !a[2]->is_none()) {
@@ -93,16 +103,20 @@ Value do_tojson(const Value& v, const CallArgs& args) {
 
 Value do_indent(const Value& v, const CallArgs& args) {
   auto a = bind_args("indent", args, {"width", "first", "blank"});
-  std::string indention = a[0] && a[0]->is_string() ? a[0]->str()
-                                                    : std::string(static_cast<size_t>(std::max<int64_t>(0, int_arg(a[0], 4, "width"))), ' ');
-  std::string s = soft_str(v) + "\n";  // jinja2's quirk so that splitlines() keeps a last blank line
+  std::string indention =
+      a[0] && a[0]->is_string()
+          ? a[0]->str()
+          : std::string(static_cast<size_t>(std::max<int64_t>(0, int_arg(a[0], 4, "width"))), ' ');
+  std::string s =
+      soft_str(v) + "\n";  // jinja2's quirk so that splitlines() keeps a last blank line
   auto lines = pystr::splitlines(s, false);
   std::string rv;
   if (bool_arg(a[2], false)) {
     for (size_t i = 0; i < lines.size(); ++i) rv += (i ? "\n" + indention : "") + lines[i];
   } else {
     rv = lines.empty() ? "" : lines[0];
-    for (size_t i = 1; i < lines.size(); ++i) rv += "\n" + (lines[i].empty() ? "" : indention + lines[i]);
+    for (size_t i = 1; i < lines.size(); ++i)
+      rv += "\n" + (lines[i].empty() ? "" : indention + lines[i]);
   }
   if (bool_arg(a[1], false)) rv = indention + rv;
   return Value(std::move(rv));
@@ -114,11 +128,13 @@ Value do_int(const Value& v, const CallArgs& args) {
   int64_t base = int_arg(a[1], 10, "base");
   if (v.is_int()) return v;
   if (v.is_bool()) return Value(v.to_int());
-  if (v.is_float()) return std::isfinite(v.as_float()) ? Value(static_cast<int64_t>(v.as_float())) : def;
+  if (v.is_float())
+    return std::isfinite(v.as_float()) ? Value(static_cast<int64_t>(v.as_float())) : def;
   if (v.is_string()) {
     std::string s = pystr::strip(v.str(), std::nullopt, pystr::Side::Both);
     std::string digits;
-    for (char c : s) if (c != '_') digits.push_back(c);
+    for (char c : s)
+      if (c != '_') digits.push_back(c);
     if (!digits.empty()) {
       char* end = nullptr;
       errno = 0;
@@ -149,7 +165,8 @@ Value do_round(const Value& v, const CallArgs& args) {
   auto a = bind_args("round", args, {"precision", "method"});
   int64_t precision = int_arg(a[0], 0, "precision");
   std::string method = a[1] ? to_str(*a[1]) : "common";
-  if (!v.is_number()) throw Error(fmt::format("type {} doesn't define __round__ method", type_name(v)));
+  if (!v.is_number())
+    throw Error(fmt::format("type {} doesn't define __round__ method", type_name(v)));
   double x = v.to_double();
   if (method == "common") {
     // Python's round() is correctly rounded (half to even on the exact binary value); printf's
@@ -172,12 +189,23 @@ Value do_escape(const Value& v) {
   std::string out;
   for (char c : soft_str(v)) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return Value(std::move(out));
@@ -194,9 +222,12 @@ Value do_map(Env& env, const Value& v, const CallArgs& args) {
     for (const auto& item : iterate(v)) out.push_back(get_attribute_path(env, item, *a[0], a[1]));
     return generator(std::move(out));
   }
-  if (args.positional.empty() || !args.positional[0].is_string()) throw Error("map requires a filter argument");
-  CallArgs rest{std::vector<Value>(args.positional.begin() + 1, args.positional.end()), args.keyword};
-  for (const auto& item : iterate(v)) out.push_back(env.call_filter(args.positional[0].str(), item, rest, 0));
+  if (args.positional.empty() || !args.positional[0].is_string())
+    throw Error("map requires a filter argument");
+  CallArgs rest{std::vector<Value>(args.positional.begin() + 1, args.positional.end()),
+                args.keyword};
+  for (const auto& item : iterate(v))
+    out.push_back(env.call_filter(args.positional[0].str(), item, rest, 0));
   return generator(std::move(out));
 }
 
@@ -210,7 +241,9 @@ Value select_or_reject(Env& env, const Value& v, const CallArgs& args, bool sele
     bool ok;
     if (args.positional.size() > off) {
       if (!args.positional[off].is_string()) throw Error("test name must be a string");
-      CallArgs rest{std::vector<Value>(args.positional.begin() + static_cast<long>(off) + 1, args.positional.end()), args.keyword};
+      CallArgs rest{std::vector<Value>(args.positional.begin() + static_cast<long>(off) + 1,
+                                       args.positional.end()),
+                    args.keyword};
       ok = env.call_test(args.positional[off].str(), x, rest, 0);
     } else {
       ok = truthy(x);
@@ -225,7 +258,9 @@ Value min_max(Env& env, const Value& v, const CallArgs& args, bool is_max) {
   auto items = iterate(v);
   if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
   bool cs = bool_arg(a[0], false);
-  auto key = [&](const Value& x) { return ignore_case(a[1] ? get_attribute_path(env, x, *a[1], std::nullopt) : x, cs); };
+  auto key = [&](const Value& x) {
+    return ignore_case(a[1] ? get_attribute_path(env, x, *a[1], std::nullopt) : x, cs);
+  };
   size_t best = 0;
   Value best_key = key(items[0]);
   for (size_t i = 1; i < items.size(); ++i) {
@@ -271,9 +306,18 @@ Value apply_filter(Env& env, std::string_view name, const Value& v, const CallAr
     }
     return Value(std::move(out));
   }
-  if (name == "upper") { none(name); return Value(pystr::upper(soft_str(v))); }
-  if (name == "lower") { none(name); return Value(pystr::lower(soft_str(v))); }
-  if (name == "capitalize") { none(name); return Value(pystr::capitalize(soft_str(v))); }
+  if (name == "upper") {
+    none(name);
+    return Value(pystr::upper(soft_str(v)));
+  }
+  if (name == "lower") {
+    none(name);
+    return Value(pystr::lower(soft_str(v)));
+  }
+  if (name == "capitalize") {
+    none(name);
+    return Value(pystr::capitalize(soft_str(v)));
+  }
   if (name == "title") {
     none(name);
     // jinja2 capitalises each word after runs of whitespace, '-', '(', '{', '[' or '<'.
@@ -299,10 +343,22 @@ Value apply_filter(Env& env, std::string_view name, const Value& v, const CallAr
     auto items = iterate(v);
     return items.empty() ? Value::undefined("No last item, sequence was empty.") : items.back();
   }
-  if (name == "list") { none(name); return Value::list(iterate(v)); }
-  if (name == "string") { none(name); return Value(soft_str(v)); }
-  if (name == "safe") { none(name); return v.is_string() ? v : Value(soft_str(v)); }
-  if (name == "e" || name == "escape") { none(name); return do_escape(v); }
+  if (name == "list") {
+    none(name);
+    return Value::list(iterate(v));
+  }
+  if (name == "string") {
+    none(name);
+    return Value(soft_str(v));
+  }
+  if (name == "safe") {
+    none(name);
+    return v.is_string() ? v : Value(soft_str(v));
+  }
+  if (name == "e" || name == "escape") {
+    none(name);
+    return do_escape(v);
+  }
   if (name == "int") return do_int(v, args);
   if (name == "float") return do_float(v, args);
   if (name == "round") return do_round(v, args);
@@ -334,7 +390,8 @@ Value apply_filter(Env& env, std::string_view name, const Value& v, const CallAr
     int64_t len = static_cast<int64_t>(pystr::length(s));
     if (width <= len) return Value(s);
     int64_t total = width - len, left = total / 2 + (total & width & 1);
-    return Value(std::string(static_cast<size_t>(left), ' ') + s + std::string(static_cast<size_t>(total - left), ' '));
+    return Value(std::string(static_cast<size_t>(left), ' ') + s +
+                 std::string(static_cast<size_t>(total - left), ' '));
   }
   if (name == "format") {
     if (!args.keyword.empty()) throw Error("format filter: keyword arguments are not supported");
@@ -367,21 +424,26 @@ Value apply_filter(Env& env, std::string_view name, const Value& v, const CallAr
   if (name == "sort") {
     auto a = bind_args("sort", args, {"reverse", "case_sensitive", "attribute"});
     bool cs = bool_arg(a[1], false);
-    return Value::list(sorted_by(iterate(v), [&](const Value& x) {
-      return ignore_case(a[2] ? get_attribute_path(env, x, *a[2], std::nullopt) : x, cs);
-    }, bool_arg(a[0], false)));
+    return Value::list(sorted_by(
+        iterate(v),
+        [&](const Value& x) {
+          return ignore_case(a[2] ? get_attribute_path(env, x, *a[2], std::nullopt) : x, cs);
+        },
+        bool_arg(a[0], false)));
   }
   if (name == "dictsort") {
     auto a = bind_args("dictsort", args, {"case_sensitive", "by", "reverse"});
     if (!v.is_dict()) throw Error("dictsort: value must be a mapping");
     std::string by = a[1] ? to_str(*a[1]) : "key";
-    if (by != "key" && by != "value") throw Error("You can only sort by either \"key\" or \"value\"");
+    if (by != "key" && by != "value")
+      throw Error("You can only sort by either \"key\" or \"value\"");
     size_t pos = by == "key" ? 0 : 1;
     std::vector<Value> pairs;
     for (const auto& [k, x] : v.dict_data().entries) pairs.push_back(Value::tuple({Value(k), x}));
     bool cs = bool_arg(a[0], false);
-    return Value::list(sorted_by(std::move(pairs), [&](const Value& p) { return ignore_case(p.seq().items[pos], cs); },
-                                 bool_arg(a[2], false)));
+    return Value::list(sorted_by(
+        std::move(pairs), [&](const Value& p) { return ignore_case(p.seq().items[pos], cs); },
+        bool_arg(a[2], false)));
   }
   if (name == "unique") {
     auto a = bind_args("unique", args, {"case_sensitive", "attribute"});
@@ -401,7 +463,8 @@ Value apply_filter(Env& env, std::string_view name, const Value& v, const CallAr
     auto a = bind_args("sum", args, {"attribute", "start"});
     Value total = a[1] ? *a[1] : Value(0);
     for (const auto& item : iterate(v))
-      total = binary_op("+", total, a[0] ? get_attribute_path(env, item, *a[0], std::nullopt) : item);
+      total =
+          binary_op("+", total, a[0] ? get_attribute_path(env, item, *a[0], std::nullopt) : item);
     return total;
   }
   if (name == "attr") {

@@ -40,7 +40,8 @@ class Lexer {
       }
       std::string text = src_.substr(pos_, at - pos_);
       char kind = src_[at + 1];
-      char sign = at + 2 < src_.size() && (src_[at + 2] == '-' || src_[at + 2] == '+') ? src_[at + 2] : 0;
+      char sign =
+          at + 2 < src_.size() && (src_[at + 2] == '-' || src_[at + 2] == '+') ? src_[at + 2] : 0;
       size_t raw_body = kind == '%' ? match_raw_begin(at) : std::string::npos;
       apply_whitespace_control(text, sign, kind == '{');
       emit_data(text, pos_);
@@ -182,14 +183,17 @@ class Lexer {
   void lex_tag(bool block) {
     std::vector<char> brackets;  // an end delimiter only counts outside (), [] and {}
     while (true) {
-      if (pos_ >= src_.size()) fail(block ? "unexpected end of template inside a {% %} tag"
-                                          : "unexpected end of template inside a {{ }} tag",
-                                    pos_);
+      if (pos_ >= src_.size())
+        fail(block ? "unexpected end of template inside a {% %} tag"
+                   : "unexpected end of template inside a {{ }} tag",
+             pos_);
       if (brackets.empty()) {
         size_t end = block ? match_block_end(pos_, "%}") : std::string::npos;
         if (!block) {
-          if (src_[pos_] == '-' && at_str(pos_ + 1, "}}")) end = skip_spaces(pos_ + 3);
-          else if (at_str(pos_, "}}")) end = pos_ + 2;
+          if (src_[pos_] == '-' && at_str(pos_ + 1, "}}"))
+            end = skip_spaces(pos_ + 3);
+          else if (at_str(pos_, "}}"))
+            end = pos_ + 2;
         }
         if (end != std::string::npos) {
           push(block ? TokenType::BlockEnd : TokenType::VarEnd, "", pos_);
@@ -247,8 +251,10 @@ class Lexer {
         if (s < src_.size() && (src_[s] == '+' || src_[s] == '-')) ++s;
         e = scan_digits(s);
       }
-      if (e != std::string::npos) float_end = e;
-      else if (frac) float_end = q;
+      if (e != std::string::npos)
+        float_end = e;
+      else if (frac)
+        float_end = q;
     }
     auto clean = [&](size_t end) {
       std::string s = src_.substr(start, end - start);
@@ -267,16 +273,22 @@ class Lexer {
     size_t digits_start = start;
     if (src_[start] == '0' && start + 1 < src_.size()) {
       char x = static_cast<char>(src_[start + 1] | 0x20);
-      if (x == 'x') base = 16;
-      else if (x == 'o') base = 8;
-      else if (x == 'b') base = 2;
+      if (x == 'x')
+        base = 16;
+      else if (x == 'o')
+        base = 8;
+      else if (x == 'b')
+        base = 2;
       if (base != 10) digits_start = start + 2;
     }
     size_t end;
     if (base == 10) {
       end = src_[start] == '0' ? start + 1 : p;
       if (src_[start] == '0')  // 0(_?0)*
-        while (end < src_.size() && (src_[end] == '0' || (src_[end] == '_' && end + 1 < src_.size() && src_[end + 1] == '0'))) ++end;
+        while (end < src_.size() &&
+               (src_[end] == '0' ||
+                (src_[end] == '_' && end + 1 < src_.size() && src_[end + 1] == '0')))
+          ++end;
     } else {
       end = digits_start;
       auto valid = [&](char ch) {
@@ -284,7 +296,9 @@ class Lexer {
         return base == 16 ? std::isxdigit(static_cast<unsigned char>(ch)) != 0
                           : (ch >= '0' && ch < static_cast<char>('0' + base));
       };
-      while (end < src_.size() && (valid(src_[end]) || (src_[end] == '_' && end + 1 < src_.size() && valid(src_[end + 1])))) ++end;
+      while (end < src_.size() && (valid(src_[end]) || (src_[end] == '_' && end + 1 < src_.size() &&
+                                                        valid(src_[end + 1]))))
+        ++end;
       if (end == digits_start) fail("invalid integer literal", start);
     }
     std::string text = clean(end);
@@ -316,37 +330,69 @@ class Lexer {
       char e = src_[pos_ + 1];
       pos_ += 2;
       auto hex = [&](int n) -> char32_t {
-        if (pos_ + n > src_.size()) fail("truncated \\x, \\u or \\U escape in string literal", start);
+        if (pos_ + n > src_.size())
+          fail("truncated \\x, \\u or \\U escape in string literal", start);
         char32_t v = 0;
         for (int i = 0; i < n; ++i) {
           char h = src_[pos_ + i];
           if (!std::isxdigit(static_cast<unsigned char>(h)))
             fail("truncated \\x, \\u or \\U escape in string literal", start);
-          v = v * 16 + static_cast<char32_t>(std::isdigit(static_cast<unsigned char>(h)) ? h - '0' : (h | 0x20) - 'a' + 10);
+          v = v * 16 + static_cast<char32_t>(std::isdigit(static_cast<unsigned char>(h))
+                                                 ? h - '0'
+                                                 : (h | 0x20) - 'a' + 10);
         }
         pos_ += n;
         return v;
       };
       switch (e) {
-        case '\n': break;  // line continuation
-        case '\\': out.push_back('\\'); break;
-        case '\'': out.push_back('\''); break;
-        case '"': out.push_back('"'); break;
-        case 'a': out.push_back('\a'); break;
-        case 'b': out.push_back('\b'); break;
-        case 'f': out.push_back('\f'); break;
-        case 'n': out.push_back('\n'); break;
-        case 'r': out.push_back('\r'); break;
-        case 't': out.push_back('\t'); break;
-        case 'v': out.push_back('\v'); break;
-        case 'x': pystr::append_utf8(out, hex(2)); break;
-        case 'u': pystr::append_utf8(out, hex(4)); break;
-        case 'U': pystr::append_utf8(out, hex(8)); break;
-        case 'N': fail("\\N{...} escapes are not supported in string literals", start);
+        case '\n':
+          break;  // line continuation
+        case '\\':
+          out.push_back('\\');
+          break;
+        case '\'':
+          out.push_back('\'');
+          break;
+        case '"':
+          out.push_back('"');
+          break;
+        case 'a':
+          out.push_back('\a');
+          break;
+        case 'b':
+          out.push_back('\b');
+          break;
+        case 'f':
+          out.push_back('\f');
+          break;
+        case 'n':
+          out.push_back('\n');
+          break;
+        case 'r':
+          out.push_back('\r');
+          break;
+        case 't':
+          out.push_back('\t');
+          break;
+        case 'v':
+          out.push_back('\v');
+          break;
+        case 'x':
+          pystr::append_utf8(out, hex(2));
+          break;
+        case 'u':
+          pystr::append_utf8(out, hex(4));
+          break;
+        case 'U':
+          pystr::append_utf8(out, hex(8));
+          break;
+        case 'N':
+          fail("\\N{...} escapes are not supported in string literals", start);
         default:
           if (e >= '0' && e <= '7') {
             char32_t v = static_cast<char32_t>(e - '0');
-            for (int i = 0; i < 2 && pos_ < src_.size() && src_[pos_] >= '0' && src_[pos_] <= '7'; ++i)
+            for (int i = 0; i < 2 && pos_ < src_.size() && src_[pos_] >= '0' && src_[pos_] <= '7';
+                 ++i)
               v = v * 8 + static_cast<char32_t>(src_[pos_++] - '0');
             pystr::append_utf8(out, v);
           } else {  // Python keeps unknown escapes as written
@@ -375,7 +421,8 @@ class Lexer {
     if (c == '{') brackets.push_back('}');
     if (c == ')' || c == ']' || c == '}') {
       if (brackets.empty()) fail(fmt::format("unexpected '{}'", c), pos_);
-      if (brackets.back() != c) fail(fmt::format("unexpected '{}', expected '{}'", c, brackets.back()), pos_);
+      if (brackets.back() != c)
+        fail(fmt::format("unexpected '{}', expected '{}'", c, brackets.back()), pos_);
       brackets.pop_back();
     }
     push(TokenType::Operator, std::string(1, c), pos_);

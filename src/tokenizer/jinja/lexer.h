@@ -18,10 +18,10 @@ enum class TokenType {
   VarBegin,    // {{
   VarEnd,      // }}
   Name,
-  String,      // value: the unescaped string
+  String,  // value: the unescaped string
   Integer,
   Float,
-  Operator,    // value: the operator text ("+", "//", "(", ...)
+  Operator,  // value: the operator text ("+", "//", "(", ...)
   Eof,
 };
 

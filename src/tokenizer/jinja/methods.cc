@@ -12,16 +12,17 @@ namespace specula::jinja {
 namespace {
 
 constexpr std::array kStrMethods = {
-    "strip", "lstrip", "rstrip", "split", "rsplit", "splitlines", "startswith", "endswith",
-    "upper", "lower", "title", "capitalize", "swapcase", "replace", "find", "rfind", "index",
-    "rindex", "count", "join", "format", "isdigit", "isalpha", "isalnum", "isspace", "islower",
-    "isupper", "removeprefix", "removesuffix", "partition", "rpartition", "center", "ljust",
-    "rjust"};
+    "strip",      "lstrip",   "rstrip",  "split",        "rsplit",       "splitlines",
+    "startswith", "endswith", "upper",   "lower",        "title",        "capitalize",
+    "swapcase",   "replace",  "find",    "rfind",        "index",        "rindex",
+    "count",      "join",     "format",  "isdigit",      "isalpha",      "isalnum",
+    "isspace",    "islower",  "isupper", "removeprefix", "removesuffix", "partition",
+    "rpartition", "center",   "ljust",   "rjust"};
 constexpr std::array kDictMethods = {"items", "keys", "values", "get"};
 constexpr std::array kListMethods = {"index", "count"};
 constexpr std::array kUnsafeDictMethods = {"pop", "popitem", "setdefault", "update", "clear"};
-constexpr std::array kUnsafeListMethods = {"append", "extend", "insert", "pop", "remove",
-                                           "reverse", "sort", "clear"};
+constexpr std::array kUnsafeListMethods = {"append", "extend",  "insert", "pop",
+                                           "remove", "reverse", "sort",   "clear"};
 // Attributes of jinja2's loop object that are called.
 constexpr std::array kLoopMethods = {"cycle", "changed"};
 
@@ -51,7 +52,8 @@ bool affix_match(const std::string& s, const Value& affix, bool prefix, std::str
   auto one = [&](const Value& a) {
     const std::string& x = arg_str(a, method);
     if (x.size() > s.size()) return false;
-    return prefix ? s.compare(0, x.size(), x) == 0 : s.compare(s.size() - x.size(), x.size(), x) == 0;
+    return prefix ? s.compare(0, x.size(), x) == 0
+                  : s.compare(s.size() - x.size(), x.size(), x) == 0;
   };
   if (affix.is_seq() && affix.seq().kind == SeqKind::Tuple) {
     for (const auto& a : affix.seq().items)
@@ -75,8 +77,10 @@ std::string str_format(const std::string& fmt, const CallArgs& args) {
   for (size_t i = 0; i < fmt.size(); ++i) {
     char c = fmt[i];
     if (c == '}') {
-      if (i + 1 < fmt.size() && fmt[i + 1] == '}') ++i;
-      else throw Error("Single '}' encountered in format string");
+      if (i + 1 < fmt.size() && fmt[i + 1] == '}')
+        ++i;
+      else
+        throw Error("Single '}' encountered in format string");
       out.push_back('}');
       continue;
     }
@@ -102,11 +106,13 @@ std::string str_format(const std::string& fmt, const CallArgs& args) {
       throw Error("format specs in str.format() are not supported in chat templates");
     const Value* v = nullptr;
     if (field.empty()) {
-      if (auto_index >= args.positional.size()) throw Error("Replacement index out of range for positional args tuple");
+      if (auto_index >= args.positional.size())
+        throw Error("Replacement index out of range for positional args tuple");
       v = &args.positional[auto_index++];
     } else if (std::all_of(field.begin(), field.end(), ::isdigit)) {
       size_t idx = std::stoul(field);
-      if (idx >= args.positional.size()) throw Error("Replacement index out of range for positional args tuple");
+      if (idx >= args.positional.size())
+        throw Error("Replacement index out of range for positional args tuple");
       v = &args.positional[idx];
     } else {
       for (const auto& [k, val] : args.keyword)
@@ -118,8 +124,8 @@ std::string str_format(const std::string& fmt, const CallArgs& args) {
   return out;
 }
 
-Value pad(const std::string& s, const std::optional<Value>& width_arg, const std::optional<Value>& fill_arg,
-          int where /* -1 ljust, 0 center, 1 rjust */) {
+Value pad(const std::string& s, const std::optional<Value>& width_arg,
+          const std::optional<Value>& fill_arg, int where /* -1 ljust, 0 center, 1 rjust */) {
   int64_t width = opt_int(width_arg, 0);
   std::string fill = fill_arg ? arg_str(*fill_arg, "pad") : " ";
   int64_t len = static_cast<int64_t>(pystr::length(s));
@@ -137,7 +143,9 @@ Value call_str_method(const std::string& s, std::string_view name, const CallArg
   std::string fn = "str." + std::string(name);
   if (name == "strip" || name == "lstrip" || name == "rstrip") {
     auto a = bind_args(fn, args, {"chars"});
-    auto side = name == "strip" ? pystr::Side::Both : name == "lstrip" ? pystr::Side::Left : pystr::Side::Right;
+    auto side = name == "strip"    ? pystr::Side::Both
+                : name == "lstrip" ? pystr::Side::Left
+                                   : pystr::Side::Right;
     return Value(pystr::strip(s, opt_chars(a[0], name), side));
   }
   if (name == "split" || name == "rsplit") {
@@ -239,9 +247,12 @@ Value call_dict_method(const Value& d, std::string_view name, const CallArgs& ar
   std::vector<Value> out;
   out.reserve(entries.size());
   for (const auto& [k, v] : entries) {
-    if (name == "items") out.push_back(Value::tuple({Value(k), v}));
-    else if (name == "keys") out.emplace_back(k);
-    else out.push_back(v);
+    if (name == "items")
+      out.push_back(Value::tuple({Value(k), v}));
+    else if (name == "keys")
+      out.emplace_back(k);
+    else
+      out.push_back(v);
   }
   return Value::list(std::move(out));
 }
@@ -252,8 +263,8 @@ Value call_list_method(const Value& l, std::string_view name, const CallArgs& ar
   if (!a[0]) throw Error(fn + "() takes exactly one argument (0 given)");
   const auto& items = l.seq().items;
   if (name == "count")
-    return Value(static_cast<int64_t>(std::count_if(items.begin(), items.end(),
-                                                    [&](const Value& v) { return equal(v, *a[0]); })));
+    return Value(static_cast<int64_t>(std::count_if(
+        items.begin(), items.end(), [&](const Value& v) { return equal(v, *a[0]); })));
   for (size_t i = 0; i < items.size(); ++i)
     if (equal(items[i], *a[0])) return Value(static_cast<int64_t>(i));
   throw Error(fmt::format("{} is not in list", to_repr(*a[0])));
@@ -278,17 +289,21 @@ Value get_method(const Value& obj, std::string_view name) {
   std::string n(name);
   if (obj.is_string() && in(kStrMethods, name)) {
     std::string s = obj.str();
-    return Value::callable("str." + n, [s, n](const CallArgs& args) { return call_str_method(s, n, args); });
+    return Value::callable("str." + n,
+                           [s, n](const CallArgs& args) { return call_str_method(s, n, args); });
   }
   if (obj.is_dict()) {
     if (in(kDictMethods, name))
-      return Value::callable("dict." + n, [obj, n](const CallArgs& args) { return call_dict_method(obj, n, args); });
+      return Value::callable(
+          "dict." + n, [obj, n](const CallArgs& args) { return call_dict_method(obj, n, args); });
     if (in(kUnsafeDictMethods, name)) return unsafe_method(obj, name);
   }
   if (obj.is_seq() && obj.seq().kind != SeqKind::Generator) {
     if (in(kListMethods, name))
-      return Value::callable("list." + n, [obj, n](const CallArgs& args) { return call_list_method(obj, n, args); });
-    if (obj.seq().kind == SeqKind::List && in(kUnsafeListMethods, name)) return unsafe_method(obj, name);
+      return Value::callable(
+          "list." + n, [obj, n](const CallArgs& args) { return call_list_method(obj, n, args); });
+    if (obj.seq().kind == SeqKind::List && in(kUnsafeListMethods, name))
+      return unsafe_method(obj, name);
   }
   return Value::undefined(fmt::format("'{}' has no attribute '{}'", object_type_repr(obj), name));
 }

@@ -10,21 +10,27 @@ namespace specula::jinja {
 
 size_t py_len(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::Undefined: return 0;  // jinja2's Undefined has len() 0
-    case Value::Kind::String: return pystr::length(v.str());
+    case Value::Kind::Undefined:
+      return 0;  // jinja2's Undefined has len() 0
+    case Value::Kind::String:
+      return pystr::length(v.str());
     case Value::Kind::Seq:
       if (!v.is_generator()) return v.seq().items.size();
       break;
-    case Value::Kind::Dict: return v.dict_data().entries.size();
-    default: break;
+    case Value::Kind::Dict:
+      return v.dict_data().entries.size();
+    default:
+      break;
   }
   throw Error(fmt::format("object of type '{}' has no len()", type_name(v)));
 }
 
 std::vector<Value> iterate(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::Undefined: return {};
-    case Value::Kind::Seq: return v.seq().items;
+    case Value::Kind::Undefined:
+      return {};
+    case Value::Kind::Seq:
+      return v.seq().items;
     case Value::Kind::Dict: {
       std::vector<Value> keys;
       for (const auto& [k, _] : v.dict_data().entries) keys.emplace_back(k);
@@ -39,7 +45,8 @@ std::vector<Value> iterate(const Value& v) {
       }
       return chars;
     }
-    default: throw Error(fmt::format("'{}' object is not iterable", type_name(v)));
+    default:
+      throw Error(fmt::format("'{}' object is not iterable", type_name(v)));
   }
 }
 
@@ -53,7 +60,8 @@ Value py_getitem(const Value& obj, const Value& key, bool* found) {
     if (i < 0 || i >= n) return Value();
     *found = true;
     if (obj.is_seq()) return obj.seq().items[static_cast<size_t>(i)];
-    if (obj.str().size() == static_cast<size_t>(n)) return Value(obj.str().substr(static_cast<size_t>(i), 1));
+    if (obj.str().size() == static_cast<size_t>(n))
+      return Value(obj.str().substr(static_cast<size_t>(i), 1));
     std::string s;
     pystr::append_utf8(s, pystr::decode(obj.str())[static_cast<size_t>(i)]);
     return Value(std::move(s));
@@ -69,10 +77,12 @@ Value py_getitem(const Value& obj, const Value& key, bool* found) {
 
 bool contains(const Value& container, const Value& item) {
   switch (container.kind()) {
-    case Value::Kind::Undefined: return false;  // iterates as empty
+    case Value::Kind::Undefined:
+      return false;  // iterates as empty
     case Value::Kind::String:
       if (!item.is_string())
-        throw Error(fmt::format("'in <string>' requires string as left operand, not {}", type_name(item)));
+        throw Error(
+            fmt::format("'in <string>' requires string as left operand, not {}", type_name(item)));
       return container.str().find(item.str()) != std::string::npos;
     case Value::Kind::Seq:
       for (const auto& v : container.seq().items)
@@ -139,7 +149,9 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
   } else if (op == "*") {
     if (ints) return Value(checked(IntOp::Mul, a.to_int(), b.to_int()));
     if (nums) return Value(a.to_double() * b.to_double());
-    auto seqlike = [](const Value& v) { return v.is_string() || (v.is_seq() && !v.is_generator()); };
+    auto seqlike = [](const Value& v) {
+      return v.is_string() || (v.is_seq() && !v.is_generator());
+    };
     if (seqlike(a) && (b.is_int() || b.is_bool())) return repeat(a, b.to_int());
     if (seqlike(b) && (a.is_int() || a.is_bool())) return repeat(b, a.to_int());
   } else if (op == "/") {
@@ -150,7 +162,8 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
   } else if (op == "//" || op == "%") {
     if (ints) {
       int64_t x = a.to_int(), y = b.to_int();
-      if (y == 0) throw Error(op == "//" ? "integer division or modulo by zero" : "integer modulo by zero");
+      if (y == 0)
+        throw Error(op == "//" ? "integer division or modulo by zero" : "integer modulo by zero");
       int64_t q = x / y, r = x % y;
       if (r != 0 && ((r < 0) != (y < 0))) q -= 1, r += y;  // Python floors toward -inf
       return op == "//" ? Value(q) : Value(r);
@@ -193,8 +206,10 @@ Value binary_op(std::string_view op, const Value& a, const Value& b) {
 
 std::string py_format(const std::string& fmt, const Value& args) {
   std::vector<Value> values;
-  if (args.is_seq() && args.seq().kind == SeqKind::Tuple) values = args.seq().items;
-  else values.push_back(args);
+  if (args.is_seq() && args.seq().kind == SeqKind::Tuple)
+    values = args.seq().items;
+  else
+    values.push_back(args);
   std::string out;
   size_t next = 0;
   for (size_t i = 0; i < fmt.size(); ++i) {
@@ -210,11 +225,14 @@ std::string py_format(const std::string& fmt, const Value& args) {
     }
     if (next >= values.size()) throw Error("not enough arguments for format string");
     const Value& v = values[next++];
-    if (spec == 's') out += to_str(v);
-    else if (spec == 'r') out += to_repr(v);
+    if (spec == 's')
+      out += to_str(v);
+    else if (spec == 'r')
+      out += to_repr(v);
     else if ((spec == 'd' || spec == 'i') && v.is_number())
       out += std::to_string(v.is_float() ? static_cast<int64_t>(v.as_float()) : v.to_int());
-    else throw Error(fmt::format("unsupported format character '{}' in chat template", spec));
+    else
+      throw Error(fmt::format("unsupported format character '{}' in chat template", spec));
   }
   if (next < values.size()) throw Error("not all arguments converted during string formatting");
   return out;
@@ -233,7 +251,8 @@ std::vector<std::optional<Value>> bind_args(std::string_view fn, const CallArgs&
       if (n == key) break;
       ++i;
     }
-    if (i == names.size()) throw Error(fmt::format("{}() got an unexpected keyword argument '{}'", fn, key));
+    if (i == names.size())
+      throw Error(fmt::format("{}() got an unexpected keyword argument '{}'", fn, key));
     if (out[i]) throw Error(fmt::format("{}() got multiple values for argument '{}'", fn, key));
     out[i] = value;
   }

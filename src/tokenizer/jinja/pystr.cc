@@ -1,10 +1,9 @@
 #include "tokenizer/jinja/pystr.h"
 
+#include <fmt/format.h>
 #include <utf8proc.h>
 
 #include <algorithm>
-
-#include <fmt/format.h>
 
 namespace specula::jinja::pystr {
 
@@ -76,7 +75,13 @@ bool is_space(char32_t cp) {
   if (cp == ' ' || (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x1f)) return true;
   if (cp < 0x80) return false;
   switch (cp) {
-    case 0x85: case 0xa0: case 0x1680: case 0x2028: case 0x2029: case 0x202f: case 0x205f:
+    case 0x85:
+    case 0xa0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202f:
+    case 0x205f:
     case 0x3000:
       return true;
     default:
@@ -222,7 +227,8 @@ std::string replace(std::string_view s, std::string_view old_sub, std::string_vi
 int64_t count(std::string_view s, std::string_view sub) {
   if (sub.empty()) return static_cast<int64_t>(length(s)) + 1;
   int64_t n = 0;
-  for (size_t at = s.find(sub); at != std::string_view::npos; at = s.find(sub, at + sub.size())) ++n;
+  for (size_t at = s.find(sub); at != std::string_view::npos; at = s.find(sub, at + sub.size()))
+    ++n;
   return n;
 }
 
@@ -291,8 +297,8 @@ std::string title(std::string_view s) {
   bool previous_cased = false;
   for (char32_t c : decode(s)) {
     auto cp = static_cast<utf8proc_int32_t>(c);
-    append_utf8(out,
-                static_cast<char32_t>(previous_cased ? utf8proc_tolower(cp) : utf8proc_totitle(cp)));
+    append_utf8(
+        out, static_cast<char32_t>(previous_cased ? utf8proc_tolower(cp) : utf8proc_totitle(cp)));
     previous_cased = is_cased(c);
   }
   return out;

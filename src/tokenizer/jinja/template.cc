@@ -65,16 +65,21 @@ class Interpreter : public Env {
   Value getattr(const Value& obj, std::string_view name) override {
     if (obj.is_undefined()) fail_undefined(obj);
     if (!name.empty() && name[0] == '_')
-      return Value::undefined(fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, type_name(obj)));
+      return Value::undefined(
+          fmt::format("access to attribute '{}' of '{}' object is unsafe.", name, type_name(obj)));
     if (obj.is_dict()) {
-      Value m = get_method(obj, name);
-      if (!m.is_undefined()) return m;
+      if (is_method_name(name)) {  // d.items is the method, as Python's getattr finds it first
+        Value m = get_method(obj, name);
+        if (!m.is_undefined()) return m;
+      }
       if (const Value* v = obj.dict_data().find(name)) return *v;
-      return Value::undefined(fmt::format("'{}' has no attribute '{}'", object_type_repr(obj), name));
+      return Value::undefined(
+          fmt::format("'{}' has no attribute '{}'", object_type_repr(obj), name));
     }
     if (obj.is_namespace()) {
       if (const Value* v = obj.ns_data().attrs.find(name)) return *v;
-      return Value::undefined(fmt::format("'{}' has no attribute '{}'", object_type_repr(obj), name));
+      return Value::undefined(
+          fmt::format("'{}' has no attribute '{}'", object_type_repr(obj), name));
     }
     return get_method(obj, name);
   }
@@ -89,12 +94,15 @@ class Interpreter : public Env {
         Value attr = obj.is_namespace() ? getattr(obj, key.str()) : get_method(obj, key.str());
         if (!attr.is_undefined()) return attr;
       }
-      return Value::undefined(fmt::format("'{}' has no attribute '{}'", object_type_repr(obj), key.str()));
+      return Value::undefined(
+          fmt::format("'{}' has no attribute '{}'", object_type_repr(obj), key.str()));
     }
-    return Value::undefined(fmt::format("{} has no element {}", object_type_repr(obj), to_repr(key)));
+    return Value::undefined(
+        fmt::format("{} has no element {}", object_type_repr(obj), to_repr(key)));
   }
 
-  Value call_filter(std::string_view name, const Value& v, const CallArgs& args, int line) override {
+  Value call_filter(std::string_view name, const Value& v, const CallArgs& args,
+                    int line) override {
     if (!is_filter(name)) throw Error(fmt::format("no filter named '{}'", name));
     (void)line;
     return apply_filter(*this, name, v, args);
@@ -163,13 +171,14 @@ class Interpreter : public Env {
         std::weak_ptr<Scope> defined_in = scope;
         const Stmt* macro = &s;
         scope->set(s.name, Value::callable(s.name, [this, macro, defined_in](const CallArgs& args) {
-          return call_macro(*macro, defined_in.lock(), args);
-        }));
+                     return call_macro(*macro, defined_in.lock(), args);
+                   }));
         return Flow::Normal;
       }
       case Stmt::Kind::With: {
         auto inner = child(scope);
-        for (size_t i = 0; i < s.targets.size(); ++i) inner->set(s.targets[i], eval(*s.values[i], scope));
+        for (size_t i = 0; i < s.targets.size(); ++i)
+          inner->set(s.targets[i], eval(*s.values[i], scope));
         return exec(s.body, inner, out);
       }
       case Stmt::Kind::Scope:
@@ -190,7 +199,8 @@ class Interpreter : public Env {
     std::vector<Value> parts = iterate(v);
     if (parts.size() != s.targets.size())
       throw Error(parts.size() < s.targets.size()
-                      ? fmt::format("not enough values to unpack (expected {}, got {})", s.targets.size(), parts.size())
+                      ? fmt::format("not enough values to unpack (expected {}, got {})",
+                                    s.targets.size(), parts.size())
                       : fmt::format("too many values to unpack (expected {})", s.targets.size()));
     for (size_t i = 0; i < parts.size(); ++i) scope.set(s.targets[i], parts[i]);
   }
@@ -249,22 +259,25 @@ class Interpreter : public Env {
                                              : Value::undefined("there is no previous item"));
     d.entries.emplace_back("nextitem", i + 1 < n ? items[static_cast<size_t>(i + 1)]
                                                  : Value::undefined("there is no next item"));
-    d.entries.emplace_back("cycle", Value::callable("loop.cycle", [i](const CallArgs& args) {
-      if (args.positional.empty()) throw Error("no items for cycling given");
-      return args.positional[static_cast<size_t>(i) % args.positional.size()];
-    }));
-    d.entries.emplace_back("changed", Value::callable("loop.changed", [last_changed](const CallArgs& args) {
-      Value now = Value::tuple(args.positional);
-      if (*last_changed && equal(**last_changed, now)) return Value(false);
-      *last_changed = now;
-      return Value(true);
-    }));
+    d.entries.emplace_back(
+        "cycle", Value::callable("loop.cycle", [i](const CallArgs& args) {
+          if (args.positional.empty()) throw Error("no items for cycling given");
+          return args.positional[static_cast<size_t>(i) % args.positional.size()];
+        }));
+    d.entries.emplace_back("changed",
+                           Value::callable("loop.changed", [last_changed](const CallArgs& args) {
+                             Value now = Value::tuple(args.positional);
+                             if (*last_changed && equal(**last_changed, now)) return Value(false);
+                             *last_changed = now;
+                             return Value(true);
+                           }));
     return Value::dict(std::move(d));
   }
 
   Value call_macro(const Stmt& m, const ScopePtr& defined_in, const CallArgs& args) {
     if (!defined_in) throw Error(fmt::format("macro '{}' called after its scope ended", m.name));
-    if (depth_ >= kMaxMacroDepth) throw Error(fmt::format("macro '{}': maximum recursion depth exceeded", m.name));
+    if (depth_ >= kMaxMacroDepth)
+      throw Error(fmt::format("macro '{}': maximum recursion depth exceeded", m.name));
     auto scope = child(defined_in);
     std::vector<bool> bound(m.params.size(), false);
     std::vector<Value> extra_pos;
@@ -284,14 +297,16 @@ class Interpreter : public Env {
         continue;
       }
       size_t i = static_cast<size_t>(it - m.params.begin());
-      if (bound[i]) throw Error(fmt::format("macro '{}' got multiple values for argument '{}'", m.name, k));
+      if (bound[i])
+        throw Error(fmt::format("macro '{}' got multiple values for argument '{}'", m.name, k));
       scope->set(k, v);
       bound[i] = true;
     }
     for (size_t i = 0; i < m.params.size(); ++i) {
       if (bound[i]) continue;
       scope->set(m.params[i], m.defaults[i] ? eval(*m.defaults[i], scope)
-                                            : Value::undefined(fmt::format("parameter '{}' was not provided", m.params[i])));
+                                            : Value::undefined(fmt::format(
+                                                  "parameter '{}' was not provided", m.params[i])));
     }
     scope->set("varargs", Value::tuple(std::move(extra_pos)));
     scope->set("kwargs", Value::dict(std::move(extra_kw)));
@@ -330,14 +345,18 @@ class Interpreter : public Env {
 
   Value eval(const Expr& e, const ScopePtr& scope) {
     switch (e.kind) {
-      case Expr::Kind::Literal: return e.literal;
-      case Expr::Kind::Name: return lookup(e.name, scope);
-      case Expr::Kind::GetAttr: return getattr(eval(*e.a, scope), e.name);
+      case Expr::Kind::Literal:
+        return e.literal;
+      case Expr::Kind::Name:
+        return lookup(e.name, scope);
+      case Expr::Kind::GetAttr:
+        return getattr(eval(*e.a, scope), e.name);
       case Expr::Kind::GetItem: {
         Value obj = eval(*e.a, scope);
         return getitem(obj, eval(*e.b, scope));
       }
-      case Expr::Kind::Slice: return eval_slice(e, scope);
+      case Expr::Kind::Slice:
+        return eval_slice(e, scope);
       case Expr::Kind::Call: {
         Value callee = eval(*e.a, scope);
         CallArgs args = eval_args(e, scope);
@@ -345,12 +364,14 @@ class Interpreter : public Env {
         if (callee.is_undefined()) fail_undefined(callee);
         throw Error(fmt::format("'{}' object is not callable", type_name(callee)));
       }
-      case Expr::Kind::Filter: return call_filter(e.name, eval(*e.a, scope), eval_args(e, scope), e.line);
+      case Expr::Kind::Filter:
+        return call_filter(e.name, eval(*e.a, scope), eval_args(e, scope), e.line);
       case Expr::Kind::Test: {
         bool r = call_test(e.name, eval(*e.a, scope), eval_args(e, scope), e.line);
         return Value(e.negated ? !r : r);
       }
-      case Expr::Kind::Not: return Value(!truthy(eval(*e.a, scope)));
+      case Expr::Kind::Not:
+        return Value(!truthy(eval(*e.a, scope)));
       case Expr::Kind::Neg:
       case Expr::Kind::Pos: {
         Value v = eval(*e.a, scope);
@@ -358,7 +379,8 @@ class Interpreter : public Env {
         bool neg = e.kind == Expr::Kind::Neg;
         if (v.is_float()) return Value(neg ? -v.as_float() : v.as_float());
         if (v.is_int() || v.is_bool()) return Value(neg ? -v.to_int() : v.to_int());
-        throw Error(fmt::format("bad operand type for unary {}: '{}'", neg ? '-' : '+', type_name(v)));
+        throw Error(
+            fmt::format("bad operand type for unary {}: '{}'", neg ? '-' : '+', type_name(v)));
       }
       case Expr::Kind::Binary: {
         Value a = eval(*e.a, scope);
@@ -377,18 +399,22 @@ class Interpreter : public Env {
         for (const auto& a : e.args) s += to_str(eval(*a, scope));
         return Value(std::move(s));
       }
-      case Expr::Kind::Compare: return eval_compare(e, scope);
+      case Expr::Kind::Compare:
+        return eval_compare(e, scope);
       case Expr::Kind::Cond:
         if (truthy(eval(*e.b, scope))) return eval(*e.a, scope);
         if (e.c) return eval(*e.c, scope);
-        return Value::undefined(fmt::format(
-            "the inline if-expression on line {} evaluated to false and no else section was defined.", e.line));
+        return Value::undefined(
+            fmt::format("the inline if-expression on line {} evaluated to false and no else "
+                        "section was defined.",
+                        e.line));
       case Expr::Kind::List:
       case Expr::Kind::Tuple: {
         std::vector<Value> items;
         items.reserve(e.args.size());
         for (const auto& a : e.args) items.push_back(eval(*a, scope));
-        return Value::list(std::move(items), e.kind == Expr::Kind::Tuple ? SeqKind::Tuple : SeqKind::List);
+        return Value::list(std::move(items),
+                           e.kind == Expr::Kind::Tuple ? SeqKind::Tuple : SeqKind::List);
       }
       case Expr::Kind::Dict: {
         DictData d;
@@ -409,14 +435,22 @@ class Interpreter : public Env {
       Value right = eval(*e.args[i + 1], scope);
       const std::string& op = e.ops[i];
       bool r;
-      if (op == "==") r = equal(left, right);
-      else if (op == "!=") r = !equal(left, right);
-      else if (op == "<") r = less(left, right);
-      else if (op == ">") r = less(right, left);
-      else if (op == "<=") r = less(left, right) || equal(left, right);
-      else if (op == ">=") r = less(right, left) || equal(left, right);
-      else if (op == "in") r = contains(right, left);
-      else r = !contains(right, left);
+      if (op == "==")
+        r = equal(left, right);
+      else if (op == "!=")
+        r = !equal(left, right);
+      else if (op == "<")
+        r = less(left, right);
+      else if (op == ">")
+        r = less(right, left);
+      else if (op == "<=")
+        r = less(left, right) || equal(left, right);
+      else if (op == ">=")
+        r = less(right, left) || equal(left, right);
+      else if (op == "in")
+        r = contains(right, left);
+      else
+        r = !contains(right, left);
       if (!r) return Value(false);
       left = std::move(right);
     }
@@ -474,15 +508,19 @@ class Interpreter : public Env {
     if (name == "namespace")
       return Value::callable(name, [](const CallArgs& args) {
         DictData attrs;
-        if (args.positional.size() > 1) throw Error("namespace() takes at most one positional argument");
+        if (args.positional.size() > 1)
+          throw Error("namespace() takes at most one positional argument");
         if (!args.positional.empty()) {
           const Value& init = args.positional[0];
-          if (init.is_dict()) attrs = init.dict_data();
-          else if (init.is_namespace()) attrs = init.ns_data().attrs;
+          if (init.is_dict())
+            attrs = init.dict_data();
+          else if (init.is_namespace())
+            attrs = init.ns_data().attrs;
           else
             for (const auto& pair : iterate(init)) {
               auto kv = iterate(pair);
-              if (kv.size() != 2 || !kv[0].is_string()) throw Error("namespace(): expected key/value pairs");
+              if (kv.size() != 2 || !kv[0].is_string())
+                throw Error("namespace(): expected key/value pairs");
               attrs.set(kv[0].str(), kv[1]);
             }
         }
@@ -494,7 +532,8 @@ class Interpreter : public Env {
         DictData d;
         if (args.positional.size() > 1) throw Error("dict expected at most 1 argument");
         if (!args.positional.empty()) {
-          if (!args.positional[0].is_dict()) throw Error("dict(): only a mapping argument is supported");
+          if (!args.positional[0].is_dict())
+            throw Error("dict(): only a mapping argument is supported");
           d = args.positional[0].dict_data();
         }
         for (const auto& [k, v] : args.keyword) d.set(k, v);
@@ -506,7 +545,8 @@ class Interpreter : public Env {
         std::vector<int64_t> a;
         for (const auto& v : args.positional) {
           if (!v.is_int() && !v.is_bool())
-            throw Error(fmt::format("'{}' object cannot be interpreted as an integer", type_name(v)));
+            throw Error(
+                fmt::format("'{}' object cannot be interpreted as an integer", type_name(v)));
           a.push_back(v.to_int());
         }
         if (a.empty() || a.size() > 3) throw Error("range expected 1 to 3 arguments");
@@ -516,7 +556,8 @@ class Interpreter : public Env {
         std::vector<Value> out;
         for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
           if (static_cast<int64_t>(out.size()) >= kMaxRange)
-            throw Error(fmt::format("Range too big. The sandbox blocks ranges larger than MAX_RANGE ({}).", kMaxRange));
+            throw Error(fmt::format(
+                "Range too big. The sandbox blocks ranges larger than MAX_RANGE ({}).", kMaxRange));
           out.emplace_back(i);
         }
         return Value::list(std::move(out));

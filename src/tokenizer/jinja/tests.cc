@@ -11,12 +11,14 @@ namespace specula::jinja {
 namespace {
 
 constexpr std::array kTests = {
-    "odd", "even", "divisibleby", "defined", "undefined", "filter", "test", "none", "boolean",
-    "false", "true", "integer", "float", "lower", "upper", "string", "mapping", "number",
-    "sequence", "iterable", "callable", "sameas", "escaped", "in", "==", "eq", "equalto", "!=",
-    "ne", ">", "gt", "greaterthan", "ge", ">=", "<", "lt", "lessthan", "<=", "le"};
+    "odd",     "even",   "divisibleby", "defined",  "undefined", "filter", "test",    "none",
+    "boolean", "false",  "true",        "integer",  "float",     "lower",  "upper",   "string",
+    "mapping", "number", "sequence",    "iterable", "callable",  "sameas", "escaped", "in",
+    "==",      "eq",     "equalto",     "!=",       "ne",        ">",      "gt",      "greaterthan",
+    "ge",      ">=",     "<",           "lt",       "lessthan",  "<=",     "le"};
 
-const Value& one_arg(std::string_view test, const CallArgs& args, const std::vector<std::optional<Value>>& a) {
+const Value& one_arg(std::string_view test, const CallArgs& args,
+                     const std::vector<std::optional<Value>>& a) {
   if (!a[0]) throw Error(fmt::format("test '{}' takes one argument", test));
   (void)args;
   return *a[0];
@@ -24,7 +26,8 @@ const Value& one_arg(std::string_view test, const CallArgs& args, const std::vec
 
 int64_t as_int_for(std::string_view test, const Value& v) {
   if (v.is_undefined()) fail_undefined(v);
-  if (!v.is_int() && !v.is_bool()) throw Error(fmt::format("test '{}' needs an integer, got {}", test, type_name(v)));
+  if (!v.is_int() && !v.is_bool())
+    throw Error(fmt::format("test '{}' needs an integer, got {}", test, type_name(v)));
   return v.to_int();
 }
 
@@ -37,10 +40,10 @@ bool is_test(std::string_view name) {
 bool apply_test(Env& env, std::string_view name, const Value& v, const CallArgs& args) {
   (void)env;
   if (name == "defined" || name == "undefined" || name == "none" || name == "boolean" ||
-      name == "false" || name == "true" || name == "integer" || name == "float" || name == "string" ||
-      name == "mapping" || name == "number" || name == "sequence" || name == "iterable" ||
-      name == "callable" || name == "escaped" || name == "lower" || name == "upper" ||
-      name == "odd" || name == "even" || name == "filter" || name == "test") {
+      name == "false" || name == "true" || name == "integer" || name == "float" ||
+      name == "string" || name == "mapping" || name == "number" || name == "sequence" ||
+      name == "iterable" || name == "callable" || name == "escaped" || name == "lower" ||
+      name == "upper" || name == "odd" || name == "even" || name == "filter" || name == "test") {
     bind_args(name, args, {});
     if (name == "defined") return !v.is_undefined();
     if (name == "undefined") return v.is_undefined();

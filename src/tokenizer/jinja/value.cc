@@ -33,7 +33,8 @@ Value Value::list(std::vector<Value> items, SeqKind kind) {
 }
 
 Value Value::dict(DictData data) {
-  return Value(Storage(std::shared_ptr<const DictData>(std::make_shared<DictData>(std::move(data)))));
+  return Value(
+      Storage(std::shared_ptr<const DictData>(std::make_shared<DictData>(std::move(data)))));
 }
 
 Value Value::ns(DictData attrs) {
@@ -164,18 +165,28 @@ bool less(const Value& a, const Value& b) {
 
 std::string type_name(const Value& v) {
   switch (v.kind()) {
-    case Value::Kind::Undefined: return "Undefined";
-    case Value::Kind::None: return "NoneType";
-    case Value::Kind::Bool: return "bool";
-    case Value::Kind::Int: return "int";
-    case Value::Kind::Float: return "float";
-    case Value::Kind::String: return "str";
+    case Value::Kind::Undefined:
+      return "Undefined";
+    case Value::Kind::None:
+      return "NoneType";
+    case Value::Kind::Bool:
+      return "bool";
+    case Value::Kind::Int:
+      return "int";
+    case Value::Kind::Float:
+      return "float";
+    case Value::Kind::String:
+      return "str";
     case Value::Kind::Seq:
-      return v.seq().kind == SeqKind::List ? "list"
-             : v.seq().kind == SeqKind::Tuple ? "tuple" : "generator";
-    case Value::Kind::Dict: return "dict";
-    case Value::Kind::Namespace: return "Namespace";
-    case Value::Kind::Callable: return "function";
+      return v.seq().kind == SeqKind::List    ? "list"
+             : v.seq().kind == SeqKind::Tuple ? "tuple"
+                                              : "generator";
+    case Value::Kind::Dict:
+      return "dict";
+    case Value::Kind::Namespace:
+      return "Namespace";
+    case Value::Kind::Callable:
+      return "function";
   }
   return "object";
 }
@@ -258,22 +269,38 @@ void append_str(std::string& out, const Value& v, bool as_repr) {
     case Value::Kind::Undefined:
       if (as_repr) out += "Undefined";
       return;
-    case Value::Kind::None: out += "None"; return;
-    case Value::Kind::Bool: out += v.as_bool() ? "True" : "False"; return;
-    case Value::Kind::Int: out += std::to_string(v.as_int()); return;
-    case Value::Kind::Float: out += float_repr(v.as_float()); return;
-    case Value::Kind::String:
-      if (as_repr) out += pystr::repr(v.str());
-      else out += v.str();
+    case Value::Kind::None:
+      out += "None";
       return;
-    case Value::Kind::Seq: append_seq(out, v.seq()); return;
-    case Value::Kind::Dict: append_dict(out, v.dict_data()); return;
+    case Value::Kind::Bool:
+      out += v.as_bool() ? "True" : "False";
+      return;
+    case Value::Kind::Int:
+      out += std::to_string(v.as_int());
+      return;
+    case Value::Kind::Float:
+      out += float_repr(v.as_float());
+      return;
+    case Value::Kind::String:
+      if (as_repr)
+        out += pystr::repr(v.str());
+      else
+        out += v.str();
+      return;
+    case Value::Kind::Seq:
+      append_seq(out, v.seq());
+      return;
+    case Value::Kind::Dict:
+      append_dict(out, v.dict_data());
+      return;
     case Value::Kind::Namespace:
       out += "<Namespace ";
       append_dict(out, v.ns_data().attrs);
       out += ">";
       return;
-    case Value::Kind::Callable: out += "<function " + v.fn().name + ">"; return;
+    case Value::Kind::Callable:
+      out += "<function " + v.fn().name + ">";
+      return;
   }
 }
 
@@ -281,13 +308,27 @@ void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
   out.push_back('"');
   for (char32_t c : pystr::decode(s)) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20 || (ensure_ascii && c > 0x7e)) {
           if (c >= 0x10000) {  // a UTF-16 surrogate pair, as json.dumps writes it
@@ -312,17 +353,28 @@ void dump(std::string& out, const Value& v, const JsonDumpOptions& o, int level)
   // With an indent, items go one per line and Python drops the space after the comma.
   const std::string& item_sep = o.item_separator;
   switch (v.kind()) {
-    case Value::Kind::None: out += "null"; return;
-    case Value::Kind::Bool: out += v.as_bool() ? "true" : "false"; return;
-    case Value::Kind::Int: out += std::to_string(v.as_int()); return;
+    case Value::Kind::None:
+      out += "null";
+      return;
+    case Value::Kind::Bool:
+      out += v.as_bool() ? "true" : "false";
+      return;
+    case Value::Kind::Int:
+      out += std::to_string(v.as_int());
+      return;
     case Value::Kind::Float: {
       double d = v.as_float();
-      if (std::isnan(d)) out += "NaN";
-      else if (std::isinf(d)) out += d > 0 ? "Infinity" : "-Infinity";
-      else out += float_repr(d);
+      if (std::isnan(d))
+        out += "NaN";
+      else if (std::isinf(d))
+        out += d > 0 ? "Infinity" : "-Infinity";
+      else
+        out += float_repr(d);
       return;
     }
-    case Value::Kind::String: json_string(out, v.str(), o.ensure_ascii); return;
+    case Value::Kind::String:
+      json_string(out, v.str(), o.ensure_ascii);
+      return;
     case Value::Kind::Seq: {
       if (v.is_generator()) throw Error("Object of type generator is not JSON serializable");
       const auto& items = v.seq().items;
@@ -392,16 +444,21 @@ std::string json_dumps(const Value& v, const JsonDumpOptions& options) {
 Value from_json(const nlohmann::ordered_json& j) {
   using T = nlohmann::ordered_json::value_t;
   switch (j.type()) {
-    case T::null: return Value::none();
-    case T::boolean: return Value(j.get<bool>());
-    case T::number_integer: return Value(j.get<int64_t>());
+    case T::null:
+      return Value::none();
+    case T::boolean:
+      return Value(j.get<bool>());
+    case T::number_integer:
+      return Value(j.get<int64_t>());
     case T::number_unsigned: {
       auto u = j.get<uint64_t>();
       if (u <= static_cast<uint64_t>(INT64_MAX)) return Value(static_cast<int64_t>(u));
       return Value(static_cast<double>(u));
     }
-    case T::number_float: return Value(j.get<double>());
-    case T::string: return Value(j.get<std::string>());
+    case T::number_float:
+      return Value(j.get<double>());
+    case T::string:
+      return Value(j.get<std::string>());
     case T::array: {
       std::vector<Value> items;
       items.reserve(j.size());

@@ -1,21 +1,22 @@
 // The values a chat template computes with, modelled on the Python objects jinja2 sees when
-// transformers renders a template: None, bool, int, float, str, list/tuple, dict (insertion-ordered),
-// jinja2's Undefined, namespace() objects, generators (what map/select/... return) and callables.
+// transformers renders a template: None, bool, int, float, str, list/tuple, dict
+// (insertion-ordered), jinja2's Undefined, namespace() objects, generators (what map/select/...
+// return) and callables.
 //
-// Lists and dicts are immutable once built (the sandbox transformers uses forbids mutating them), so
-// they are shared by pointer and copying a Value is cheap. A namespace is the one mutable object.
+// Lists and dicts are immutable once built (the sandbox transformers uses forbids mutating them),
+// so they are shared by pointer and copying a Value is cheap. A namespace is the one mutable
+// object.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace specula::jinja {
 
@@ -31,8 +32,8 @@ struct None {};
 enum class SeqKind { List, Tuple, Generator };
 struct ListData {
   std::vector<Value> items;
-  // Tuples print as (a, b) and compare unequal to lists; generators have no len(), are always truthy
-  // and print as a generator object, as in Python.
+  // Tuples print as (a, b) and compare unequal to lists; generators have no len(), are always
+  // truthy and print as a generator object, as in Python.
   SeqKind kind = SeqKind::List;
 };
 
