@@ -10,6 +10,20 @@ CudaBackendFactory& cuda_factory() {
 }
 }  // namespace
 
+// The MLA / MoE ops are optional per backend: a backend that lacks one says so by name.
+void Backend::copy_columns(const Tensor&, int64_t, Tensor&, int64_t, int64_t) {
+  throw Error(fmt::format("copy_columns is not implemented by the {} backend", name()));
+}
+void Backend::head_linear(const Tensor&, const Tensor&, Tensor&) {
+  throw Error(fmt::format("head_linear is not implemented by the {} backend", name()));
+}
+void Backend::moe_route(const Tensor&, const Tensor*, const MoeRouting&, Tensor&, Tensor&) {
+  throw Error(fmt::format("moe_route is not implemented by the {} backend", name()));
+}
+void Backend::fused_moe(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&) {
+  throw Error(fmt::format("fused_moe is not implemented by the {} backend", name()));
+}
+
 void register_cuda_backend_factory(CudaBackendFactory factory) { cuda_factory() = std::move(factory); }
 
 bool cuda_available() { return cuda_factory().available && cuda_factory().available(); }

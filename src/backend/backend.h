@@ -15,6 +15,41 @@
 
 namespace specula {
 
+// How Backend::moe_route turns one row of router logits l[0..E) into expert ids and weights. It
+// covers DeepSeek-V2 (transformers' DeepseekV2Moe.route_tokens_to_experts) and DeepSeek-V3
+// (DeepseekV3MoE.route_tokens_to_experts), in this order, all in fp32:
+//   1. scores s = softmax(l) (kSoftmax) or sigmoid(l) element-wise (kSigmoid);
+//      choice c = s + bias when a bias is given, else c = s.
+//   2. group-limited selection when num_groups > 1: the E experts form num_groups consecutive
+//      groups of E / num_groups; a group's score is the max of its c (kMax, V2 group_limited_greedy)
+//      or the sum of its two largest c (kTopTwoSum, V3); the topk_groups best groups are kept and
+//      the experts of the other groups cannot be selected.
+//   3. the top_k selectable experts by c are the routed ids; their weights are their s (the
+//      unbiased scores).
+//   4. renormalize: weights /= (sum of the row's top_k weights + 1e-20).
+//   5. weights *= routed_scaling_factor.
+//   6. shared-expert fusion (shared_slots > 0): the row also goes, with weight exactly 1 (not
+//      scaled), to shared_slots more experts: ids shared_first + r * shared_slots + j for
+//      j = 0..shared_slots-1, with replica r = t mod shared_replicas (t = the row index), which
+//      balances the rows over the replicas. These fill columns top_k .. top_k + shared_slots - 1.
+// Requires E % num_groups == 0, 1 <= topk_groups <= num_groups, and top_k <= the number of
+// selectable experts (topk_groups * E / num_groups).
+struct MoeRouting {
+  enum class Scoring { kSoftmax, kSigmoid };
+  enum class GroupScore { kMax, kTopTwoSum };
+  Scoring scoring = Scoring::kSoftmax;
+  int top_k = 1;
+  int num_groups = 1;
+  int topk_groups = 1;
+  GroupScore group_score = GroupScore::kMax;
+  bool renormalize = false;
+  float routed_scaling_factor = 1.0f;
+  int shared_slots = 0;     // experts each row adds for the fused shared expert (0: no fusion)
+  int shared_replicas = 1;  // replicas of those shared_slots experts
+  int shared_first = 0;     // id of replica 0's first shared expert (the number of routed experts)
+  int columns() const { return top_k + shared_slots; }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -63,15 +98,52 @@ class Backend {
   // out = a + b, same shapes.
   virtual void add(const Tensor& a, const Tensor& b, Tensor& out) = 0;
   // Writes k, v [T, Hk, D] into the paged cache at slot_mapping[t] (I64; -1 skips the row).
+  // MLA form (cache.v undefined or with no elements, i.e. KVCacheSpec::v_head_dim == 0): only k is
+  // written and v is ignored (it may be undefined).
   virtual void write_kv_cache(const Tensor& k, const Tensor& v, KVCacheLayer& cache,
                               const Tensor& slot_mapping) = 0;
   // Causal attention of q [T, Hq, D] over the paged cache (see AttentionMetadata), GQA with
   // Hq / Hk query heads per kv head, softmax(q k^T * scale) v -> out [T, Hq, Dv]. Padding rows of q
   // (past the last sequence) are left untouched.
+  // MLA form (cache.v undefined or with no elements): there is no separate V; the value of a key
+  // is the FIRST Dv dims of its K entry, Dv = out.size(-1) <= D. DeepSeek's MLA caches one "head"
+  // per token, [compressed latent (kv_lora_rank) | roped key (qk_rope_head_dim)], and attends with
+  // Hk = 1 (multi-query) and Dv = kv_lora_rank.
   virtual void paged_attention(const Tensor& q, const KVCacheLayer& cache, const AttentionMetadata& md,
                                float scale, Tensor& out) = 0;
   // out[i, :] = x[indices[i], :]; indices I32 [L].
   virtual void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) = 0;
+
+  // ---- MLA and MoE (DeepSeek-V2/V3). Default implementations throw specula::Error naming the op
+  // and the backend, so that a backend without them fails loudly, not silently. ----
+
+  // A strided column copy between two row-major matrices with the same number of rows R (any
+  // leading shape; the last dim is the row width): dst[r, dst_col + i] = src[r, src_col + i] for
+  // i < width. Columns of dst outside [dst_col, dst_col + width) are untouched. src and dst must
+  // not overlap. Same dtype. (On CUDA this is one cudaMemcpy2DAsync.)
+  virtual void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width);
+  // A separate linear map per head: out[t, h, :] = weight[h] @ x[t, h, :], i.e.
+  // out[t, h, n] = sum_k x[t, h, k] * weight[h, n, k]. x [T, Hh, K], weight [Hh, N, K], out [T, Hh, N],
+  // all in the compute dtype (accumulation in fp32). A batched GEMM with batch = head:
+  // x's head h is a [T, K] matrix with leading dimension Hh * K, out's a [T, N] one with leading
+  // dimension Hh * N. MLA uses it to absorb kv_b_proj into the query (q_nope -> latent) and to
+  // expand the attended latent into values.
+  virtual void head_linear(const Tensor& x, const Tensor& weight, Tensor& out);
+  // MoE routing: router logits F32 [T, E] -> topk_ids I32 [T, C] and topk_weights F32 [T, C],
+  // C = params.top_k + params.shared_slots. `bias` (F32 [E], may be null) is DeepSeek-V3's
+  // e_score_correction_bias. See MoeRouting below for the exact computation. Row t's routed
+  // columns are ordered by decreasing selection score (ties: lower expert id first).
+  virtual void moe_route(const Tensor& router_logits, const Tensor* bias, const MoeRouting& params,
+                         Tensor& topk_ids, Tensor& topk_weights);
+  // Mixture of SwiGLU experts: out[t] = sum_c topk_weights[t, c] * expert_e(x[t]), e = topk_ids[t, c],
+  // expert_e(v) = w2[e] @ (silu(w13[e][:I] @ v) * (w13[e][I:] @ v)). x [T, H] and out [T, H] in the
+  // compute dtype; w13 [E, 2I, H] (each expert's gate_proj rows, then its up_proj rows: HF's
+  // [out, in] layout), w2 [E, H, I] (down_proj); topk_ids I32 [T, C] with every id in [0, E);
+  // topk_weights F32 [T, C]. Products in the compute dtype, the weighted sum in fp32. The intended
+  // shape of the computation (and of the CUDA grouped GEMM): permute the (token, slot) pairs by
+  // expert, one GEMM per expert over its tokens, then the weighted un-permute. out may not alias x.
+  virtual void fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_ids,
+                         const Tensor& topk_weights, Tensor& out);
 };
 
 // fp32 CPU backend; threads = 0 means all cores.

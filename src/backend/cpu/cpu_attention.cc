@@ -3,6 +3,10 @@
 // Cache layout per layer: K and V are [num_blocks, block_size, num_kv_heads, head_dim]; a token at
 // position j of sequence s lives in block block_tables[s, j / block_size], slot j % block_size.
 // See backend/attention_metadata.h for how query rows map to sequences and positions.
+//
+// MLA form (cache.v undefined or empty): each K entry is DeepSeek's [latent | roped key] and the
+// value of a key is the first Dv dims of its own K entry, so V is read from the K cache with K's
+// row stride; nothing is stored twice.
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,23 +15,33 @@
 #include "backend/cpu/cpu_backend.h"
 
 namespace specula {
+namespace {
+
+bool mla_form(const KVCacheLayer& cache) { return !cache.v.defined() || cache.v.numel() == 0; }
+
+}  // namespace
 
 void CpuBackend::write_kv_cache(const Tensor& k, const Tensor& v, KVCacheLayer& cache, const Tensor& slot_mapping) {
+  const bool mla = mla_form(cache);
   cpu_check::f32(k, "write_kv_cache", "k");
-  cpu_check::f32(v, "write_kv_cache", "v");
   cpu_check::f32(cache.k, "write_kv_cache", "cache.k");
-  cpu_check::f32(cache.v, "write_kv_cache", "cache.v");
   cpu_check::index_vector(slot_mapping, DType::kI64, "write_kv_cache", "slot_mapping");
-  SPECULA_CHECK(cache.k.ndim() == 4 && cache.v.ndim() == 4 && cache.k.size(0) == cache.v.size(0) &&
-                    cache.k.size(1) == cache.v.size(1) && cache.k.size(2) == cache.v.size(2),
-                "write_kv_cache: cache.k {} and cache.v {} must be [num_blocks, block_size, Hk, D]",
-                cache.k.describe(), cache.v.describe());
+  SPECULA_CHECK(cache.k.ndim() == 4, "write_kv_cache: cache.k {} must be [num_blocks, block_size, Hk, D]",
+                cache.k.describe());
+  if (!mla) {
+    cpu_check::f32(v, "write_kv_cache", "v");
+    cpu_check::f32(cache.v, "write_kv_cache", "cache.v");
+    SPECULA_CHECK(cache.v.ndim() == 4 && cache.k.size(0) == cache.v.size(0) && cache.k.size(1) == cache.v.size(1) &&
+                      cache.k.size(2) == cache.v.size(2),
+                  "write_kv_cache: cache.k {} and cache.v {} must be [num_blocks, block_size, Hk, D]",
+                  cache.k.describe(), cache.v.describe());
+  }
   const int64_t num_slots = cache.k.size(0) * cache.k.size(1);
-  const int64_t k_row = cache.k.size(2) * cache.k.size(3), v_row = cache.v.size(2) * cache.v.size(3);
-  SPECULA_CHECK(k.ndim() >= 1 && v.ndim() >= 1 && k.size(0) == v.size(0), "write_kv_cache: k {} and v {} differ in rows",
-                k.describe(), v.describe());
+  const int64_t k_row = cache.k.size(2) * cache.k.size(3), v_row = mla ? 0 : cache.v.size(2) * cache.v.size(3);
+  SPECULA_CHECK(k.ndim() >= 1 && (mla || (v.ndim() >= 1 && k.size(0) == v.size(0))),
+                "write_kv_cache: k {} and v {} differ in rows", k.describe(), v.describe());
   const int64_t t = k.size(0);
-  SPECULA_CHECK(k.numel() == t * k_row && v.numel() == t * v_row,
+  SPECULA_CHECK(k.numel() == t * k_row && (mla || v.numel() == t * v_row),
                 "write_kv_cache: k {} / v {} rows must match the cache's [Hk, D] ({} / {})", k.describe(),
                 v.describe(), cache.k.describe(), cache.v.describe());
   SPECULA_CHECK(slot_mapping.size(0) >= t, "write_kv_cache: slot_mapping {} has fewer than {} rows",
@@ -38,33 +52,37 @@ void CpuBackend::write_kv_cache(const Tensor& k, const Tensor& v, KVCacheLayer& 
                   "write_kv_cache: slot {} at row {} is outside the cache's {} slots", slots[i], i, num_slots);
   }
   const float* kp = k.data_as<float>();
-  const float* vp = v.data_as<float>();
+  const float* vp = mla ? nullptr : v.data_as<float>();
   float* ck = cache.k.data_as<float>();
-  float* cv = cache.v.data_as<float>();
+  float* cv = mla ? nullptr : cache.v.data_as<float>();
 #pragma omp parallel for num_threads(threads_) schedule(static) if (t * (k_row + v_row) > 65536)
   for (int64_t i = 0; i < t; ++i) {
     if (slots[i] < 0) continue;  // padding, or a token whose K/V is not kept
     std::memcpy(ck + slots[i] * k_row, kp + i * k_row, k_row * sizeof(float));
-    std::memcpy(cv + slots[i] * v_row, vp + i * v_row, v_row * sizeof(float));
+    if (!mla) std::memcpy(cv + slots[i] * v_row, vp + i * v_row, v_row * sizeof(float));
   }
 }
 
 void CpuBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, const AttentionMetadata& md, float scale,
                                  Tensor& out) {
+  const bool mla = mla_form(cache);
   cpu_check::f32(q, "paged_attention", "q");
   cpu_check::f32(out, "paged_attention", "out");
   cpu_check::f32(cache.k, "paged_attention", "cache.k");
-  cpu_check::f32(cache.v, "paged_attention", "cache.v");
-  SPECULA_CHECK(q.ndim() == 3 && cache.k.ndim() == 4 && cache.v.ndim() == 4,
-                "paged_attention: q {} must be [T, Hq, D] and the cache [num_blocks, block_size, Hk, D]",
-                q.describe());
+  if (!mla) cpu_check::f32(cache.v, "paged_attention", "cache.v");
+  SPECULA_CHECK(q.ndim() == 3 && cache.k.ndim() == 4 && (mla || cache.v.ndim() == 4) && out.ndim() == 3,
+                "paged_attention: q {} must be [T, Hq, D], out [T, Hq, Dv] and the cache [num_blocks, block_size, "
+                "Hk, D]", q.describe());
   const int64_t t = q.size(0), hq = q.size(1), d = q.size(2);
   const int64_t num_blocks = cache.k.size(0), block_size = cache.k.size(1), hk = cache.k.size(2);
-  const int64_t dv = cache.v.size(3);
-  SPECULA_CHECK(cache.k.size(3) == d && cache.v.size(0) == num_blocks && cache.v.size(1) == block_size &&
-                    cache.v.size(2) == hk,
-                "paged_attention: cache.k {} / cache.v {} do not fit q {}", cache.k.describe(), cache.v.describe(),
+  // MLA: V is the first Dv dims of each K entry (Dv from out); otherwise its own cache.
+  const int64_t dv = mla ? out.size(2) : cache.v.size(3);
+  SPECULA_CHECK(cache.k.size(3) == d, "paged_attention: cache.k {} does not fit q {}", cache.k.describe(),
                 q.describe());
+  SPECULA_CHECK(mla ? dv <= d
+                    : (cache.v.size(0) == num_blocks && cache.v.size(1) == block_size && cache.v.size(2) == hk),
+                "paged_attention: cache.v {} does not fit cache.k {} (MLA form: out {} may have at most D = {} dims)",
+                cache.v.describe(), cache.k.describe(), out.describe(), d);
   SPECULA_CHECK(hk > 0 && hq % hk == 0, "paged_attention: {} query heads are not a multiple of {} kv heads", hq, hk);
   SPECULA_CHECK(out.ndim() == 3 && out.size(0) == t && out.size(1) == hq && out.size(2) == dv,
                 "paged_attention: out {} must be [{}, {}, {}]", out.describe(), t, hq, dv);
@@ -107,7 +125,8 @@ void CpuBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, con
   const int64_t group = hq / hk;  // query heads sharing one kv head (GQA)
   const float* qp = q.data_as<float>();
   const float* kc = cache.k.data_as<float>();
-  const float* vc = cache.v.data_as<float>();
+  const float* vc = mla ? kc : cache.v.data_as<float>();
+  const int64_t v_stride = mla ? d : dv;  // floats between consecutive heads' V entries
   float* op = out.data_as<float>();
 
   // One task per (query row, query head): scores over that row's causal prefix, a stable softmax
@@ -146,7 +165,7 @@ void CpuBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, con
       std::memset(o, 0, dv * sizeof(float));
       for (int64_t j = 0; j < num_keys; ++j) {
         const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
-        const float* vv = vc + (slot * hk + kv_head) * dv;
+        const float* vv = vc + (slot * hk + kv_head) * v_stride;
         const float p = probs[j] * inv_sum;
         for (int64_t i = 0; i < dv; ++i) o[i] += p * vv[i];
       }

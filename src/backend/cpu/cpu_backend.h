@@ -7,7 +7,9 @@
 //   cpu_rowwise_ops.cc embedding, rms_norm, add_rms_norm, silu_mul, add, gather_rows
 //   cpu_linear.cc     linear (cblas_sgemm)
 //   cpu_rope.cc       rope (neox and interleaved, partial rotary_dim)
-//   cpu_attention.cc  write_kv_cache, paged_attention
+//   cpu_attention.cc  write_kv_cache, paged_attention (incl. the MLA cache form)
+//   cpu_head_ops.cc   copy_columns, head_linear (MLA's per-head absorbed projections)
+//   cpu_moe.cc        moe_route, fused_moe
 #pragma once
 
 #include <memory>
@@ -68,6 +70,12 @@ class CpuBackend final : public Backend {
   void paged_attention(const Tensor& q, const KVCacheLayer& cache, const AttentionMetadata& md,
                        float scale, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
+  void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override;
+  void head_linear(const Tensor& x, const Tensor& weight, Tensor& out) override;
+  void moe_route(const Tensor& router_logits, const Tensor* bias, const MoeRouting& params, Tensor& topk_ids,
+                 Tensor& topk_weights) override;
+  void fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_ids,
+                 const Tensor& topk_weights, Tensor& out) override;
 
  private:
   int threads_;
