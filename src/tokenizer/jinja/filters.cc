@@ -107,8 +107,10 @@ Value do_indent(const Value& v, const CallArgs& args) {
       a[0] && a[0]->is_string()
           ? a[0]->str()
           : std::string(static_cast<size_t>(std::max<int64_t>(0, int_arg(a[0], 4, "width"))), ' ');
-  std::string s =
-      soft_str(v) + "\n";  // jinja2's quirk so that splitlines() keeps a last blank line
+  if (v.is_undefined()) fail_undefined(v);
+  if (!v.is_string())  // jinja2 does `s += "\n"`, which only works on a str
+    throw Error(fmt::format("unsupported operand type(s) for +=: '{}' and 'str'", type_name(v)));
+  std::string s = v.str() + "\n";  // the quirk that makes splitlines() keep a last blank line
   auto lines = pystr::splitlines(s, false);
   std::string rv;
   if (bool_arg(a[2], false)) {
@@ -126,6 +128,7 @@ Value do_int(const Value& v, const CallArgs& args) {
   auto a = bind_args("int", args, {"default", "base"});
   Value def = a[0] ? *a[0] : Value(0);
   int64_t base = int_arg(a[1], 10, "base");
+  if (v.is_undefined()) fail_undefined(v);  // int(Undefined) raises; do_int does not catch it
   if (v.is_int()) return v;
   if (v.is_bool()) return Value(v.to_int());
   if (v.is_float())
@@ -151,6 +154,7 @@ Value do_int(const Value& v, const CallArgs& args) {
 Value do_float(const Value& v, const CallArgs& args) {
   auto a = bind_args("float", args, {"default"});
   Value def = a[0] ? *a[0] : Value(0.0);
+  if (v.is_undefined()) fail_undefined(v);
   if (v.is_number()) return Value(v.to_double());
   if (v.is_string()) {
     std::string s = pystr::strip(v.str(), std::nullopt, pystr::Side::Both);
@@ -165,8 +169,11 @@ Value do_round(const Value& v, const CallArgs& args) {
   auto a = bind_args("round", args, {"precision", "method"});
   int64_t precision = int_arg(a[0], 0, "precision");
   std::string method = a[1] ? to_str(*a[1]) : "common";
+  if (v.is_undefined()) fail_undefined(v);
   if (!v.is_number())
     throw Error(fmt::format("type {} doesn't define __round__ method", type_name(v)));
+  if (!v.is_float() && method == "common" && precision >= 0)
+    return Value(v.to_int());  // int.__round__
   double x = v.to_double();
   if (method == "common") {
     // Python's round() is correctly rounded (half to even on the exact binary value); printf's

@@ -89,6 +89,9 @@ bool contains(const Value& container, const Value& item) {
         if (equal(v, item)) return true;
       return false;
     case Value::Kind::Dict:
+      if ((item.is_seq() && item.seq().kind != SeqKind::Tuple) || item.is_dict() ||
+          item.is_namespace())
+        throw Error(fmt::format("unhashable type: '{}'", type_name(item)));
       return item.is_string() && container.dict_data().find(item.str()) != nullptr;
     default:
       throw Error(fmt::format("argument of type '{}' is not iterable", type_name(container)));
@@ -210,6 +213,10 @@ std::string py_format(const std::string& fmt, const Value& args) {
     values = args.seq().items;
   else
     values.push_back(args);
+  // Python checks for unused arguments only when they are not mapping-like (anything with
+  // __getitem__ but a tuple or str): 'abc' % [1] is 'abc', 'abc' % 1 is an error.
+  bool mapping_like =
+      args.is_dict() || args.is_undefined() || (args.is_seq() && args.seq().kind == SeqKind::List);
   std::string out;
   size_t next = 0;
   for (size_t i = 0; i < fmt.size(); ++i) {
@@ -234,7 +241,8 @@ std::string py_format(const std::string& fmt, const Value& args) {
     else
       throw Error(fmt::format("unsupported format character '{}' in chat template", spec));
   }
-  if (next < values.size()) throw Error("not all arguments converted during string formatting");
+  if (next < values.size() && !mapping_like)
+    throw Error("not all arguments converted during string formatting");
   return out;
 }
 

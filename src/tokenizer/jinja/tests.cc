@@ -65,9 +65,9 @@ bool apply_test(Env& env, std::string_view name, const Value& v, const CallArgs&
     if (name == "test") return v.is_string() && is_test(v.str());
     if (name == "lower") return pystr::is_lower(to_str(v));
     if (name == "upper") return pystr::is_upper(to_str(v));
-    int64_t i = as_int_for(name, v);
-    bool odd = (i % 2 + 2) % 2 == 1;
-    return name == "odd" ? odd : !odd;
+    // value % 2 == 1 (or == 0), as jinja2 computes it: floats are fine, strings are an error.
+    Value rem = binary_op("%", v, Value(2));
+    return equal(rem, Value(name == "odd" ? 1 : 0));
   }
   auto a = bind_args(name, args, {"other"});
   const Value& other = one_arg(name, args, a);

@@ -31,6 +31,13 @@ TEST(JinjaFilters, MapSelectReject) {
 TEST(JinjaFilters, DefaultIntFloatStringRound) {
   EXPECT_EQ(render(R"JT({{ nope|default('dflt') }} {{ n|default('dflt') }} {{ ''|default('dflt', true) }} {{ s|d('x') }} {{ e|default('E', boolean=true) }})JT"), "dflt None dflt Hello, World E");
   EXPECT_EQ(render(R"JT({{ '42'|int + 1 }} {{ '42.7'|int }} {{ 'x'|int }} {{ 'x'|int(5) }} {{ 3.9|int }} {{ -3.9|int }} {{ '0x1A'|int(0, 16) }} {{ '3.5'|float }} {{ 'a'|float }} {{ 4|float }} {{ t|int }})JT"), "43 42 0 5 3 -3 26 3.5 0.0 4.0 1");
+  EXPECT_EQ(render(R"JT({{ i|round }} {{ t|round }} {{ i|round(1, 'floor') }} {{ fl is odd }} {{ 3.0 is odd }} {{ 4 is even }} {{ 'x%s' % xs }} {{ 'plain' % d }})JT"), "7 1 7.0 False True True x[3, 1, 2] plain");
+  EXPECT_RENDER_THROWS(R"JT({{ nope|float }})JT");  // jinja2: UndefinedError: 'nope' is undefined
+  EXPECT_RENDER_THROWS(R"JT({{ nope|int }})JT");  // jinja2: UndefinedError: 'nope' is undefined
+  EXPECT_RENDER_THROWS(R"JT({{ 5|indent }})JT");  // jinja2: TypeError: unsupported operand type(s) for +=: 'int' and 'str'
+  EXPECT_RENDER_THROWS(R"JT({{ xs|indent }})JT");  // jinja2: AttributeError: 'list' object has no attribute 'splitlines'
+  EXPECT_RENDER_THROWS(R"JT({{ xs in d }})JT");  // jinja2: TypeError: unhashable type: 'list'
+  EXPECT_RENDER_THROWS(R"JT({{ 'ab' % 1 }})JT");  // jinja2: TypeError: not all arguments converted during string formatting
   EXPECT_EQ(render(R"JT({{ xs|string }} {{ 5|string }} {{ n|string }} {{ 2.567|round(2) }} {{ 2.5|round }} {{ 3.5|round }} {{ 2.675|round(2) }} {{ 2.1|round(0, 'ceil') }} {{ 2.9|round(method='floor') }} {{ -3|abs }} {{ -2.5|abs }})JT"), "[3, 1, 2] 5 None 2.57 2.0 4.0 2.67 3.0 2.0 3 2.5");
 }
 
