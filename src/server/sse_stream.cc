@@ -15,7 +15,9 @@ void install_sse_stream(httplib::Response& res, std::shared_ptr<GenerationRun> r
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream; charset=utf-8",
+      // Exactly this type: cpp-httplib 0.11 gzips any other text/* (a client sending Accept-Encoding
+      // would then get nothing until the stream ends).
+      "text/event-stream",
       [session](size_t /*offset*/, httplib::DataSink& sink) -> bool {
         if (session->done) return false;
         std::string out;

@@ -33,9 +33,10 @@ class RawClient {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
   }
-  bool send_post(const std::string& path, const json& body) {
+  bool send_post(const std::string& path, const json& body, const std::string& extra_headers = "") {
     std::string b = body.dump();
     std::string req = "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+                      extra_headers +
                       "Content-Length: " + std::to_string(b.size()) + "\r\n\r\n" + b;
     return ::send(fd_, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size());
   }
@@ -89,6 +90,20 @@ TEST_F(ServerTest, ClientHangingUpMidStreamAbortsTheRequest) {
   client.close_now();
   EXPECT_TRUE(eventually([&] { return engine_.aborted().count(id) == 1; }, 5s));
   EXPECT_EQ(engine_.active(), 0u);
+}
+
+TEST_F(ServerTest, StreamsAreNotCompressedEvenWhenTheClientAcceptsIt) {
+  // Compressing an SSE stream buffers it: the client (node's fetch asks for gzip) would see
+  // nothing until the end.
+  start();
+  engine_.hold_after_first(true);
+  RawClient client(port_);
+  ASSERT_TRUE(client.send_post("/v1/chat/completions", chat_body(true), "Accept-Encoding: gzip, deflate, br\r\n"));
+  ASSERT_TRUE(client.read_until("\"content\":\"H\"", 5s)) << client.received();
+  EXPECT_NE(client.received().find("Content-Type: text/event-stream\r\n"), std::string::npos) << client.received();
+  EXPECT_EQ(client.received().find("Content-Encoding"), std::string::npos);
+  engine_.hold_after_first(false);
+  EXPECT_TRUE(client.read_until("data: [DONE]", 5s));
 }
 
 TEST_F(ServerTest, ClientHangingUpOnANonStreamedRequestAbortsIt) {
