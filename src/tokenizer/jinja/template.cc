@@ -231,14 +231,18 @@ class Interpreter : public Env {
     }
     const int64_t n = static_cast<int64_t>(items.size());
     auto last_changed = std::make_shared<std::optional<Value>>();
+    bool body_completed = false;
     for (int64_t i = 0; i < n; ++i) {
       auto iter_scope = child(scope);
       bind_targets(s, items[static_cast<size_t>(i)], *iter_scope);
       iter_scope->set("loop", loop_object(items, i, last_changed));
       Flow f = exec(s.body, iter_scope, out);
+      if (f == Flow::Normal) body_completed = true;
       if (f == Flow::Break) break;
     }
-    if (n == 0) exec(s.else_body, child(scope), out);
+    // jinja2 clears its "no iteration" flag at the end of the loop body, so `else` also runs when
+    // every iteration left through break or continue; transformers renders with that behaviour.
+    if (!body_completed) exec(s.else_body, child(scope), out);
   }
 
   static Value loop_object(const std::vector<Value>& items, int64_t i,

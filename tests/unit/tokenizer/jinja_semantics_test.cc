@@ -11,11 +11,13 @@ TEST(JinjaFor, LoopVariables) {
   EXPECT_EQ(render(R"JT({% for x in [1, 1, 2] %}{% if loop.changed(x) %}{{ x }}{% endif %}{% endfor %})JT"), "12");
 }
 
+// jinja2 runs a for's else also when every iteration left its body through break or continue
 TEST(JinjaFor, ElseFilterBreakContinue) {
   EXPECT_EQ(render(R"JT({% for x in e %}no{% else %}empty{% endfor %}|{% for x in xs %}{{ x }}{% else %}never{% endfor %})JT"), "empty|312");
   EXPECT_EQ(render(R"JT({% for x in xs if x > 1 %}{{ x }}:{{ loop.length }} {% endfor %})JT"), "3:2 2:2 ");
   EXPECT_EQ(render(R"JT({% for x in xs %}{% if x == 1 %}{% break %}{% endif %}{{ x }}{% endfor %}|{% for x in xs %}{% if x == 1 %}{% continue %}{% endif %}{{ x }}{% endfor %})JT"), "3|32");
   EXPECT_EQ(render(R"JT({% for x in xs %}{% for y in xs %}{% if y == 1 %}{% break %}{% endif %}{{ x }}{{ y }} {% endfor %}{% endfor %})JT"), "33 13 23 ");
+  EXPECT_EQ(render(R"JT({% for x in xs %}{{ x }}{% if true %}{% continue %}{% endif %}{% else %}E{% endfor %}|{% for x in xs %}{{ x }}{% break %}{% else %}E{% endfor %}|{% for x in xs %}{% if x == 1 %}{% continue %}{% endif %}{% else %}E{% endfor %})JT"), "312E|3E|");
 }
 
 TEST(JinjaFor, IteratesDictsStringsAndUnpacksTuples) {
