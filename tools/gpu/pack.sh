@@ -8,11 +8,7 @@ cd "$(dirname "$0")/../.."
 export BUILD_DIR=${BUILD_DIR:-build-gpu}
 export CMAKE_ARGS="${CMAKE_ARGS:-} -DSPECULA_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"
 targets=("$@")
-if [ ${#targets[@]} -gt 0 ]; then
-  scripts/build.sh --target "${targets[@]}"
-else
-  scripts/build.sh
-fi
+scripts/build.sh "${targets[@]}"
 rm -rf .gpu/bin .gpu/lib
 mkdir -p .gpu/bin .gpu/lib
 for f in "$BUILD_DIR"/src/specula "$BUILD_DIR"/tests/test_* "$BUILD_DIR"/tools/gpu/cuda_roofline; do

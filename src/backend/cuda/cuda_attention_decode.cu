@@ -37,6 +37,10 @@ __global__ void __launch_bounds__(kThreads)
                             float* partial_stats) {
   constexpr int kRowsPerPass = kThreads / L;
   constexpr int kPasses = kTile / kRowsPerPass;
+  // V rows are loaded together with the K rows of the tile (held raw in registers until P.V), so
+  // that twice the bytes are in flight and P.V waits for nothing; past 8 rows per thread the
+  // registers would spill, so wide heads load V after the softmax instead.
+  constexpr bool kPrefetchV = kPasses <= 8;
   __shared__ float scores[G][kTile];
   __shared__ float run_max[G], run_sum[G], tile_scale[G];
   __shared__ float partial[kWarps][G][L * 8];
@@ -92,26 +96,31 @@ __global__ void __launch_bounds__(kThreads)
   const bf16* k_cache = static_cast<const bf16*>(p.k_cache) + static_cast<int64_t>(kv_head) * d + dim0;
   const bf16* v_cache = static_cast<const bf16*>(p.v_cache) + static_cast<int64_t>(kv_head) * dv + dim0;
   const int64_t k_row_stride = static_cast<int64_t>(hk) * d, v_row_stride = static_cast<int64_t>(hk) * dv;
-  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
-  const int bs = p.block_size;
+  const PagedRows paged(p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq, p.block_size);
   __syncthreads();
 
   for (int t0 = begin; t0 < end; t0 += kTile) {
     // Scores of this tile's keys for every query head of the block.
+    uint4 v_raw[kPrefetchV ? kPasses : 1];
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int i = pass * kRowsPerPass + slot, j = t0 + i;
       float dot[G];
 #pragma unroll
       for (int g = 0; g < G; ++g) dot[g] = 0.0f;
-      if (j < end && k_active) {
-        const int64_t cache_row = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-        float kv[8];
-        load_vec(k_cache + cache_row * k_row_stride, kv);
+      if (j < end) {
+        const int64_t cache_row = paged.row(j);
+        if constexpr (kPrefetchV) {
+          if (v_active) v_raw[pass] = *reinterpret_cast<const uint4*>(v_cache + cache_row * v_row_stride);
+        }
+        if (k_active) {
+          float kv[8];
+          load_vec(k_cache + cache_row * k_row_stride, kv);
 #pragma unroll
-        for (int g = 0; g < G; ++g) {
+          for (int g = 0; g < G; ++g) {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) dot[g] += qv[g][e] * kv[e];
+            for (int e = 0; e < 8; ++e) dot[g] += qv[g][e] * kv[e];
+          }
         }
       }
 #pragma unroll
@@ -152,9 +161,15 @@ __global__ void __launch_bounds__(kThreads)
     for (int pass = 0; pass < kPasses; ++pass) {
       const int i = pass * kRowsPerPass + slot, j = t0 + i;
       if (j < end && v_active) {
-        const int64_t cache_row = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
         float vv[8];
-        load_vec(v_cache + cache_row * v_row_stride, vv);
+        if constexpr (kPrefetchV) {
+          Vec16<bf16> raw;
+          raw.raw = v_raw[pass];
+#pragma unroll
+          for (int e = 0; e < 8; ++e) vv[e] = to_float(raw.elems[e]);
+        } else {
+          load_vec(v_cache + paged.row(j) * v_row_stride, vv);
+        }
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           const float w = scores[g][i];

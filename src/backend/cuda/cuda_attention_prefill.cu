@@ -61,7 +61,8 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
   const int q_start = p.query_start_loc[seq];
   const int q_len = p.query_start_loc[seq + 1] - q_start;
   const int rows = q_len * group;  // packed (token, head) rows of this sequence and kv head
-  const int row0 = blockIdx.x * kRowsPerBlock;
+  // Heaviest tiles (last rows: the longest causal horizon) first, so that the grid's tail is short.
+  const int row0 = (gridDim.x - 1 - blockIdx.x) * kRowsPerBlock;
   if (row0 >= rows) return;
   const int seq_len = p.seq_lens[seq];
   const int context = seq_len - q_len;  // keys before the first query token
@@ -73,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
   const bf16* q = static_cast<const bf16*>(p.q);
   const bf16* k_cache = static_cast<const bf16*>(p.k_cache);
   const bf16* v_cache = static_cast<const bf16*>(p.v_cache);
-  const int32_t* table = p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq;
+  const PagedRows paged(p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq, bs);
 
   load_tile_async<DMAX, kRowsPerBlock>(q_tile, d, [&](int r) -> const bf16* {
     const int pr = row0 + r;
@@ -84,8 +85,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
     load_tile_async<DMAX, BC>(tile, dim, [&](int r) -> const bf16* {
       const int j = key0 + r;
       if (j >= kv_end) return nullptr;
-      const int64_t cache_row = static_cast<int64_t>(table[j / bs]) * bs + j % bs;
-      return cache + (cache_row * hk + kv_head) * dim;
+      return cache + (paged.row(j) * hk + kv_head) * dim;
     }, cache);
   };
   load_kv(k_tile, k_cache, d, 0);
@@ -106,6 +106,8 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
   const float score_scale = p.scale * kLog2e;
   // ldmatrix addressing: lane l points at row (l & 7) of 8x8 matrix (l >> 3).
   const int mat = lane >> 3, mat_row = lane & 7;
+  const int first_position = context + row0 / group;  // of the tile's first row: tiles of keys up
+                                                      // to it are visible to every row, unmasked
 
   for (int t = 0; t < num_tiles; ++t) {
     const int key0 = t * BC;
@@ -134,6 +136,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
 
     // Causal mask + online softmax. Element (c, 2h + e) is row h's key key0 + 8c + 2 (lane % 4) + e;
     // the four lanes of a row (same lane / 4) combine their maxima with two shuffles.
+    const bool need_mask = key0 + BC - 1 > first_position;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float tile_max = -INFINITY;
@@ -141,9 +144,9 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
       for (int c = 0; c < kScoreChunks; ++c) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int key = key0 + c * 8 + (lane & 3) * 2 + e;
           float& x = s[c][2 * h + e];
-          x = key <= position[h] ? x * score_scale : -INFINITY;
+          x *= score_scale;
+          if (need_mask && key0 + c * 8 + (lane & 3) * 2 + e > position[h]) x = -INFINITY;
           tile_max = fmaxf(tile_max, x);
         }
       }

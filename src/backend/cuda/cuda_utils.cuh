@@ -134,4 +134,24 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// Position j of a sequence -> its row in the paged cache ([num_blocks * block_size] rows) through
+// the sequence's block table. Block sizes are powers of two in practice (16), where a shift and a
+// mask replace two ~20-instruction integer divisions per row.
+struct PagedRows {
+  const int32_t* table;
+  int block_size;
+  int shift;  // log2(block_size) when it is a power of two, else -1
+
+  __device__ __forceinline__ PagedRows(const int32_t* t, int bs) : table(t), block_size(bs), shift(-1) {
+    if ((bs & (bs - 1)) == 0) {
+      shift = 0;
+      while ((1 << shift) < bs) ++shift;
+    }
+  }
+  __device__ __forceinline__ int64_t row(int j) const {
+    if (shift >= 0) return (static_cast<int64_t>(table[j >> shift]) << shift) + (j & (block_size - 1));
+    return static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
+  }
+};
+
 }  // namespace specula::cuda

@@ -211,7 +211,7 @@ TEST(CudaKvCache, WriteMatchesCpu) {
   auto gpu = make_cuda_backend(0);
   std::mt19937 rng(3);
   for (auto [hk, d, dv, bs] : {std::tuple{2, 128, 128, 16}, {4, 24, 16, 5}, {1, 64, 64, 1}}) {
-    const int num_blocks = 9, t = 23;
+    const int t = 23, num_blocks = (t + bs - 1) / bs + 2;  // room for t distinct slots
     Tensor ck = random_bf16_values({num_blocks, bs, hk, d}, rng), cv = random_bf16_values({num_blocks, bs, hk, dv}, rng);
     Tensor k = random_bf16_values({t, hk, d}, rng), v = random_bf16_values({t, hk, dv}, rng);
     std::vector<int64_t> slots(num_blocks * bs);

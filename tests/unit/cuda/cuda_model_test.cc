@@ -3,12 +3,19 @@
 // (bf16 weights and activations, fp32 accumulation) and are compared with the transformers fp32
 // logits in reference.safetensors, for a plain prefill of each prompt and for the engine's
 // schedule (chunked prefill of all prompts in shared batches, padding rows); decode steps
-// (teacher-forced on the reference greedy tokens) are compared with the CPU backend's fp32
-// forward, which test_model checks against transformers.
+// (teacher-forced on the reference greedy tokens, all prompts in one batch) are compared with the
+// CPU backend's fp32 forward, which test_model checks against transformers.
 //
-// Tolerance: max |gpu - ref| <= 3e-2 * max |ref| per prompt. The fixtures use large random
-// weights (init range 0.5), so every bf16 rounding (relative 2^-9) of weights and activations is
-// amplified through two layers of attention with peaked softmaxes; fp32 needs 1e-3 (test_model).
+// Tolerance. The fixtures use large random weights (init range 0.5) so that every parameter
+// matters; with them, bf16 rounding alone moves logits by 1-20% of their scale (attention logits
+// in the tens, peaked softmaxes), measured by running the same forward on Bf16EmulatedBackend
+// (exact fp32 ops, bf16 storage, rounded where the GPU rounds). A fixed "bf16 tolerance" would
+// either fail exact arithmetic or wave through bugs on the well-conditioned fixtures, so each
+// comparison is held to the emulator's own deviation e_emu from the same reference:
+//     max |gpu - ref| / max |ref|  <=  2 e_emu + 0.01.
+// On the Qwen3 fixtures (q/k norms keep attention logits small) e_emu is ~1-3%, so the GPU must
+// be within a few percent; a kernel error (wrong head, key, mask or scale) moves logits by far
+// more than that on every fixture. Each op is held to tight bounds in its own test.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -22,13 +29,12 @@
 #include "model/safetensors.h"
 #include "test_paths.h"
 #include "unit/model/forward_runner.h"
+#include "bf16_emulated_backend.h"
 
 namespace specula {
 namespace {
 
 using testing::PagedRunner;
-
-constexpr double kTolerance = 3e-2;
 
 struct Reference {
   std::vector<int32_t> prompt, greedy;
@@ -77,9 +83,16 @@ class CudaForward : public ::testing::TestWithParam<std::string> {
     model_ = create_model(config_, *weights_, *gpu_);
     refs_ = load_reference(dir_ / "reference.safetensors");
     ASSERT_FALSE(refs_.empty());
+    emu_weights_ = open_safetensors_checkpoint(dir_);
+    emu_model_ = create_model(config_, *emu_weights_, emu_);
   }
-  void report(const std::string& what, double err) {
-    std::cout << "[ cuda-model ] " << GetParam() << " " << what << ": max |err| / max |ref| = " << err << "\n";
+  // The GPU's deviation from a reference, against exact bf16 arithmetic's (see the header).
+  void check(const std::string& what, const std::vector<float>& gpu, const std::vector<float>& emu,
+             const std::vector<float>& ref) {
+    const double e_gpu = relative_error(gpu, ref), e_emu = relative_error(emu, ref);
+    std::cout << "[ cuda-model ] " << GetParam() << " " << what << ": gpu " << e_gpu << ", bf16 emulation " << e_emu
+              << "\n";
+    EXPECT_LE(e_gpu, 2 * e_emu + 0.01) << GetParam() << " " << what << " (bf16 emulation: " << e_emu << ")";
   }
 
   std::filesystem::path dir_;
@@ -88,25 +101,30 @@ class CudaForward : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<Backend> gpu_;
   std::unique_ptr<Model> model_;
   std::vector<Reference> refs_;
+  testing::Bf16EmulatedBackend emu_;
+  std::unique_ptr<WeightSource> emu_weights_;
+  std::unique_ptr<Model> emu_model_;
 };
 
 TEST_P(CudaForward, PrefillLogitsMatchTransformers) {
   for (size_t i = 0; i < refs_.size(); ++i) {
-    PagedRunner runner(*model_, *gpu_, /*num_blocks=*/16, /*block_size=*/16, /*seed=*/static_cast<unsigned>(i));
-    runner.feed(0, refs_[i].prompt);
-    auto logits = runner.step({{0, static_cast<int64_t>(refs_[i].prompt.size()), true}})[0];
-    ASSERT_EQ(logits.size(), refs_[i].logits.size());
-    const double err = relative_error(logits, refs_[i].logits);
-    report("prefill prompt " + std::to_string(i), err);
-    EXPECT_LE(err, kTolerance) << GetParam() << " prompt " << i;
+    std::vector<std::vector<float>> logits;
+    for (auto [model, backend] : {std::pair<Model*, Backend*>{model_.get(), gpu_.get()}, {emu_model_.get(), &emu_}}) {
+      PagedRunner runner(*model, *backend, /*num_blocks=*/16, /*block_size=*/16, /*seed=*/static_cast<unsigned>(i));
+      runner.feed(0, refs_[i].prompt);
+      logits.push_back(runner.step({{0, static_cast<int64_t>(refs_[i].prompt.size()), true}})[0]);
+      ASSERT_EQ(logits.back().size(), refs_[i].logits.size());
+    }
+    check("prefill prompt " + std::to_string(i), logits[0], logits[1], refs_[i].logits);
   }
 }
 
-TEST_P(CudaForward, ChunkedBatchedScheduleMatchesTransformers) {
-  const int n = static_cast<int>(refs_.size());
-  PagedRunner runner(*model_, *gpu_, /*num_blocks=*/48, /*block_size=*/16, /*seed=*/99);
+// All prompts prefilled in uneven chunks that share batches, with padding rows in some steps.
+std::vector<std::vector<float>> chunked_prompt_logits(Model& model, Backend& backend, const std::vector<Reference>& refs) {
+  const int n = static_cast<int>(refs.size());
+  PagedRunner runner(model, backend, /*num_blocks=*/48, /*block_size=*/16, /*seed=*/99);
   std::vector<std::vector<float>> prompt_logits(n);
-  for (int s = 0; s < n; ++s) runner.feed(s, refs_[s].prompt);
+  for (int s = 0; s < n; ++s) runner.feed(s, refs[s].prompt);
   const int64_t chunk_sizes[] = {5, 11, 8, 16, 3};
   for (int step = 0;; ++step) {
     std::vector<PagedRunner::Work> work;
@@ -121,47 +139,55 @@ TEST_P(CudaForward, ChunkedBatchedScheduleMatchesTransformers) {
       dst.insert(dst.end(), out[w].begin(), out[w].end());
     }
   }
-  for (int s = 0; s < n; ++s) {
-    ASSERT_EQ(prompt_logits[s].size(), refs_[s].logits.size());
-    const double err = relative_error(prompt_logits[s], refs_[s].logits);
-    report("chunked prompt " + std::to_string(s), err);
-    EXPECT_LE(err, kTolerance) << GetParam() << " prompt " << s;
+  return prompt_logits;
+}
+
+TEST_P(CudaForward, ChunkedBatchedScheduleMatchesTransformers) {
+  auto gpu = chunked_prompt_logits(*model_, *gpu_, refs_);
+  auto emu = chunked_prompt_logits(*emu_model_, emu_, refs_);
+  for (size_t s = 0; s < refs_.size(); ++s) {
+    ASSERT_EQ(gpu[s].size(), refs_[s].logits.size());
+    check("chunked prompt " + std::to_string(s), gpu[s], emu[s], refs_[s].logits);
   }
 }
 
-// Decode steps of all prompts in one batch, fed the reference greedy tokens, against the CPU.
+// Decode steps of all prompts in one batch, fed the reference greedy tokens: the GPU and the bf16
+// emulation against the CPU backend's fp32 forward, worst step of each sequence.
 TEST_P(CudaForward, TeacherForcedDecodeMatchesCpu) {
   auto cpu = make_cpu_backend(2);
   auto cpu_weights = open_safetensors_checkpoint(dir_);
   auto cpu_model = create_model(config_, *cpu_weights, *cpu);
   const int n = static_cast<int>(refs_.size());
-  PagedRunner gpu_runner(*model_, *gpu_, 48, 16, 7), cpu_runner(*cpu_model, *cpu, 48, 16, 8);
+  PagedRunner gpu_runner(*model_, *gpu_, 48, 16, 7), emu_runner(*emu_model_, emu_, 48, 16, 8),
+      cpu_runner(*cpu_model, *cpu, 48, 16, 9);
   std::vector<PagedRunner::Work> prefill;
   for (int s = 0; s < n; ++s) {
-    gpu_runner.feed(s, refs_[s].prompt);
-    cpu_runner.feed(s, refs_[s].prompt);
+    for (PagedRunner* r : {&gpu_runner, &emu_runner, &cpu_runner}) r->feed(s, refs_[s].prompt);
     prefill.push_back({s, static_cast<int64_t>(refs_[s].prompt.size()), false});
   }
-  gpu_runner.step(prefill);
-  cpu_runner.step(prefill);
-  double worst = 0;
+  for (PagedRunner* r : {&gpu_runner, &emu_runner, &cpu_runner}) r->step(prefill);
+  std::vector<double> worst_gpu(n, 0.0), worst_emu(n, 0.0);
   for (size_t step = 0; step < refs_[0].greedy.size(); ++step) {
     std::vector<PagedRunner::Work> work;
     for (int s = 0; s < n; ++s) {
       if (step >= refs_[s].greedy.size()) continue;
-      gpu_runner.feed(s, {refs_[s].greedy[step]});
-      cpu_runner.feed(s, {refs_[s].greedy[step]});
+      for (PagedRunner* r : {&gpu_runner, &emu_runner, &cpu_runner}) r->feed(s, {refs_[s].greedy[step]});
       work.push_back({s, 1, false});
     }
     auto got = gpu_runner.step(work, static_cast<int>(step % 3));
+    auto emu = emu_runner.step(work);
     auto want = cpu_runner.step(work);
     for (size_t w = 0; w < work.size(); ++w) {
-      const double err = relative_error(got[w], want[w]);
-      worst = std::max(worst, err);
-      EXPECT_LE(err, kTolerance) << GetParam() << " decode step " << step << " sequence " << work[w].seq;
+      const int s = work[w].seq;
+      worst_gpu[s] = std::max(worst_gpu[s], relative_error(got[w], want[w]));
+      worst_emu[s] = std::max(worst_emu[s], relative_error(emu[w], want[w]));
     }
   }
-  report("teacher-forced decode (worst step)", worst);
+  for (int s = 0; s < n; ++s) {
+    std::cout << "[ cuda-model ] " << GetParam() << " decode sequence " << s << " (worst step): gpu " << worst_gpu[s]
+              << ", bf16 emulation " << worst_emu[s] << "\n";
+    EXPECT_LE(worst_gpu[s], 2 * worst_emu[s] + 0.01) << GetParam() << " decode sequence " << s;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(LlamaFamily, CudaForward,
