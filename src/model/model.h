@@ -47,8 +47,19 @@ class Model {
   virtual ForwardOutput forward(const ForwardInput& input, std::vector<KVCacheLayer>& kv) = 0;
 };
 
+// Load-time choices that are not facts of the checkpoint.
+struct ModelOptions {
+  // DeepSeek MoE layers: append this many replicas of the shared expert to the routed experts and
+  // route every token to one of them (weight 1), so that one fused_moe call computes routed and
+  // shared experts together. 0 = off. Lossless (equal logits up to rounding); models without
+  // shared experts ignore it.
+  int shared_expert_fusion = 0;
+};
+
 // Builds the model for config.arch, loading every weight through `weights` onto `backend`.
 // Throws specula::Error for an unsupported architecture or a missing/mis-shaped tensor.
 std::unique_ptr<Model> create_model(const ModelConfig& config, WeightSource& weights, Backend& backend);
+std::unique_ptr<Model> create_model(const ModelConfig& config, WeightSource& weights, Backend& backend,
+                                    const ModelOptions& options);
 
 }  // namespace specula

@@ -1,10 +1,16 @@
 // create_model: the one place that maps a config's architecture to its forward implementation.
+#include "model/deepseek.h"
 #include "model/llama.h"
 #include "model/model.h"
 
 namespace specula {
 
 std::unique_ptr<Model> create_model(const ModelConfig& config, WeightSource& weights, Backend& backend) {
+  return create_model(config, weights, backend, ModelOptions{});
+}
+
+std::unique_ptr<Model> create_model(const ModelConfig& config, WeightSource& weights, Backend& backend,
+                                    const ModelOptions& options) {
   switch (config.arch) {
     case Architecture::kLlama:
     case Architecture::kMistral:
@@ -13,7 +19,7 @@ std::unique_ptr<Model> create_model(const ModelConfig& config, WeightSource& wei
       return create_llama_model(config, weights, backend);
     case Architecture::kDeepseekV2:
     case Architecture::kDeepseekV3:
-      break;
+      return create_deepseek_model(config, weights, backend, options);
   }
   throw Error(fmt::format("{}: this architecture's forward is not implemented yet", architecture_name(config.arch)));
 }

@@ -1,0 +1,17 @@
+// DeepseekV2ForCausalLM and DeepseekV3ForCausalLM: MLA attention over a latent paged cache and
+// MoE layers with routed and shared experts. The decoder layer itself is in deepseek_layer.h.
+#pragma once
+
+#include <memory>
+
+#include "model/model.h"
+
+namespace specula {
+
+// Loads every weight of a DeepSeek-V2/V3 checkpoint (HF names) through `weights` onto `backend`;
+// MTP layers stored after the main ones (model.layers.{num_hidden_layers + i}) are left for the
+// MTP proposer. Throws specula::Error naming the tensor when one is missing or mis-shaped.
+std::unique_ptr<Model> create_deepseek_model(const ModelConfig& config, WeightSource& weights, Backend& backend,
+                                             const ModelOptions& options);
+
+}  // namespace specula
