@@ -30,20 +30,21 @@ inline uint64_t mix64(uint64_t x) {
 // ---- tokenizer ---------------------------------------------------------------------------
 // ids 0..25 "a".."z", 26..35 "0".."9", 36 " ", 37 "ab", 38 "cd", 39 "xyz", 40 "\xc3" and 41 "\xa9"
 // (the two bytes of "é"), 42 "STOP", 43 "ST", 44 "OP", 45..61 "w45".."w61", 62 "<eos>" (special),
-// 63 "<bos>" (special).
+// 63 "<bos>" (special); ids from 64 up to `vocab` are "w64", "w65", ...
 class FakeTokenizer : public Tokenizer {
  public:
   static constexpr int32_t kEos = 62;
   static constexpr int32_t kBos = 63;
   static constexpr int64_t kVocab = 64;
 
-  FakeTokenizer() {
+  explicit FakeTokenizer(int64_t vocab = kVocab) {
     for (int i = 0; i < 26; ++i) pieces_.push_back(std::string(1, static_cast<char>('a' + i)));
     for (int i = 0; i < 10; ++i) pieces_.push_back(std::string(1, static_cast<char>('0' + i)));
     for (const char* s : {" ", "ab", "cd", "xyz", "\xc3", "\xa9", "STOP", "ST", "OP"}) pieces_.push_back(s);
     for (int i = 45; i < 62; ++i) pieces_.push_back("w" + std::to_string(i));
     pieces_.push_back("<eos>");
     pieces_.push_back("<bos>");
+    for (int64_t i = kVocab; i < vocab; ++i) pieces_.push_back("w" + std::to_string(i));
   }
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const override {
     std::vector<int32_t> ids;
@@ -60,7 +61,7 @@ class FakeTokenizer : public Tokenizer {
       if (!(skip_special_tokens && is_special(id))) s += pieces_.at(static_cast<size_t>(id));
     return s;
   }
-  int64_t vocab_size() const override { return kVocab; }
+  int64_t vocab_size() const override { return static_cast<int64_t>(pieces_.size()); }
   std::optional<int32_t> token_to_id(std::string_view token) const override {
     for (size_t i = 0; i < pieces_.size(); ++i)
       if (pieces_[i] == token) return static_cast<int32_t>(i);

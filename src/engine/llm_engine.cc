@@ -1,0 +1,133 @@
+// LLMEngine::create: config -> tokenizer -> backend -> weights -> model -> KV cache -> engine.
+#include "engine/llm_engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "engine/kv_cache_sizing.h"
+#include "engine/load_progress.h"
+#include "engine/threaded_engine.h"
+#include "model/model.h"
+#include "model/weight_source.h"
+#include "tokenizer/tokenizer.h"
+
+namespace specula {
+
+namespace {
+
+// vLLM's defaults with chunked prefill: 8192 tokens per step on a Hopper-class GPU keeps the GPU
+// busy; on the CPU a smaller step (2048) bounds how long decodes of running requests wait behind a
+// long prefill chunk.
+constexpr int kDefaultBatchedTokensCuda = 8192;
+constexpr int kDefaultBatchedTokensCpu = 2048;
+
+std::unique_ptr<Backend> make_backend(const EngineConfig& config) {
+  if (config.device == "cpu") return make_cpu_backend(config.cpu_threads);
+  if (config.device == "cuda") return make_cuda_backend(0);
+  SPECULA_CHECK(config.device == "auto", "--device must be auto, cuda or cpu, got '{}'", config.device);
+  return cuda_available() ? make_cuda_backend(0) : make_cpu_backend(config.cpu_threads);
+}
+
+std::unique_ptr<WeightSource> open_weights(const EngineConfig& config, const ModelConfig& mc) {
+  if (config.load_format == "dummy") return make_dummy_weight_source(mc, config.seed);
+  SPECULA_CHECK(config.load_format == "auto" || config.load_format == "safetensors",
+                "--load-format must be auto, safetensors or dummy, got '{}'", config.load_format);
+  return open_safetensors_checkpoint(config.model);
+}
+
+// eos ids: the tokenizer's first, then generation_config's (else config.json's) others.
+std::vector<int32_t> eos_token_ids(const Tokenizer& tok, const GenerationConfig& gc, const ModelConfig& mc) {
+  std::vector<int32_t> ids;
+  auto add = [&](int64_t id) {
+    if (std::find(ids.begin(), ids.end(), static_cast<int32_t>(id)) == ids.end()) ids.push_back(static_cast<int32_t>(id));
+  };
+  if (auto eos = tok.eos_token_id()) add(*eos);
+  for (int64_t id : gc.eos_token_ids.empty() ? mc.eos_token_ids : gc.eos_token_ids) add(id);
+  return ids;
+}
+
+}  // namespace
+
+std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
+  SPECULA_CHECK(!config.model.empty(), "no model given");
+  SPECULA_CHECK(config.speculative_config.empty(),
+                "--speculative-config: speculative decoding is not wired into the engine yet");
+  SPECULA_CHECK(config.block_size > 0, "--block-size must be positive, got {}", config.block_size);
+  EngineComponents parts;
+  parts.config = config;
+  parts.model_config = load_model_config(config.model);
+  parts.generation_config = load_generation_config(config.model);
+  parts.tokenizer = Tokenizer::from_dir(config.tokenizer.empty() ? config.model : config.tokenizer);
+  parts.backend = make_backend(config);
+  const ModelConfig& mc = parts.model_config;
+
+  // ---- weights -> model ----
+  {
+    std::unique_ptr<WeightSource> weights = open_weights(config, mc);
+    LOG_INFO("Loading {} ({}) on {}", weights->describe(), architecture_name(mc.arch), parts.backend->name());
+    const auto t0 = std::chrono::steady_clock::now();
+    LoadProgress progress(weights->names().size());
+    weights->on_progress = [&](size_t tensors, size_t bytes) { progress.update(tensors, bytes); };
+    parts.model = create_model(mc, *weights, *parts.backend);
+    progress.finish();
+    LOG_INFO("Model loading took {:.2f} seconds",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+
+  // ---- limits ----
+  const int derived_len = static_cast<int>(mc.max_position_embeddings);
+  int max_model_len = config.max_model_len > 0 ? config.max_model_len : derived_len;
+  SPECULA_CHECK(derived_len <= 0 || max_model_len <= derived_len,
+                "User-specified max_model_len ({}) is greater than the derived max_model_len "
+                "(max_position_embeddings={} in the model's config.json)",
+                max_model_len, derived_len);
+  SPECULA_CHECK(max_model_len > 0, "cannot derive max_model_len from {}: pass --max-model-len", config.model);
+  const bool on_cuda = parts.backend->device() == Device::kCUDA;
+  SPECULA_CHECK(config.max_num_seqs > 0, "--max-num-seqs must be positive, got {}", config.max_num_seqs);
+  const int batched = config.max_num_batched_tokens > 0
+                          ? config.max_num_batched_tokens
+                          : std::max(on_cuda ? kDefaultBatchedTokensCuda : kDefaultBatchedTokensCpu, config.max_num_seqs);
+  SPECULA_CHECK(batched >= config.max_num_seqs,
+                "max_num_batched_tokens ({}) must be greater than or equal to max_num_seqs ({})", batched,
+                config.max_num_seqs);
+
+  // ---- KV cache ----
+  const KVCacheSpec spec = parts.model->kv_cache_spec();
+  const KVCachePlan plan = plan_kv_cache(config, spec, parts.backend->compute_dtype(), parts.backend->device(),
+                                         max_model_len, config.max_num_seqs);
+  LOG_INFO("KV cache: {} blocks of {} tokens ({} tokens, {:.2f} GiB, {}); maximum concurrency for {} tokens per "
+           "request: {:.2f}x",
+           plan.num_blocks, config.block_size, static_cast<int64_t>(plan.num_blocks) * config.block_size,
+           static_cast<double>(plan.bytes) / (1 << 30), plan.source, max_model_len,
+           static_cast<double>(plan.num_blocks) * config.block_size / max_model_len);
+
+  EngineCoreConfig& cc = parts.core_config;
+  cc.max_model_len = max_model_len;
+  cc.max_num_seqs = config.max_num_seqs;
+  cc.max_num_batched_tokens = batched;
+  cc.block_size = config.block_size;
+  cc.num_blocks = plan.num_blocks;
+  cc.enable_prefix_caching = config.enable_prefix_caching;
+  cc.seed = config.seed;
+  cc.vocab_size = mc.vocab_size;
+  cc.eos_token_ids = eos_token_ids(*parts.tokenizer, parts.generation_config, mc);
+
+  // The CPU sampler reads logits back from any device; a device sampler can replace it here.
+  parts.sampler = make_cpu_sampler(*parts.backend);
+  ModelRunnerConfig rc;
+  rc.max_num_seqs = cc.max_num_seqs;
+  rc.max_num_batched_tokens = cc.max_num_batched_tokens;
+  rc.max_model_len = cc.max_model_len;
+  rc.block_size = cc.block_size;
+  rc.num_blocks = cc.num_blocks;
+  rc.num_spec_tokens = cc.num_spec_tokens;
+  parts.executor = std::make_unique<ModelRunner>(*parts.model, *parts.backend, *parts.sampler, rc);
+  LOG_INFO("Engine ready: max_model_len={}, max_num_seqs={}, max_num_batched_tokens={}, prefix caching {}",
+           max_model_len, cc.max_num_seqs, batched, cc.enable_prefix_caching ? "on" : "off");
+  return make_threaded_engine(std::move(parts));
+}
+
+}  // namespace specula

@@ -1,0 +1,189 @@
+// The LLMEngine loop thread: requests from many threads, aborts, duplicate ids, shutdown with work
+// in flight, and the stats line.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "engine/stats_logger.h"
+#include "engine/threaded_engine.h"
+#include "engine_fakes.h"
+
+namespace specula {
+namespace {
+
+using testing::FakeModel;
+using testing::FakeTokenizer;
+
+struct Built {
+  std::unique_ptr<LLMEngine> engine;
+  FakeModel* model = nullptr;
+};
+
+Built make_engine(int num_blocks = 128, int max_seqs = 8) {
+  EngineComponents c;
+  c.core_config.max_model_len = 128;
+  c.core_config.max_num_seqs = max_seqs;
+  c.core_config.max_num_batched_tokens = 32;
+  c.core_config.block_size = 4;
+  c.core_config.num_blocks = num_blocks;
+  c.core_config.vocab_size = FakeTokenizer::kVocab;
+  c.core_config.eos_token_ids = {FakeTokenizer::kEos};
+  c.tokenizer = std::make_unique<FakeTokenizer>();
+  c.backend = make_cpu_backend(1);
+  auto model = std::make_unique<FakeModel>(*c.backend);
+  Built b;
+  b.model = model.get();
+  c.model = std::move(model);
+  c.sampler = make_cpu_sampler(*c.backend);
+  ModelRunnerConfig rc;
+  rc.max_num_seqs = max_seqs;
+  rc.max_num_batched_tokens = 32;
+  rc.max_model_len = 128;
+  rc.block_size = 4;
+  rc.num_blocks = num_blocks;
+  c.executor = std::make_unique<ModelRunner>(*c.model, *c.backend, *c.sampler, rc);
+  b.engine = make_threaded_engine(std::move(c));
+  return b;
+}
+
+SamplingParams greedy(int n) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.max_tokens = n;
+  return p;
+}
+
+std::vector<int32_t> prompt_of(int len, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < len; ++i) p.push_back((i * 5 + salt * 11) % 60);
+  return p;
+}
+
+// Reads a stream to its end; returns (tokens of choice 0, finish reason, error).
+struct Drained {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::kNone;
+  std::optional<std::string> error;
+  bool finished = false;
+};
+Drained drain(RequestStream& s) {
+  Drained d;
+  RequestOutput o;
+  while (s.pop(&o, std::chrono::seconds(30))) {
+    if (o.error) d.error = o.error;
+    for (const ChoiceDelta& c : o.choices) {
+      d.tokens.insert(d.tokens.end(), c.token_ids.begin(), c.token_ids.end());
+      if (c.finish_reason != FinishReason::kNone) d.finish = c.finish_reason;
+    }
+    if (o.finished) {
+      d.finished = true;
+      break;
+    }
+  }
+  return d;
+}
+
+TEST(ThreadedEngine, ServesRequestsFromManyThreads) {
+  Built b = make_engine();
+  b.engine->start();
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 4; ++t) {
+    clients.emplace_back([&, t] {
+      for (int i = 0; i < 10; ++i) {
+        const int salt = t * 10 + i;
+        auto prompt = prompt_of(3 + salt % 17, salt);
+        auto stream = b.engine->add_request(NewRequest{"c" + std::to_string(salt), prompt, greedy(6 + i)});
+        Drained d = drain(*stream);
+        if (!d.finished || d.tokens != b.model->reference_greedy(prompt, 6 + i)) wrong += 1;
+      }
+    });
+  }
+  for (auto& c : clients) c.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EngineMetrics m = b.engine->metrics();
+  for (int i = 0; i < 200 && m.request_success_total < 40; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    m = b.engine->metrics();
+  }
+  EXPECT_EQ(m.request_success_total, 40);
+  EXPECT_EQ(m.num_requests_running + m.num_requests_waiting, 0);
+  b.engine->shutdown();
+}
+
+TEST(ThreadedEngine, RejectsBadRequestsSynchronously) {
+  Built b = make_engine();
+  b.engine->start();
+  SamplingParams bad = greedy(4);
+  bad.temperature = -1.0f;
+  EXPECT_THROW(b.engine->add_request(NewRequest{"x", {1, 2}, bad}), Error);
+  EXPECT_THROW(b.engine->add_request(NewRequest{"y", prompt_of(100, 0), greedy(100)}), Error);
+  auto s = b.engine->add_request(NewRequest{"dup", {1, 2, 3}, greedy(50)});
+  EXPECT_THROW(b.engine->add_request(NewRequest{"dup", {1, 2, 3}, greedy(5)}), Error);
+  drain(*s);
+  // Finished: the id can be used again.
+  auto again = b.engine->add_request(NewRequest{"dup", {1, 2, 3}, greedy(2)});
+  EXPECT_EQ(drain(*again).tokens.size(), 2u);
+}
+
+TEST(ThreadedEngine, AbortEndsTheStreamAndFreesTheBlocks) {
+  Built b = make_engine();
+  b.engine->start();
+  auto s = b.engine->add_request(NewRequest{"long", prompt_of(10, 1), greedy(100)});
+  RequestOutput first;
+  ASSERT_TRUE(s->pop(&first, std::chrono::seconds(10)));
+  b.engine->abort("long");
+  b.engine->abort("unknown-id");  // ignored
+  Drained d = drain(*s);
+  EXPECT_TRUE(d.finished);
+  EXPECT_EQ(d.finish, FinishReason::kAbort);
+  EngineMetrics m = b.engine->metrics();
+  for (int i = 0; i < 200 && m.kv_cache_usage > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    m = b.engine->metrics();
+  }
+  EXPECT_EQ(m.kv_cache_usage, 0.0);
+}
+
+TEST(ThreadedEngine, ShutdownAbortsWhatIsInFlight) {
+  Built b = make_engine(/*num_blocks=*/64, /*max_seqs=*/2);
+  b.engine->start();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int i = 0; i < 5; ++i)
+    streams.push_back(b.engine->add_request(NewRequest{"r" + std::to_string(i), prompt_of(8, i), greedy(120)}));
+  b.engine->shutdown();
+  for (auto& s : streams) {
+    Drained d = drain(*s);
+    EXPECT_TRUE(d.finished);
+    EXPECT_EQ(d.finish, FinishReason::kAbort);
+  }
+  EXPECT_THROW(b.engine->add_request(NewRequest{"late", {1}, greedy(1)}), Error);
+}
+
+TEST(ThreadedEngine, NeverStartedEngineEndsQueuedRequestsOnShutdown) {
+  Built b = make_engine();
+  auto s = b.engine->add_request(NewRequest{"q", {1, 2}, greedy(3)});
+  b.engine.reset();  // destructor shuts down
+  EXPECT_TRUE(s->done());
+}
+
+TEST(StatsLogger, FormatsTheVllmLine) {
+  StatsLogger logger("GPU");
+  EngineMetrics m;
+  logger.on_wake(100.0, m);
+  m.prompt_tokens_total = 1230;
+  m.generation_tokens_total = 4560;
+  m.num_requests_running = 3;
+  m.kv_cache_usage = 0.012;
+  m.prefix_cache_queries = 200;
+  m.prefix_cache_hits = 100;
+  EXPECT_EQ(logger.format(100.0, m),
+            "Engine 000: Avg prompt throughput: 12.3 tokens/s, Avg generation throughput: 45.6 tokens/s, "
+            "Running: 3 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.2%, Prefix cache hit rate: 50.0%");
+  logger.maybe_log(105.0, m);
+  EXPECT_EQ(logger.pending_deadline(), std::optional<double>(110.0));
+}
+
+}  // namespace
+}  // namespace specula
