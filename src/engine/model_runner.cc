@@ -19,9 +19,14 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const
   for (KVCacheLayer& layer : kv_) {
     layer.k = backend.empty({config.num_blocks, config.block_size, spec.num_kv_heads, spec.head_dim}, dtype);
     layer.v = backend.empty({config.num_blocks, config.block_size, spec.num_kv_heads, spec.v_head_dim}, dtype);
-    // Zeroed so that nothing uninitialised (NaN bit patterns) can ever reach attention.
-    backend.zero(layer.k);
-    if (layer.v.numel() > 0) backend.zero(layer.v);
+    // Device memory is zeroed so that no uninitialised NaN pattern can reach a kernel that reads a
+    // whole block and masks afterwards (0 * NaN = NaN). Host memory is not: a large allocation is
+    // fresh zero pages from the OS, mapped only as the cache fills, and the CPU attention reads no
+    // slot past seq_len; touching gigabytes up front would only cost startup time and RSS.
+    if (backend.device() != Device::kCPU) {
+      backend.zero(layer.k);
+      if (layer.v.numel() > 0) backend.zero(layer.v);
+    }
   }
 
   const int64_t max_tokens = config.max_num_batched_tokens;

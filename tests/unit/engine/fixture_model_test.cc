@@ -173,3 +173,59 @@ TEST(LLMEngineCreate, ServesTheFixtureLlamaGreedily) {
 
 }  // namespace
 }  // namespace specula
+
+namespace specula {
+namespace {
+
+// The embedded specula-tiny (Qwen3, real tokenizer) through LLMEngine::create: both reference
+// prompts plus a repeat of each (prefix-cache hits), all at once; every copy must continue
+// exactly as transformers did, and the streamed text must be the tokenizer's decode of it.
+TEST(EmbeddedModel, SpeculaTinyGreedyThroughTheEngine) {
+  const fs::path model_dir = testing::models_dir() / "specula-tiny";
+  const fs::path ref_file = testing::fixtures_dir() / "embedded" / "specula-tiny" / "reference.safetensors";
+  if (!fs::exists(model_dir / "model.safetensors") || !fs::exists(ref_file)) GTEST_SKIP() << "no specula-tiny";
+  const Reference ref = read_reference(ref_file);
+  ASSERT_EQ(ref.prompts.size(), 2u);
+  EngineConfig ec;
+  ec.model = model_dir.string();
+  ec.device = "cpu";
+  ec.max_num_seqs = 8;
+  ec.max_model_len = 512;
+  ec.max_num_batched_tokens = 64;  // chunked prefill of the ~50-token prompts alongside decodes
+  auto engine = LLMEngine::create(ec);
+  engine->start();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int copy = 0; copy < 2; ++copy) {
+    for (size_t i = 0; i < ref.prompts.size(); ++i) {
+      SamplingParams p;
+      p.temperature = 0.0f;
+      p.ignore_eos = true;
+      p.max_tokens = static_cast<int>(ref.greedy[i].size());
+      streams.push_back(engine->add_request(
+          NewRequest{"r" + std::to_string(copy) + "_" + std::to_string(i), ref.prompts[i], p}));
+    }
+  }
+  int cached = 0;
+  for (size_t k = 0; k < streams.size(); ++k) {
+    const size_t i = k % ref.prompts.size();
+    std::vector<int32_t> tokens;
+    std::string text;
+    RequestOutput o;
+    while (streams[k]->pop(&o, std::chrono::seconds(60))) {
+      ASSERT_FALSE(o.error.has_value()) << *o.error;
+      cached = std::max(cached, o.num_cached_tokens);
+      for (const ChoiceDelta& d : o.choices) {
+        tokens.insert(tokens.end(), d.token_ids.begin(), d.token_ids.end());
+        text += d.text;
+      }
+      if (o.finished) break;
+    }
+    EXPECT_EQ(tokens, ref.greedy[i]) << "request " << k;
+    EXPECT_EQ(text, engine->tokenizer().decode(ref.greedy[i])) << "request " << k;
+  }
+  EXPECT_GT(cached, 0) << "the repeated prompts should hit the prefix cache";
+  engine->shutdown();
+}
+
+}  // namespace
+}  // namespace specula
