@@ -1,5 +1,6 @@
 // The host implementation of Sampler: reads the logits back (when they live on a device) and
 // runs sampling_math row by row.
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -18,18 +19,35 @@ class CpuSampler : public Sampler {
     const Tensor host = to_host(logits);
     const size_t vocab = static_cast<size_t>(host.size(1));
     std::vector<SampledToken> out(rows.size());
-    std::vector<float> work(vocab);
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const SamplingRow& row = rows[i];
-      SPECULA_ASSERT(row.logits_row >= 0 && row.logits_row < host.size(0));
-      std::span<const float> raw(host.data_as<float>() + static_cast<size_t>(row.logits_row) * vocab, vocab);
-      work.assign(raw.begin(), raw.end());
-      logits_to_probs(work, row);
-      const int32_t token = row.params->greedy() ? argmax(work)
-                                                 : sample_from_probs(work, uniform_draw(row.seed, row.position));
-      out[i].token = token;
-      if (row.num_logprobs >= 0) out[i].logprobs = compute_logprobs(raw, token, row.num_logprobs);
+    for (const SamplingRow& row : rows)
+      SPECULA_CHECK(row.logits_row >= 0 && row.logits_row < host.size(0),
+                    "internal error: sampling row {} outside the {} logits rows", row.logits_row, host.size(0));
+    // Rows are independent (each draws from its own stream), so they split across threads with
+    // results identical to a serial loop. Worth it for large vocabularies: each row is several
+    // passes over V floats.
+    const int64_t n = static_cast<int64_t>(rows.size());
+    std::string error;
+#pragma omp parallel if (n > 1 && vocab * n >= (1 << 16))
+    {
+      std::vector<float> work(vocab);
+#pragma omp for schedule(dynamic, 1)
+      for (int64_t i = 0; i < n; ++i) {
+        try {
+          const SamplingRow& row = rows[i];
+          std::span<const float> raw(host.data_as<float>() + static_cast<size_t>(row.logits_row) * vocab, vocab);
+          work.assign(raw.begin(), raw.end());
+          logits_to_probs(work, row);
+          const int32_t token =
+              row.params->greedy() ? argmax(work) : sample_from_probs(work, uniform_draw(row.seed, row.position));
+          out[i].token = token;
+          if (row.num_logprobs >= 0) out[i].logprobs = compute_logprobs(raw, token, row.num_logprobs);
+        } catch (const std::exception& e) {  // exceptions must not cross an OpenMP region
+#pragma omp critical
+          error = e.what();
+        }
+      }
     }
+    SPECULA_CHECK(error.empty(), "{}", error);
     return out;
   }
 
