@@ -1,6 +1,7 @@
-// CUDA backend: paged attention — argument checks, then the decode kernel (split-KV) when every
-// sequence has at most one query row, the varlen flash-attention kernel otherwise (which handles
-// query_len 1 rows too, so mixed prefill + decode batches need no split).
+// CUDA backend: paged attention — argument checks, then the split-KV decode kernel when every
+// sequence has at most kMaxDecodeQueryLen query rows (decode, speculative verification), the
+// varlen flash-attention kernel otherwise (which handles short rows too, so mixed prefill +
+// decode batches need no split).
 //
 // Only the host copies of the metadata are read here (to validate and to size the grids); the
 // kernels read the device copies, so nothing here waits for the GPU.
@@ -97,13 +98,14 @@ void CudaBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, co
   p.scale = scale;
   p.max_query_len = static_cast<int>(max_query_len);
   p.max_seq_len = static_cast<int>(max_seq_len);
+  p.num_query_rows = qsl[num_seqs];
 
-  if (max_query_len == 1) {
+  if (max_query_len <= cuda::kMaxDecodeQueryLen) {
     const int splits = cuda::decode_num_splits(p, sm_count_);
     Tensor partial_out, partial_stats;
     if (splits > 1) {
-      partial_out = scratch({num_seqs, hq, splits, dv}, DType::kF32);
-      partial_stats = scratch({num_seqs, hq, splits, 2}, DType::kF32);
+      partial_out = scratch({p.num_query_rows, hq, splits, dv}, DType::kF32);
+      partial_stats = scratch({p.num_query_rows, hq, splits, 2}, DType::kF32);
     }
     check_cuda(cuda::launch_decode_attention(p, splits, splits > 1 ? partial_out.data_as<float>() : nullptr,
                                              splits > 1 ? partial_stats.data_as<float>() : nullptr, stream_),

@@ -1,10 +1,13 @@
-// Paged attention for decode steps (one query row per sequence): split-KV flash-decoding.
+// Paged attention for decode and verification steps (at most kMaxDecodeQueryLen query rows per
+// sequence): split-KV flash-decoding.
 //
-// Why this shape: a decode step reads every cached K/V byte once and does ~2 flops per byte, so it
-// is bound by HBM bandwidth, and a batch of a few sequences has far too few (sequence, head) pairs
-// to fill 132 SMs. So:
-//  - GQA-aware: a block owns one KV head and up to 8 of the query heads that share it, so each
-//    K/V row is loaded from memory once for all of them (not once per query head);
+// Why this shape: a decode step reads every cached K/V byte once and does ~2 flops per byte per
+// query row, so it is bound by HBM bandwidth, and a batch of a few sequences has far too few
+// (sequence, head) pairs to fill 132 SMs. So:
+//  - GQA-aware: a block owns one KV head and up to 8 "entries" that read it: (query row, query
+//    head) pairs of that kv head's group, so each K/V row is loaded from memory once for all the
+//    query heads sharing it and, when verifying k draft tokens, for all k+1 rows too; each entry
+//    masks the keys past its own causal position;
 //  - split-KV: a sequence's keys are cut into `num_splits` contiguous partitions processed by
 //    different blocks (grid z), whose unnormalised partial outputs are merged by a second, tiny
 //    kernel with the usual max/sum rescaling; the split is computed on the device from the
@@ -30,10 +33,11 @@ constexpr int kMaxSplits = 64;
 constexpr int kMinKeysPerSplit = 128;  // below this a split's fixed costs outweigh its parallelism
 constexpr float kLog2e = 1.4426950408889634f;
 
-// L: lanes per K/V row (power of two, 2..32); G: query heads per block (1, 2, 4 or 8).
+// L: lanes per K/V row (power of two, 2..32); G: entries per block (1, 2, 4 or 8). Entry e of a
+// sequence is query row e / group, head e % group of the block's kv head.
 template <int L, int G>
 __global__ void __launch_bounds__(kThreads)
-    decode_attention_kernel(PagedAttentionParams p, int group, int head_chunks, float* partial_out,
+    decode_attention_kernel(PagedAttentionParams p, int group, int entry_chunks, float* partial_out,
                             float* partial_stats) {
   constexpr int kRowsPerPass = kThreads / L;
   constexpr int kPasses = kTile / kRowsPerPass;
@@ -45,23 +49,30 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float run_max[G], run_sum[G], tile_scale[G];
   __shared__ float partial[kWarps][G][L * 8];
 
-  const int kv_head = blockIdx.x / head_chunks, chunk = blockIdx.x % head_chunks;
+  const int kv_head = blockIdx.x / entry_chunks, chunk = blockIdx.x % entry_chunks;
   const int seq = blockIdx.y, split = blockIdx.z, num_splits = gridDim.z;
-  const int row = p.query_start_loc[seq];
-  if (p.query_start_loc[seq + 1] - row < 1) return;  // no query row for this sequence this step
+  const int row0 = p.query_start_loc[seq];
+  const int q_len = p.query_start_loc[seq + 1] - row0;
+  const int entry0 = chunk * G;
+  if (entry0 >= q_len * group) return;  // this sequence has fewer (row, head) entries
+  const int entries = min(G, q_len * group - entry0);
   const int seq_len = p.seq_lens[seq];
-  const int head0 = kv_head * group + chunk * G;
-  const int heads = min(G, group - chunk * G);
+  const int context = seq_len - q_len;  // keys before the first query row
   const int hq = p.num_q_heads, hk = p.num_kv_heads, d = p.head_dim, dv = p.v_head_dim;
+  // Entry g's batch row, query head and causal limit (last visible key); -1: no entry.
+  auto entry_row = [&](int g) { return row0 + (entry0 + g) / group; };
+  auto entry_head = [&](int g) { return kv_head * group + (entry0 + g) % group; };
 
-  // This split's keys: an even share of the sequence, rounded up to whole tiles.
+  // This split's keys: an even share of the sequence (rounded up to whole tiles), cut at the
+  // last key any entry of the block sees.
   const int per_split = ceil_div(ceil_div(seq_len, num_splits), kTile) * kTile;
-  const int begin = split * per_split, end = min(seq_len, begin + per_split);
+  const int visible_end = context + (entry0 + entries - 1) / group + 1;
+  const int begin = split * per_split, end = min(visible_end, begin + per_split);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  if (begin >= end) {  // nothing to attend: an empty partial (weight 0 in the merge)
+  if (begin >= end) {  // nothing to attend: empty partials (weight 0 in the merge)
     if (num_splits > 1) {
-      for (int g = tid; g < heads; g += kThreads) {
-        const int64_t at = (static_cast<int64_t>(seq) * hq + head0 + g) * num_splits + split;
+      for (int g = tid; g < entries; g += kThreads) {
+        const int64_t at = (static_cast<int64_t>(entry_row(g)) * hq + entry_head(g)) * num_splits + split;
         partial_stats[at * 2] = -INFINITY;
         partial_stats[at * 2 + 1] = 0.0f;
       }
@@ -83,12 +94,14 @@ __global__ void __launch_bounds__(kThreads)
   const float q_scale = p.scale * kLog2e;
   float qv[G][8];
   float acc[G][8];
+  int limit[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
+    limit[g] = g < entries ? context + (entry0 + g) / group : -1;
 #pragma unroll
     for (int e = 0; e < 8; ++e) qv[g][e] = acc[g][e] = 0.0f;
-    if (g < heads && k_active) {
-      load_vec(q + (static_cast<int64_t>(row) * hq + head0 + g) * d + dim0, qv[g]);
+    if (g < entries && k_active) {
+      load_vec(q + (static_cast<int64_t>(entry_row(g)) * hq + entry_head(g)) * d + dim0, qv[g]);
 #pragma unroll
       for (int e = 0; e < 8; ++e) qv[g][e] *= q_scale;
     }
@@ -130,21 +143,22 @@ __global__ void __launch_bounds__(kThreads)
       }
       if (sub == 0) {
 #pragma unroll
-        for (int g = 0; g < G; ++g) scores[g][i] = j < end ? dot[g] : -INFINITY;
+        for (int g = 0; g < G; ++g) scores[g][i] = j < end && j <= limit[g] ? dot[g] : -INFINITY;
       }
     }
     __syncthreads();
-    // Online softmax: one warp per head rescales the running sum and turns scores into weights.
+    // Online softmax: one warp per entry rescales the running sum and turns scores into weights.
     for (int g = warp; g < G; g += kWarps) {
       const float s0 = scores[g][lane], s1 = scores[g][lane + 32];
       const float old_max = run_max[g];
-      const float new_max = fmaxf(old_max, warp_max(fmaxf(s0, s1)));  // finite: key t0 is valid
-      const float p0 = fast_exp2(s0 - new_max), p1 = fast_exp2(s1 - new_max);
+      const float new_max = fmaxf(old_max, warp_max(fmaxf(s0, s1)));
+      const float base = new_max == -INFINITY ? 0.0f : new_max;  // an entry that sees no key yet
+      const float p0 = fast_exp2(s0 - base), p1 = fast_exp2(s1 - base);
       scores[g][lane] = p0;
       scores[g][lane + 32] = p1;
       const float tile_sum = warp_sum(p0 + p1);
       if (lane == 0) {
-        const float alpha = fast_exp2(old_max - new_max);  // 0 on the first tile (old_max = -inf)
+        const float alpha = fast_exp2(old_max - base);  // 0 while old_max = -inf
         tile_scale[g] = alpha;
         run_max[g] = new_max;
         run_sum[g] = run_sum[g] * alpha + tile_sum;
@@ -200,15 +214,16 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   bf16* out = static_cast<bf16*>(p.out);
-  for (int idx = tid; idx < heads * dv; idx += kThreads) {
+  for (int idx = tid; idx < entries * dv; idx += kThreads) {
     const int g = idx / dv, e = idx % dv;
     float o = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) o += partial[w][g][e];
-    if (num_splits == 1) {
-      out[(static_cast<int64_t>(row) * hq + head0 + g) * dv + e] = __float2bfloat16_rn(o / run_sum[g]);
+    const int64_t row_head = static_cast<int64_t>(entry_row(g)) * hq + entry_head(g);
+    if (num_splits == 1) {  // one split sees keys 0..limit: run_sum >= 1
+      out[row_head * dv + e] = __float2bfloat16_rn(o / run_sum[g]);
     } else {
-      const int64_t at = (static_cast<int64_t>(seq) * hq + head0 + g) * num_splits + split;
+      const int64_t at = row_head * num_splits + split;
       partial_out[at * dv + e] = o;
       if (e == 0) {
         partial_stats[at * 2] = run_max[g];
@@ -218,17 +233,15 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Merges the splits of one (sequence, query head): out = sum_i w_i o_i / sum_i w_i l_i with
-// w_i = 2^(m_i - max_j m_j). Empty splits (l_i = 0) carry no weight and unwritten outputs.
+// Merges the splits of one (query row, query head): out = sum_i w_i o_i / sum_i w_i l_i with
+// w_i = 2^(m_i - max_j m_j). Empty splits (l_i = 0) carry no weight and their outputs are not read.
 __global__ void decode_merge_kernel(PagedAttentionParams p, int num_splits, const float* __restrict__ partial_out,
                                     const float* __restrict__ partial_stats) {
   __shared__ float weight[kMaxSplits];
   __shared__ float inv_total;
-  const int head = blockIdx.x, seq = blockIdx.y;
-  const int row = p.query_start_loc[seq];
-  if (p.query_start_loc[seq + 1] - row < 1) return;
+  const int head = blockIdx.x, row = blockIdx.y;
   const int hq = p.num_q_heads, dv = p.v_head_dim;
-  const int64_t base = (static_cast<int64_t>(seq) * hq + head) * num_splits;
+  const int64_t base = (static_cast<int64_t>(row) * hq + head) * num_splits;
   if (threadIdx.x < 32) {
     float m = -INFINITY;
     for (int i = threadIdx.x; i < num_splits; i += 32) m = fmaxf(m, partial_stats[(base + i) * 2]);
@@ -241,7 +254,7 @@ __global__ void decode_merge_kernel(PagedAttentionParams p, int num_splits, cons
       total += w * l;
     }
     total = warp_sum(total);
-    if (threadIdx.x == 0) inv_total = 1.0f / total;
+    if (threadIdx.x == 0) inv_total = 1.0f / total;  // total > 0: some split saw key 0
   }
   __syncthreads();
   bf16* out = static_cast<bf16*>(p.out) + (static_cast<int64_t>(row) * hq + head) * dv;
@@ -265,16 +278,16 @@ int lanes_per_row(int max_dim) {
 template <int L, int G>
 cudaError_t launch_lg(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
                       float* partial_stats, cudaStream_t stream) {
-  const int head_chunks = ceil_div(group, G);
-  const dim3 grid(p.num_kv_heads * head_chunks, p.num_seqs, num_splits);
-  decode_attention_kernel<L, G><<<grid, kThreads, 0, stream>>>(p, group, head_chunks, partial_out, partial_stats);
+  const int entry_chunks = ceil_div(p.max_query_len * group, G);
+  const dim3 grid(p.num_kv_heads * entry_chunks, p.num_seqs, num_splits);
+  decode_attention_kernel<L, G><<<grid, kThreads, 0, stream>>>(p, group, entry_chunks, partial_out, partial_stats);
   return cudaGetLastError();
 }
 
 template <int L>
 cudaError_t launch_l(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
                      float* partial_stats, cudaStream_t stream) {
-  switch (heads_per_block(group)) {
+  switch (heads_per_block(p.max_query_len * group)) {
     case 1: return launch_lg<L, 1>(p, group, num_splits, partial_out, partial_stats, stream);
     case 2: return launch_lg<L, 2>(p, group, num_splits, partial_out, partial_stats, stream);
     case 4: return launch_lg<L, 4>(p, group, num_splits, partial_out, partial_stats, stream);
@@ -285,8 +298,8 @@ cudaError_t launch_l(const PagedAttentionParams& p, int group, int num_splits, f
 }  // namespace
 
 int decode_num_splits(const PagedAttentionParams& p, int sm_count) {
-  const int group = p.num_q_heads / p.num_kv_heads;
-  const int blocks = p.num_seqs * p.num_kv_heads * ceil_div(group, heads_per_block(group));
+  const int entries = p.max_query_len * (p.num_q_heads / p.num_kv_heads);
+  const int blocks = p.num_seqs * p.num_kv_heads * ceil_div(entries, heads_per_block(entries));
   // Aim for ~4 blocks per SM (enough loads in flight to cover HBM latency), but give every split
   // at least kMinKeysPerSplit keys of the longest sequence.
   const int wanted = ceil_div(4 * sm_count, std::max(blocks, 1));
@@ -296,8 +309,8 @@ int decode_num_splits(const PagedAttentionParams& p, int sm_count) {
 
 cudaError_t launch_decode_attention(const PagedAttentionParams& p, int num_splits, float* partial_out,
                                     float* partial_stats, cudaStream_t stream) {
-  if (p.num_seqs == 0) return cudaSuccess;
-  if (num_splits < 1 || num_splits > kMaxSplits) return cudaErrorInvalidValue;
+  if (p.num_seqs == 0 || p.max_query_len == 0) return cudaSuccess;
+  if (num_splits < 1 || num_splits > kMaxSplits || p.max_query_len > kMaxDecodeQueryLen) return cudaErrorInvalidValue;
   const int group = p.num_q_heads / p.num_kv_heads;
   cudaError_t err;
   switch (lanes_per_row(std::max(p.head_dim, p.v_head_dim))) {
@@ -310,8 +323,8 @@ cudaError_t launch_decode_attention(const PagedAttentionParams& p, int num_split
   }
   if (err != cudaSuccess || num_splits == 1) return err;
   const int threads = std::clamp((p.v_head_dim + 31) / 32 * 32, 32, 256);
-  decode_merge_kernel<<<dim3(p.num_q_heads, p.num_seqs), threads, 0, stream>>>(p, num_splits, partial_out,
-                                                                              partial_stats);
+  decode_merge_kernel<<<dim3(p.num_q_heads, p.num_query_rows), threads, 0, stream>>>(p, num_splits, partial_out,
+                                                                                    partial_stats);
   return cudaGetLastError();
 }
 

@@ -71,18 +71,21 @@ struct PagedAttentionParams {
   float scale = 1.0f;
   int max_query_len = 0;  // host-side maxima over the batch; they size the grids
   int max_seq_len = 0;
+  int num_query_rows = 0;  // query_start_loc[num_seqs]: rows of q that belong to sequences
 };
 
 // Largest head dim the attention kernels take; head dims must be multiples of this granule.
 constexpr int kMaxAttentionHeadDim = 256;
 constexpr int kAttentionHeadDimGranule = 8;
 
-// Split-KV decode (every sequence has at most one query row). How many splits of each
-// sequence's keys to run in parallel for this batch on a GPU with `sm_count` SMs; 1 means no
+// Split-KV decode, for batches where every sequence has at most kMaxDecodeQueryLen query rows
+// (decode, and verification of up to kMaxDecodeQueryLen - 1 draft tokens). How many splits of
+// each sequence's keys to run in parallel for this batch on a GPU with `sm_count` SMs; 1 means no
 // partial buffers are needed.
+constexpr int kMaxDecodeQueryLen = 8;
 int decode_num_splits(const PagedAttentionParams& p, int sm_count);
-// partial_out F32 [num_seqs, Hq, num_splits, Dv] and partial_stats F32 [num_seqs, Hq, num_splits, 2]
-// are scratch for num_splits > 1 (may be null otherwise).
+// partial_out F32 [num_query_rows, Hq, num_splits, Dv] and partial_stats F32 [num_query_rows, Hq,
+// num_splits, 2] are scratch for num_splits > 1 (may be null otherwise).
 cudaError_t launch_decode_attention(const PagedAttentionParams& p, int num_splits, float* partial_out,
                                     float* partial_stats, cudaStream_t stream);
 

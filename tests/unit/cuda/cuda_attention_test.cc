@@ -1,5 +1,5 @@
-// Paged attention and KV-cache writes on the GPU against the CPU backend: decode (split-KV, with
-// and without the merge), prefill, chunked prefill, verification and mixed batches; GQA ratios
+// Paged attention and KV-cache writes on the GPU against the CPU backend: decode and verification
+// (split-KV, with and without the merge), prefill, chunked prefill and mixed batches; GQA ratios
 // 1/4/8/16; head dims from 16 to 256 (multiples of 8) including D != Dv; tail blocks, block sizes
 // 1/5/16/32, shuffled (non-contiguous) block ids, -1 in unused block-table columns, NaN in every
 // cache slot no sequence owns (a kernel that reads past a sequence's keys turns NaN), and padding
@@ -142,6 +142,19 @@ std::vector<AttnCase> decode_cases() {
       {"decode_d192_dv128", 8, 2, 192, 128, 16, {1, 1, 1}, {3, 90, 400}},
       {"decode_d24_dv16", 4, 4, 24, 16, 16, {1, 1, 1}, {3, 90, 400}},
   };
+  // Verification (a few query rows per sequence) also runs the split-KV kernel, each (row, head)
+  // entry with its own causal limit; q_len 0 rows and splits with no visible key included.
+  std::vector<AttnCase> verify = {
+      {"verify_gqa4", 16, 4, 128, 128, 16, {4, 4, 4, 4, 2, 1}, {4, 19, 64, 300, 1000, 7}},
+      {"verify_gqa1", 4, 4, 128, 128, 16, {3, 8, 5}, {3, 50, 2000}},
+      {"verify_gqa8_d64", 32, 4, 64, 64, 16, {8, 1, 0, 4}, {40, 9, 12, 600}},
+      {"verify_gqa16", 16, 1, 128, 128, 16, {2, 5}, {70, 900}},
+      {"verify_long_splits", 8, 2, 128, 128, 16, {4, 4}, {3000, 2500}},
+      {"verify_block5", 8, 2, 64, 64, 5, {4, 3}, {33, 211}},
+      {"verify_d192_dv128", 8, 2, 192, 128, 16, {4, 2}, {90, 400}},
+      {"verify_d24_dv16", 4, 4, 24, 16, 16, {5, 1}, {90, 400}},
+  };
+  cases.insert(cases.end(), verify.begin(), verify.end());
   // A big batch of short sequences: one split, outputs written directly.
   std::vector<int> many_lens;
   std::mt19937 rng(5);
@@ -161,7 +174,7 @@ std::vector<AttnCase> prefill_cases() {
       {"prefill_gqa16", 16, 1, 128, 128, 16, {9, 40}, {9, 40}},
       {"prefill_long", 8, 8, 128, 128, 16, {1000}, {1000}},
       {"chunked_prefill", 8, 2, 128, 128, 16, {20, 64, 1, 5}, {100, 141, 50, 5}},
-      {"verification", 8, 2, 128, 128, 16, {4, 4, 4, 4}, {4, 19, 64, 300}},
+      {"verification_9_rows", 8, 2, 128, 128, 16, {9, 9, 9, 9}, {9, 19, 64, 300}},
       {"mixed_prefill_decode", 8, 2, 128, 128, 16, {1, 37, 1, 1, 128, 0}, {90, 37, 1, 513, 200, 17}},
       {"mixed_block1", 4, 2, 64, 64, 1, {1, 12}, {30, 20}},
       {"mixed_block5", 4, 2, 64, 64, 5, {1, 12, 3}, {30, 20, 3}},
