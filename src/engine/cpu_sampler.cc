@@ -40,7 +40,7 @@ class CpuSampler : public Sampler {
           const int32_t token =
               row.params->greedy() ? argmax(work) : sample_from_probs(work, uniform_draw(row.seed, row.position));
           out[i].token = token;
-          if (row.num_logprobs >= 0) out[i].logprobs = compute_logprobs(raw, token, row.num_logprobs);
+          if (row.logprobs) out[i].logprobs = compute_logprobs(raw, token, *row.logprobs);
         } catch (const std::exception& e) {  // exceptions must not cross an OpenMP region
 #pragma omp critical
           error = e.what();

@@ -71,7 +71,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
     const auto t0 = std::chrono::steady_clock::now();
     LoadProgress progress(weights->names().size());
     weights->on_progress = [&](size_t tensors, size_t bytes) { progress.update(tensors, bytes); };
-    parts.model = create_model(mc, *weights, *parts.backend);
+    parts.model = create_model(mc, *weights, *parts.backend, ModelOptions{config.shared_expert_fusion});
     progress.finish();
     LOG_INFO("Model loading took {:.2f} seconds",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -31,6 +31,7 @@ struct EngineConfig {
   bool enforce_eager = false;        // no CUDA graphs
   int cpu_threads = 0;               // 0: all cores
   std::string speculative_config;    // JSON, as vLLM's --speculative-config ("" = off)
+  int shared_expert_fusion = 0;      // DeepSeek MoE: shared-expert replicas fused into the routed experts (0 = off)
 };
 
 // Counters and gauges for /metrics and the periodic stats line (vLLM's names in comments).

@@ -219,7 +219,7 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
                                                       static_cast<size_t>(num_tokens + j - st.num_prompt_tokens));
       if (st.num_output_tokens() - static_cast<int>(drafts.size()) + j < st.params->min_tokens)
         row.masked_token_ids = st.min_tokens_stop_ids;
-      row.num_logprobs = st.params->logprobs ? *st.params->logprobs : -1;
+      row.logprobs = st.params->logprobs;
       rows.push_back(row);
     }
   }

@@ -16,7 +16,10 @@ void OutputProcessor::add_request(const std::string& request_id, const std::vect
   r.params = std::move(params);
   r.stream = std::move(stream);
   r.num_prompt_tokens = num_prompt_tokens;
-  if (r.params->prompt_logprobs) r.prompt_logprobs.assign(static_cast<size_t>(num_prompt_tokens), std::nullopt);
+  if (r.params->prompt_logprobs) {
+    r.prompt_logprobs.assign(static_cast<size_t>(num_prompt_tokens), std::nullopt);
+    r.prompt_logprobs_missing = std::max(0, num_prompt_tokens - 1);
+  }
   for (size_t i = 0; i < child_ids.size(); ++i) {
     r.choices.emplace_back(tokenizer_, r.params->skip_special_tokens, r.params->spaces_between_special_tokens);
     r.choices.back().child_id = child_ids[i];
@@ -108,7 +111,9 @@ std::vector<std::string> OutputProcessor::process(const std::vector<EngineCoreOu
       const PromptLogprobsChunk& c = *out.prompt_logprobs;
       for (size_t i = 0; i < c.entries.size(); ++i) {
         const size_t pos = static_cast<size_t>(c.start) + i;
-        if (pos < req.prompt_logprobs.size() && c.entries[i]) req.prompt_logprobs[pos] = c.entries[i];
+        if (pos == 0 || pos >= req.prompt_logprobs.size() || !c.entries[i]) continue;
+        if (!req.prompt_logprobs[pos]) req.prompt_logprobs_missing -= 1;
+        req.prompt_logprobs[pos] = c.entries[i];
       }
     }
     if (out.new_token_ids.empty() && !is_finished(out.status)) continue;
@@ -127,8 +132,12 @@ std::vector<std::string> OutputProcessor::process(const std::vector<EngineCoreOu
     ro.request_id = request_id;
     ro.num_prompt_tokens = req.num_prompt_tokens;
     ro.num_cached_tokens = req.num_cached_tokens;
-    if (!req.sent_first_output && req.params->prompt_logprobs) ro.prompt_logprobs = req.prompt_logprobs;
-    req.sent_first_output = true;
+    // Prompt logprobs go out once, complete: with n > 1 a sibling can produce tokens (its prompt
+    // served from the cache) while choice 0 is still prefilling.
+    if (req.params->prompt_logprobs && !req.sent_prompt_logprobs && req.prompt_logprobs_missing == 0) {
+      ro.prompt_logprobs = req.prompt_logprobs;
+      req.sent_prompt_logprobs = true;
+    }
     ro.finished = req.num_unfinished == 0;
     std::shared_ptr<RequestStream> stream = req.stream;
     if (ro.finished) {

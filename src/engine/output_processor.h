@@ -63,7 +63,8 @@ class OutputProcessor {
     int num_prompt_tokens = 0;
     int num_cached_tokens = 0;
     std::vector<std::optional<PositionLogprobs>> prompt_logprobs;  // when requested
-    bool sent_first_output = false;
+    int prompt_logprobs_missing = 0;  // positions 1..P-1 not computed yet
+    bool sent_prompt_logprobs = false;
     int num_unfinished = 0;
   };
 

@@ -27,7 +27,8 @@ struct SamplingRow {
   std::span<const int32_t> prompt_token_ids; // repetition penalty looks at prompt + output
   std::span<const int32_t> output_token_ids; // generated so far (for a verified draft: drafts before it)
   std::span<const int32_t> masked_token_ids; // eos/stop ids while min_tokens is not reached
-  int num_logprobs = -1;                     // -1: none; N >= 0: the sampled token and the top N
+  // Logprobs wanted: the sampled token's and the top N (N = -1: the whole vocabulary, as vLLM).
+  std::optional<int> logprobs;
 };
 
 struct SampledToken {
@@ -40,8 +41,8 @@ class Sampler {
   virtual ~Sampler() = default;
   // logits: F32 [L, V] on the backend's device; one result per row.
   virtual std::vector<SampledToken> sample(const Tensor& logits, std::span<const SamplingRow> rows) = 0;
-  // log_softmax of raw logits rows[i], reporting targets[i] (its logprob and rank) and the top N:
-  // prompt logprobs.
+  // log_softmax of raw logits rows[i], reporting targets[i] (its logprob and rank) and the top N
+  // (-1: all): prompt logprobs.
   virtual std::vector<PositionLogprobs> logprobs_of(const Tensor& logits, std::span<const int> rows,
                                                     std::span<const int32_t> targets, int top_n) = 0;
 };

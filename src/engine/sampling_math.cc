@@ -166,6 +166,7 @@ PositionLogprobs compute_logprobs(std::span<const float> raw, int32_t target, in
   for (float l : raw) rank += l > raw[target] ? 1 : 0;
   out.chosen.rank = rank;
 
+  if (top_n < 0 || top_n > static_cast<int>(raw.size())) top_n = static_cast<int>(raw.size());
   if (top_n > 0) {
     // A min-heap of the best top_n so far; "better" = larger logit, then lower id.
     auto better = [&](int32_t a, int32_t b) { return raw[a] > raw[b] || (raw[a] == raw[b] && a < b); };

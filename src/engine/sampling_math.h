@@ -31,7 +31,7 @@ int32_t argmax(std::span<const float> values);
 int32_t sample_from_probs(std::span<const float> probs, double u);
 
 // log_softmax of raw logits: the target's logprob and rank (1 + tokens strictly more likely) and
-// the top_n tokens, most likely first (ties: lower id first).
+// the top_n tokens (-1: every token), most likely first (ties: lower id first).
 PositionLogprobs compute_logprobs(std::span<const float> raw_logits, int32_t target, int top_n);
 
 }  // namespace specula

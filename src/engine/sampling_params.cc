@@ -5,11 +5,6 @@
 
 namespace specula {
 
-namespace {
-// vLLM's default --max-logprobs: more alternatives than this is a client error, not a slow request.
-constexpr int kMaxLogprobs = 20;
-}  // namespace
-
 void SamplingParams::validate() const {
   SPECULA_CHECK(n >= 1, "n must be at least 1, got {}", n);
   SPECULA_CHECK(std::isfinite(temperature) && temperature >= 0.0f, "temperature must be non-negative, got {}",
@@ -28,17 +23,10 @@ void SamplingParams::validate() const {
   if (max_tokens)
     SPECULA_CHECK(min_tokens <= *max_tokens, "min_tokens must be less than or equal to max_tokens={}, got {}",
                   *max_tokens, min_tokens);
-  if (logprobs) {
-    SPECULA_CHECK(*logprobs >= 0, "logprobs must be non-negative, got {}", *logprobs);
-    SPECULA_CHECK(*logprobs <= kMaxLogprobs, "logprobs: requested {} logprobs, more than the maximum allowed: {}",
-                  *logprobs, kMaxLogprobs);
-  }
-  if (prompt_logprobs) {
-    SPECULA_CHECK(*prompt_logprobs >= 0, "prompt_logprobs must be non-negative, got {}", *prompt_logprobs);
-    SPECULA_CHECK(*prompt_logprobs <= kMaxLogprobs,
-                  "prompt_logprobs: requested {} logprobs, more than the maximum allowed: {}", *prompt_logprobs,
-                  kMaxLogprobs);
-  }
+  // -1: the whole vocabulary (vLLM). The user-facing maximum (--max-logprobs) is the server's.
+  if (logprobs) SPECULA_CHECK(*logprobs >= -1, "logprobs must be non-negative or -1, got {}", *logprobs);
+  if (prompt_logprobs)
+    SPECULA_CHECK(*prompt_logprobs >= -1, "prompt_logprobs must be non-negative or -1, got {}", *prompt_logprobs);
   for (const std::string& s : stop) SPECULA_CHECK(!s.empty(), "stop cannot contain an empty string");
   for (int32_t t : stop_token_ids) SPECULA_CHECK(t >= 0, "stop_token_ids must be non-negative, got {}", t);
 }

@@ -238,3 +238,27 @@ TEST_F(OutputProcessorTest, AbortAndFailEndTheStream) {
 
 }  // namespace
 }  // namespace specula
+
+namespace specula {
+namespace {
+
+TEST_F(OutputProcessorTest, PromptLogprobsWaitUntilComplete) {
+  SamplingParams p;
+  p.n = 2;
+  p.prompt_logprobs = 0;
+  auto s = add("r", p, 2, /*prompt_len=*/3);
+  // Choice 1 (prompt from the cache) samples while choice 0 has computed only position 1.
+  EngineCoreOutput c0 = out("r#0", {});
+  c0.prompt_logprobs = PromptLogprobsChunk{0, {std::nullopt, PositionLogprobs{{5, -1.0f, 1}, {}}}};
+  op.process({c0, out("r#1", {id("a")})});
+  EXPECT_FALSE(pop(*s).prompt_logprobs.has_value());
+  EngineCoreOutput c1 = out("r#0", {id("b")});
+  c1.prompt_logprobs = PromptLogprobsChunk{2, {PositionLogprobs{{6, -2.0f, 1}, {}}}};
+  op.process({c1});
+  RequestOutput o = pop(*s);
+  ASSERT_TRUE(o.prompt_logprobs.has_value());
+  EXPECT_EQ((*o.prompt_logprobs)[2]->chosen.token_id, 6);
+}
+
+}  // namespace
+}  // namespace specula

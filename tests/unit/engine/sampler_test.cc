@@ -264,7 +264,7 @@ TEST_F(CpuSamplerTest, ReturnsRawLogprobsOfTheSampledToken) {
   p.logprobs = 3;
   SamplingRow r = row_for(p);
   r.seed = 1;
-  r.num_logprobs = *p.logprobs;
+  r.logprobs = p.logprobs;
   auto out = sampler->sample(Tensor::from_f32(l, {1, vocab}), std::vector<SamplingRow>{r});
   ASSERT_TRUE(out[0].logprobs.has_value());
   std::vector<double> ref = softmax(l);
@@ -278,6 +278,21 @@ TEST_F(CpuSamplerTest, ReturnsRawLogprobsOfTheSampledToken) {
   ASSERT_EQ(lp.size(), 1u);
   EXPECT_NEAR(lp[0].chosen.logprob, std::log(ref[4]), 1e-5);
   EXPECT_EQ(lp[0].top.size(), 2u);
+}
+
+}  // namespace
+}  // namespace specula
+
+namespace specula {
+namespace {
+
+TEST(SamplingMath, MinusOneLogprobsMeansTheWholeVocabulary) {
+  std::vector<float> l = random_logits(50, 9);
+  PositionLogprobs lp = compute_logprobs(l, 3, -1);
+  ASSERT_EQ(lp.top.size(), 50u);
+  double total = 0;
+  for (const TokenLogprob& t : lp.top) total += std::exp(t.logprob);
+  EXPECT_NEAR(total, 1.0, 1e-5);
 }
 
 }  // namespace
