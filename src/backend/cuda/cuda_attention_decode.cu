@@ -35,8 +35,11 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 // L: lanes per K/V row (power of two, 2..32); G: entries per block (1, 2, 4 or 8). Entry e of a
 // sequence is query row e / group, head e % group of the block's kv head.
+// Launch bounds: with up to 4 entries, 4 blocks (16 warps) must fit an SM, i.e. at most 128
+// registers a thread: this kernel lives on the loads it keeps in flight, and the general entry
+// bookkeeping would otherwise push it just past 128 and cost a quarter of the resident warps.
 template <int L, int G>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
     decode_attention_kernel(PagedAttentionParams p, int group, int entry_chunks, float* partial_out,
                             float* partial_stats) {
   constexpr int kRowsPerPass = kThreads / L;

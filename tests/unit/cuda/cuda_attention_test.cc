@@ -175,6 +175,12 @@ std::vector<AttnCase> prefill_cases() {
       {"prefill_long", 8, 8, 128, 128, 16, {1000}, {1000}},
       {"chunked_prefill", 8, 2, 128, 128, 16, {20, 64, 1, 5}, {100, 141, 50, 5}},
       {"verification_9_rows", 8, 2, 128, 128, 16, {9, 9, 9, 9}, {9, 19, 64, 300}},
+      // Enough sequences for the flash kernel to fill the GPU: short rows go there, not split.
+      {"verification_many_seqs", 8, 2, 128, 128, 16, std::vector<int>(48, 3), []() {
+         std::vector<int> lens;
+         for (int i = 0; i < 48; ++i) lens.push_back(3 + (i * 37) % 200);
+         return lens;
+       }()},
       {"mixed_prefill_decode", 8, 2, 128, 128, 16, {1, 37, 1, 1, 128, 0}, {90, 37, 1, 513, 200, 17}},
       {"mixed_block1", 4, 2, 64, 64, 1, {1, 12}, {30, 20}},
       {"mixed_block5", 4, 2, 64, 64, 5, {1, 12, 3}, {30, 20, 3}},
