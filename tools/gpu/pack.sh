@@ -26,4 +26,6 @@ for bin in .gpu/bin/*; do
   ldd "$bin" | awk '/=> \// {print $3}'
 done | sort -u | grep -E 'libspdlog|libfmt|libutf8proc|libcpp-httplib|libpcre2-8|libxxhash' |
   while read -r lib; do cp -L "$lib" .gpu/lib/; done
+# What was built: the commit, and whether the working tree differed from it.
+{ git rev-parse HEAD; git status --porcelain -- src tests tools CMakeLists.txt | head -20; } > .gpu/commit.txt
 du -sh .gpu

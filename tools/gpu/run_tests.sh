@@ -12,7 +12,7 @@ set -uo pipefail
 OUT=${OUT:-$(pwd)/.gpu/out}
 mkdir -p "$OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
-git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null || true
+cp .gpu/commit.txt "$OUT/commit.txt" 2>/dev/null || true  # written by pack.sh
 
 echo "== test_cuda"
 start=$(date +%s)
