@@ -1,12 +1,13 @@
 // `specula serve [MODEL]`: loads the engine and serves the OpenAI API, with vLLM's flag names so
 // that a vLLM command line works unchanged. SIGINT/SIGTERM shut down cleanly: stop accepting,
 // abort what is in flight, join the engine, exit 0.
-#include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -128,19 +129,30 @@ struct ServeArgs {
   std::string generation_config = "auto";
 };
 
-// Blocks SIGINT/SIGTERM in every thread (call before any thread starts, so the engine's threads
-// inherit the mask); one thread then takes them with sigwait.
-sigset_t shutdown_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  return set;
+// SIGINT/SIGTERM arrive on whatever thread the kernel picks (OpenBLAS starts its threads before
+// main, so blocking the signals in main alone cannot steer them): the handler only writes the
+// signal number to a pipe, and one thread reads the pipe and does the work.
+int g_signal_pipe[2] = {-1, -1};
+constexpr unsigned char kWakeUp = 0xFF;  // not a signal: main telling the signal thread to end
+
+extern "C" void on_shutdown_signal(int sig) {
+  unsigned char b = static_cast<unsigned char>(sig);
+  ssize_t ignored = write(g_signal_pipe[1], &b, 1);  // async-signal-safe
+  (void)ignored;
+}
+
+void install_signal_handlers() {
+  SPECULA_CHECK(pipe2(g_signal_pipe, O_CLOEXEC) == 0, "cannot create the signal pipe");
+  struct sigaction sa {};
+  sa.sa_handler = on_shutdown_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
 }
 
 int run_serve(const ServeArgs& a, CLI::App* cmd) {
-  sigset_t signals = shutdown_signals();
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  install_signal_handlers();
 
   std::atomic<server::OpenAIServer*> live_server{nullptr};
   std::atomic<bool> finished{false};
@@ -148,9 +160,11 @@ int run_serve(const ServeArgs& a, CLI::App* cmd) {
   std::thread signal_thread([&] {
     int seen = 0;
     for (;;) {
-      int sig = 0;
-      if (sigwait(&signals, &sig) != 0) continue;
-      if (finished.load()) return;
+      unsigned char byte = 0;
+      ssize_t n = read(g_signal_pipe[0], &byte, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n != 1 || byte == kWakeUp || finished.load()) return;
+      int sig = byte;
       if (++seen > 1) {
         LOG_WARN("Second signal: exiting without waiting");
         std::_Exit(1);
@@ -166,7 +180,9 @@ int run_serve(const ServeArgs& a, CLI::App* cmd) {
   });
   auto stop_signal_thread = [&] {
     finished = true;
-    pthread_kill(signal_thread.native_handle(), SIGTERM);
+    unsigned char b = kWakeUp;
+    ssize_t ignored = write(g_signal_pipe[1], &b, 1);
+    (void)ignored;
     signal_thread.join();
     if (shutdown_thread.joinable()) shutdown_thread.join();
   };
