@@ -12,6 +12,7 @@ fail() { echo "e2e: FAILED: $*" >&2; exit 1; }
 BIN=${1:-}
 [ -n "$BIN" ] || fail "usage: run.sh SPECULA_BINARY"
 [ -x "$BIN" ] || fail "specula binary not found or not executable: $BIN"
+BIN=$(cd "$(dirname "$BIN")" && pwd)/$(basename "$BIN")
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 MODEL=${SPECULA_E2E_MODEL:-$ROOT/models/specula-tiny}
