@@ -6,6 +6,8 @@
 //     tensors that broke vLLM's shared-expert fusion with a KeyError) are dequantised, and the
 //     fused shared-expert replicas carry the dequantised values: with fusion off, on x1 and x2 the
 //     logits equal those of a plain checkpoint holding the dequantised weights;
+//   * V3's rope_interleave=false (rotate_half pairs) is the interleaved model with its rope rows
+//     reordered;
 //   * and the errors for inconsistent checkpoints name the tensor.
 #include <gtest/gtest.h>
 
@@ -153,6 +155,51 @@ TEST_P(DeepseekCheckpoint, MtpLayersAfterTheMainLayersAreLeftAlone) {
   CheckpointRun got = run_checkpoint(tmp / "mtp", 0, prompt);
   EXPECT_EQ(got.logits, want.logits);
   EXPECT_EQ(got.greedy, want.greedy);
+}
+
+// transformers' V3 with rope_interleave=false rotates (x[i], x[i + dr/2]) pairs of the raw rope
+// dims (rotate_half); with rope_interleave=true it rotates (x[2i], x[2i+1]) pairs. So a checkpoint
+// whose rope rows (each head's q_pe rows, and k_pe's rows of kv_a_proj_with_mqa) are reordered
+// evens-then-odds must give, with rope_interleave=false, the same model as the original with
+// rope_interleave=true: the same pairs rotate with the same frequencies, and q.k is unchanged
+// by permuting q's and k's dims alike.
+TEST(DeepseekCheckpointRope, NeoxRopeOnDeinterleavedRowsEqualsInterleavedRope) {
+  const std::string variant = "deepseek_v3_no_qlora";
+  nlohmann::json config = fixture_config(variant);
+  const int64_t heads = config["num_attention_heads"], dn = config["qk_nope_head_dim"],
+                dr = config["qk_rope_head_dim"], c = config["kv_lora_rank"];
+  auto deinterleave_rows = [&](Tensor& t, int64_t first_row) {  // rows first_row .. + dr
+    const int64_t k = t.size(1);
+    std::vector<float> old(t.data_as<float>() + first_row * k, t.data_as<float>() + (first_row + dr) * k);
+    for (int64_t j = 0; j < dr; ++j) {
+      const int64_t from = j < dr / 2 ? 2 * j : 2 * (j - dr / 2) + 1;
+      std::copy_n(old.data() + from * k, k, t.data_as<float>() + (first_row + j) * k);
+    }
+  };
+  Tensors tensors = read_f32(fixture_dir(variant));
+  int permuted = 0;
+  for (auto& [name, t] : tensors) {
+    if (ends_with(name, "self_attn.q_proj.weight")) {
+      for (int64_t h = 0; h < heads; ++h) deinterleave_rows(t, h * (dn + dr) + dn);
+      ++permuted;
+    } else if (ends_with(name, "self_attn.kv_a_proj_with_mqa.weight")) {
+      deinterleave_rows(t, c);
+      ++permuted;
+    }
+  }
+  ASSERT_EQ(permuted, 2 * static_cast<int>(config["num_hidden_layers"]));
+  config["rope_interleave"] = false;
+  TempDir tmp;
+  write_checkpoint(tmp / "neox", config, tensors);
+  const auto prompt = fixture_prompt(variant);
+  CheckpointRun want = run_checkpoint(fixture_dir(variant), 0, prompt);
+  CheckpointRun got = run_checkpoint(tmp / "neox", 0, prompt);
+  EXPECT_LE(testing::relative_error(got.logits, want.logits), 1e-5);
+  EXPECT_EQ(got.greedy, want.greedy);
+  // And the flag is really read: the permuted rows with interleaved rope are another model.
+  config["rope_interleave"] = true;
+  write_checkpoint(tmp / "mismatch", config, tensors);
+  EXPECT_GT(testing::relative_error(run_checkpoint(tmp / "mismatch", 0, prompt).logits, want.logits), 1e-3);
 }
 
 // The e4m3 value nearest to x (the format's 126 finite magnitudes; no infinities).
