@@ -22,8 +22,9 @@ namespace specula {
 //      choice c = s + bias when a bias is given, else c = s.
 //   2. group-limited selection when num_groups > 1: the E experts form num_groups consecutive
 //      groups of E / num_groups; a group's score is the max of its c (kMax, V2 group_limited_greedy)
-//      or the sum of its two largest c (kTopTwoSum, V3); the topk_groups best groups are kept and
-//      the experts of the other groups cannot be selected.
+//      or the sum of its two largest c (kTopTwoSum, V3; the one c of a one-expert group); the
+//      topk_groups best groups are kept (ties: lower group first) and the experts of the other
+//      groups cannot be selected.
 //   3. the top_k selectable experts by c are the routed ids; their weights are their s (the
 //      unbiased scores).
 //   4. renormalize: weights /= (sum of the row's top_k weights + 1e-20).
