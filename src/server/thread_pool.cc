@@ -26,7 +26,7 @@ void GrowingThreadPool::enqueue(std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     jobs_.push_back(std::move(fn));
-    if (jobs_.size() > idle_ && threads_.size() < max_threads_) spawn_locked();
+    if (!shutdown_ && jobs_.size() > idle_ && threads_.size() < max_threads_) spawn_locked();
   }
   cv_.notify_one();
 }
