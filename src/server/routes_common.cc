@@ -15,15 +15,12 @@ namespace specula::server {
 using nlohmann::json;
 
 json parse_body(const httplib::Request& req) {
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    // Name the position like a JSON decoder would, so the client can find the mistake.
-    try {
-      (void)json::parse(req.body);
-    } catch (const json::parse_error& e) {
-      throw bad_request(fmt::format("Invalid JSON in the request body: {}", e.what()));
-    }
-    throw bad_request("Invalid JSON in the request body.");
+  json body;
+  try {
+    body = json::parse(req.body);
+  } catch (const json::parse_error& e) {
+    // The decoder's message names the byte position, so the client can find the mistake.
+    throw bad_request(fmt::format("Invalid JSON in the request body: {}", e.what()));
   }
   if (!body.is_object()) {
     throw bad_request(fmt::format("The request body must be a JSON object, got {}.", fields::type_name(body)));
