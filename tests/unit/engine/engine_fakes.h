@@ -168,7 +168,8 @@ class FakeModel : public Model {
   }
 
   int num_forwards = 0;
-  std::function<bool(int)> fail_on_forward;  // throw on the forwards it returns true for
+  // Called with the forward's number before it runs: throws when it returns true (and may sleep).
+  std::function<bool(int)> fail_on_forward;
 
  private:
   Backend& backend_;

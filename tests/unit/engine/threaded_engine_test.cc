@@ -84,6 +84,15 @@ Drained drain(RequestStream& s) {
   return d;
 }
 
+// The fake model can finish 100 tokens before a test thread gets to act on a request: slow every
+// forward down so that the request is surely still running.
+void slow_down(FakeModel* m) {
+  m->fail_on_forward = [](int) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    return false;
+  };
+}
+
 TEST(ThreadedEngine, ServesRequestsFromManyThreads) {
   Built b = make_engine();
   b.engine->start();
@@ -114,6 +123,7 @@ TEST(ThreadedEngine, ServesRequestsFromManyThreads) {
 
 TEST(ThreadedEngine, RejectsBadRequestsSynchronously) {
   Built b = make_engine();
+  slow_down(b.model);  // "dup" must still be running when its id is reused
   b.engine->start();
   SamplingParams bad = greedy(4);
   bad.temperature = -1.0f;
@@ -129,6 +139,7 @@ TEST(ThreadedEngine, RejectsBadRequestsSynchronously) {
 
 TEST(ThreadedEngine, AbortEndsTheStreamAndFreesTheBlocks) {
   Built b = make_engine();
+  slow_down(b.model);
   b.engine->start();
   auto s = b.engine->add_request(NewRequest{"long", prompt_of(10, 1), greedy(100)});
   RequestOutput first;
@@ -148,6 +159,7 @@ TEST(ThreadedEngine, AbortEndsTheStreamAndFreesTheBlocks) {
 
 TEST(ThreadedEngine, ShutdownAbortsWhatIsInFlight) {
   Built b = make_engine(/*num_blocks=*/64, /*max_seqs=*/2);
+  slow_down(b.model);
   b.engine->start();
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < 5; ++i)
