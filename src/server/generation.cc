@@ -73,6 +73,21 @@ void GenerationRun::cancel() {
 
 bool GenerationRun::next(Update* update) {
   while (unfinished_ > 0 && !error_) {
+    if (state_.stopping.load()) {
+      cancel();
+      return false;
+    }
+    // Checked on a clock, not only when idle: a non-streamed request whose tokens keep coming
+    // never writes to its client before the end, so nothing else would notice a hang-up.
+    auto now = Clock::now();
+    if (client_gone_ && now - last_probe_ >= kProbeInterval) {
+      last_probe_ = now;
+      if (client_gone_()) {
+        LOG_INFO("Client for request {} disconnected; aborting it", id_);
+        cancel();
+        return false;
+      }
+    }
     // Take whatever is ready from any prompt's stream; block (a slice) on one when nothing is.
     size_t count = prompts_.size();
     for (size_t k = 0; k < count; ++k) {
@@ -99,19 +114,6 @@ bool GenerationRun::next(Update* update) {
           return true;
         }
         break;
-      }
-    }
-    if (state_.stopping.load()) {
-      cancel();
-      return false;
-    }
-    auto now = Clock::now();
-    if (client_gone_ && now - last_probe_ >= kProbeInterval) {
-      last_probe_ = now;
-      if (client_gone_()) {
-        LOG_INFO("Client for request {} disconnected; aborting it", id_);
-        cancel();
-        return false;
       }
     }
   }

@@ -115,7 +115,7 @@ class FakeEngine : public LLMEngine {
   ~FakeEngine() override { shutdown(); }
 
   std::string reply = "Hello!";
-  std::chrono::milliseconds step_delay{1};
+  std::atomic<int> step_delay_ms{1};  // set by tests while the worker runs
 
   const ModelConfig& model_config() const override { return model_config_; }
   const GenerationConfig& generation_config() const override { return generation_config_; }
@@ -266,7 +266,7 @@ class FakeEngine : public LLMEngine {
       if (stop_) break;
       step_locked();
       lock.unlock();
-      std::this_thread::sleep_for(step_delay);
+      std::this_thread::sleep_for(std::chrono::milliseconds(step_delay_ms.load()));
       lock.lock();
     }
   }

@@ -117,6 +117,20 @@ TEST_F(ServerTest, ClientHangingUpOnANonStreamedRequestAbortsIt) {
   EXPECT_TRUE(eventually([&] { return engine_.aborted().count(id) == 1; }, 5s));
 }
 
+TEST_F(ServerTest, ClientHangingUpWhileTokensKeepComingIsNoticedWithoutAWrite) {
+  // A non-streamed request writes nothing until the end, and its outputs arrive more often than
+  // the idle wait: the hang-up must still be noticed long before the reply would be complete.
+  start();
+  engine_.reply = std::string(100, 'x');
+  engine_.step_delay_ms = 50;  // 100 tokens: 5 s
+  RawClient client(port_);
+  ASSERT_TRUE(client.send_post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 100}}));
+  ASSERT_TRUE(eventually([&] { return engine_.started() == 1; }, 5s));
+  std::string id = engine_.requests()[0].request_id;
+  client.close_now();
+  EXPECT_TRUE(eventually([&] { return engine_.aborted().count(id) == 1; }, 2500ms));
+}
+
 TEST_F(ServerTest, ClientThatStaysIsNotAborted) {
   start();
   engine_.hold_after_first(true);
@@ -155,7 +169,7 @@ TEST_F(ServerTest, HoldsAThousandConcurrentStreams) {
     ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &lim), 0);
   }
   start();
-  engine_.step_delay = 20ms;
+  engine_.step_delay_ms = 20;
   engine_.hold_after_first(true);
   std::vector<std::unique_ptr<RawClient>> clients;
   for (int i = 0; i < kStreams; ++i) {
