@@ -23,7 +23,9 @@ void RequestStream::push(RequestOutput out) {
 
 bool RequestStream::pop(RequestOutput* out, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return !queue_.empty(); })) return false;
+  // After the final output has been taken nothing else can arrive: do not make the caller wait.
+  cv_.wait_for(lock, timeout, [&] { return !queue_.empty() || final_pushed_; });
+  if (queue_.empty()) return false;
   *out = std::move(queue_.front());
   queue_.pop_front();
   return true;

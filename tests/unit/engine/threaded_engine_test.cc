@@ -199,3 +199,23 @@ TEST(StatsLogger, FormatsTheVllmLine) {
 
 }  // namespace
 }  // namespace specula
+
+namespace specula {
+namespace {
+
+TEST(RequestStream, PopAfterTheFinalOutputReturnsAtOnce) {
+  RequestStream s;
+  RequestOutput o;
+  o.finished = true;
+  s.push(o);
+  RequestOutput got;
+  EXPECT_TRUE(s.pop(&got, std::chrono::milliseconds(0)));
+  EXPECT_TRUE(got.finished);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(s.pop(&got, std::chrono::seconds(10)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  EXPECT_TRUE(s.done());
+}
+
+}  // namespace
+}  // namespace specula
