@@ -1,7 +1,7 @@
 // Load: many concurrent streaming requests on the CPU. All must complete with no error, greedy
 // outputs under load must equal the same requests run alone, and afterwards no KV block may stay
 // in use. Sizes: SPECULA_E2E_LOAD_REQUESTS (256), SPECULA_E2E_LOAD_PROMPTS (16 distinct prompts,
-// so identical prompts also meet in the prefix cache), SPECULA_E2E_LOAD_TOKENS (16 per request).
+// so identical prompts also meet in the prefix cache), SPECULA_E2E_LOAD_TOKENS (32 per request).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { writeFileSync } from 'node:fs';
@@ -9,7 +9,7 @@ import { MODEL, client, metrics, sample, waitIdle } from './common.mjs';
 
 const REQUESTS = Number(process.env.SPECULA_E2E_LOAD_REQUESTS ?? 256);
 const PROMPTS = Number(process.env.SPECULA_E2E_LOAD_PROMPTS ?? 16);
-const TOKENS = Number(process.env.SPECULA_E2E_LOAD_TOKENS ?? 16);
+const TOKENS = Number(process.env.SPECULA_E2E_LOAD_TOKENS ?? 32);
 
 const prompt = (i) => `Request ${i}: write one line about the number ${i * 7 + 3} and the color ${
   ['red', 'green', 'blue', 'amber'][i % 4]}.`;
