@@ -1,13 +1,15 @@
 // CUDA backend: paged attention — argument checks, then the split-KV decode kernel for decode
 // batches and for small verification batches (at most kMaxDecodeQueryLen rows per sequence), the
 // varlen flash-attention kernel otherwise (which handles short rows too, so mixed prefill +
-// decode batches need no split).
+// decode batches need no split). MLA-form caches (no separate V) go to their own tensor-core
+// kernel, for every batch shape.
 //
 // Only the host copies of the metadata are read here (to validate and to size the grids); the
 // kernels read the device copies, so nothing here waits for the GPU.
 #include <algorithm>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_deepseek_kernels.h"
 #include "backend/cuda/cuda_kernels.h"
 
 namespace specula {
@@ -20,18 +22,22 @@ bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data()) 
 void CudaBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, const AttentionMetadata& md, float scale,
                                   Tensor& out) {
   const char* op = "paged_attention";
+  // MLA form (cache.v undefined or empty): the value of a key is the first Dv = out.size(-1) dims
+  // of its K entry; its own kernel (cuda_attention_mla.cu) takes head dims up to 576.
+  const bool mla = !cache.v.defined() || cache.v.numel() == 0;
   cuda_check::dtype(q, DType::kBF16, op, "q");
   cuda_check::dtype(out, DType::kBF16, op, "out");
   cuda_check::dtype(cache.k, DType::kBF16, op, "cache.k");
-  cuda_check::dtype(cache.v, DType::kBF16, op, "cache.v");
-  SPECULA_CHECK(q.ndim() == 3 && cache.k.ndim() == 4 && cache.v.ndim() == 4,
-                "paged_attention: q {} must be [T, Hq, D] and the cache [num_blocks, block_size, Hk, D] (got {})",
+  if (!mla) cuda_check::dtype(cache.v, DType::kBF16, op, "cache.v");
+  SPECULA_CHECK(q.ndim() == 3 && cache.k.ndim() == 4 && (mla || cache.v.ndim() == 4) && out.ndim() == 3,
+                "paged_attention: q {} must be [T, Hq, D], out [T, Hq, Dv] and the cache [num_blocks, block_size, Hk, "
+                "D] (got {})",
                 q.describe(), cache.k.describe());
   const int64_t t = q.size(0), hq = q.size(1), d = q.size(2);
   const int64_t num_blocks = cache.k.size(0), block_size = cache.k.size(1), hk = cache.k.size(2);
-  const int64_t dv = cache.v.size(3);
-  SPECULA_CHECK(cache.k.size(3) == d && cache.v.size(0) == num_blocks && cache.v.size(1) == block_size &&
-                    cache.v.size(2) == hk,
+  const int64_t dv = mla ? out.size(2) : cache.v.size(3);
+  SPECULA_CHECK(cache.k.size(3) == d && (mla || (cache.v.size(0) == num_blocks && cache.v.size(1) == block_size &&
+                                                 cache.v.size(2) == hk)),
                 "paged_attention: cache.k {} / cache.v {} do not fit q {}", cache.k.describe(), cache.v.describe(),
                 q.describe());
   SPECULA_CHECK(hk > 0 && hq % hk == 0, "paged_attention: {} query heads are not a multiple of {} kv heads", hq, hk);
@@ -39,12 +45,20 @@ void CudaBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, co
                 "paged_attention: out {} must be [{}, {}, {}]", out.describe(), t, hq, dv);
   SPECULA_CHECK(md.block_size == block_size, "paged_attention: metadata block_size {} != cache block size {}",
                 md.block_size, block_size);
-  for (int64_t dim : {d, dv}) {
-    SPECULA_CHECK(dim > 0 && dim % cuda::kAttentionHeadDimGranule == 0 && dim <= cuda::kMaxAttentionHeadDim,
-                  "paged_attention: head dim {} (q/k {}, v {}) must be a multiple of {} up to {} on CUDA", dim, d, dv,
-                  cuda::kAttentionHeadDimGranule, cuda::kMaxAttentionHeadDim);
+  if (mla) {
+    SPECULA_CHECK(d > 0 && d % cuda::kAttentionHeadDimGranule == 0 && d <= cuda::kMlaMaxHeadDim && dv > 0 &&
+                      dv % cuda::kAttentionHeadDimGranule == 0 && dv <= std::min<int64_t>(d, cuda::kMlaMaxVHeadDim),
+                  "paged_attention: MLA head dims (q/k {}, v {}) must be multiples of {}, with q/k up to {} and v up "
+                  "to min(q/k, {}) on CUDA",
+                  d, dv, cuda::kAttentionHeadDimGranule, cuda::kMlaMaxHeadDim, cuda::kMlaMaxVHeadDim);
+  } else {
+    for (int64_t dim : {d, dv}) {
+      SPECULA_CHECK(dim > 0 && dim % cuda::kAttentionHeadDimGranule == 0 && dim <= cuda::kMaxAttentionHeadDim,
+                    "paged_attention: head dim {} (q/k {}, v {}) must be a multiple of {} up to {} on CUDA", dim, d,
+                    dv, cuda::kAttentionHeadDimGranule, cuda::kMaxAttentionHeadDim);
+    }
   }
-  SPECULA_CHECK(aligned16(q) && aligned16(out) && aligned16(cache.k) && aligned16(cache.v),
+  SPECULA_CHECK(aligned16(q) && aligned16(out) && aligned16(cache.k) && (mla || aligned16(cache.v)),
                 "paged_attention: q, out and the cache must be 16-byte aligned");
 
   // Validate the host copies of the metadata, and size the launch from them.
@@ -83,7 +97,7 @@ void CudaBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, co
   cuda::PagedAttentionParams p;
   p.q = q.data();
   p.k_cache = cache.k.data();
-  p.v_cache = cache.v.data();
+  p.v_cache = mla ? nullptr : cache.v.data();
   p.out = out.data();
   p.query_start_loc = md.query_start_loc.data_as<int32_t>();
   p.seq_lens = md.seq_lens.data_as<int32_t>();
@@ -99,6 +113,19 @@ void CudaBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, co
   p.max_query_len = static_cast<int>(max_query_len);
   p.max_seq_len = static_cast<int>(max_seq_len);
   p.num_query_rows = qsl[num_seqs];
+
+  if (mla) {
+    const int splits = cuda::mla_num_splits(p, sm_count_);
+    Tensor partial_out, partial_stats;
+    if (splits > 1) {
+      partial_out = scratch({p.num_query_rows, hq, splits, dv}, DType::kF32);
+      partial_stats = scratch({p.num_query_rows, hq, splits, 2}, DType::kF32);
+    }
+    check_cuda(cuda::launch_mla_attention(p, splits, splits > 1 ? partial_out.data_as<float>() : nullptr,
+                                          splits > 1 ? partial_stats.data_as<float>() : nullptr, stream_),
+               "paged_attention (MLA)");
+    return;
+  }
 
   // Single-row batches always take the split-KV kernel. Short multi-row batches (verification)
   // take it while the flash kernel, which does not split keys, would have too few blocks to fill

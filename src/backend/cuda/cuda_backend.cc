@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend/cuda/cuda_allocator.h"
+#include "backend/cuda/cuda_batched_gemm.h"
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -52,10 +53,12 @@ CudaBackend::CudaBackend(int device_index)
   check_cuda(cudaGetDeviceProperties(&prop, device_index), "CUDA backend: device properties");
   device_name_ = prop.name;
   gemm_ = std::make_unique<CublasLtGemm>(stream_);
+  batched_gemm_ = std::make_unique<CublasLtBatchedGemm>(stream_);
 }
 
 CudaBackend::~CudaBackend() {
   gemm_.reset();
+  batched_gemm_.reset();
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);

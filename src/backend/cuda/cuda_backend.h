@@ -19,7 +19,9 @@
 //   cuda_backend.cc    construction, memory, copies, casts
 //   cuda_ops.cc        row-wise ops, rope, KV-cache writes (kernels in cuda_rowwise/norm/rope/kv_cache.cu)
 //   cuda_linear.cc     linear through cuBLASLt (cuda_gemm.cc)
-//   cuda_attention.cc  paged attention dispatch (kernels in cuda_attention_{decode,prefill}.cu)
+//   cuda_attention.cc  paged attention dispatch (kernels in cuda_attention_{decode,prefill,mla}.cu)
+//   cuda_head_ops.cc   copy_columns, head_linear (cuda_batched_gemm.cc)
+//   cuda_moe.cc        moe_route, fused_moe (kernels in cuda_moe_route.cu, cuda_fused_moe_*.cu)
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -33,6 +35,7 @@
 namespace specula {
 
 class CublasLtGemm;
+class CublasLtBatchedGemm;
 
 class CudaBackend final : public Backend {
  public:
@@ -66,6 +69,12 @@ class CudaBackend final : public Backend {
   void paged_attention(const Tensor& q, const KVCacheLayer& cache, const AttentionMetadata& md,
                        float scale, Tensor& out) override;
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
+  void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override;
+  void head_linear(const Tensor& x, const Tensor& weight, Tensor& out) override;
+  void moe_route(const Tensor& router_logits, const Tensor* bias, const MoeRouting& params, Tensor& topk_ids,
+                 Tensor& topk_weights) override;
+  void fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_ids,
+                 const Tensor& topk_weights, Tensor& out) override;
 
   // ---- CUDA specifics (for the engine's CUDA graphs, benchmarks and tests) ----
   cudaStream_t stream() const { return stream_; }
@@ -80,6 +89,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   CudaScratchArena arena_;
   std::unique_ptr<CublasLtGemm> gemm_;
+  std::unique_ptr<CublasLtBatchedGemm> batched_gemm_;  // head_linear
 };
 
 // Throws specula::Error "<what>: <CUDA error string>" unless err is cudaSuccess.

@@ -114,30 +114,38 @@ void CudaBackend::rope(Tensor& q, Tensor& k, const Tensor& positions, const Tens
 }
 
 void CudaBackend::write_kv_cache(const Tensor& k, const Tensor& v, KVCacheLayer& cache, const Tensor& slot_mapping) {
+  // MLA form (cache.v undefined or empty): only K is written; v is ignored and may be undefined.
+  const bool mla = !cache.v.defined() || cache.v.numel() == 0;
   cuda_check::on_gpu(k, "write_kv_cache", "k");
-  cuda_check::on_gpu(v, "write_kv_cache", "v");
   cuda_check::on_gpu(cache.k, "write_kv_cache", "cache.k");
-  cuda_check::on_gpu(cache.v, "write_kv_cache", "cache.v");
   cuda_check::same_dtype(k, cache.k, "write_kv_cache", "k", "cache.k");
-  cuda_check::same_dtype(v, cache.v, "write_kv_cache", "v", "cache.v");
   cuda_check::index_vector(slot_mapping, DType::kI64, "write_kv_cache", "slot_mapping");
-  SPECULA_CHECK(cache.k.ndim() == 4 && cache.v.ndim() == 4 && cache.k.size(0) == cache.v.size(0) &&
-                    cache.k.size(1) == cache.v.size(1) && cache.k.size(2) == cache.v.size(2),
-                "write_kv_cache: cache.k {} and cache.v {} must be [num_blocks, block_size, Hk, D]",
-                cache.k.describe(), cache.v.describe());
-  SPECULA_CHECK(k.ndim() >= 1 && v.ndim() >= 1 && k.size(0) == v.size(0), "write_kv_cache: k {} and v {} differ in rows",
-                k.describe(), v.describe());
+  SPECULA_CHECK(cache.k.ndim() == 4, "write_kv_cache: cache.k {} must be [num_blocks, block_size, Hk, D]",
+                cache.k.describe());
+  if (!mla) {
+    cuda_check::on_gpu(v, "write_kv_cache", "v");
+    cuda_check::on_gpu(cache.v, "write_kv_cache", "cache.v");
+    cuda_check::same_dtype(v, cache.v, "write_kv_cache", "v", "cache.v");
+    SPECULA_CHECK(cache.v.ndim() == 4 && cache.k.size(0) == cache.v.size(0) && cache.k.size(1) == cache.v.size(1) &&
+                      cache.k.size(2) == cache.v.size(2),
+                  "write_kv_cache: cache.k {} and cache.v {} must be [num_blocks, block_size, Hk, D]",
+                  cache.k.describe(), cache.v.describe());
+    SPECULA_CHECK(k.ndim() >= 1 && v.ndim() >= 1 && k.size(0) == v.size(0),
+                  "write_kv_cache: k {} and v {} differ in rows", k.describe(), v.describe());
+  }
+  SPECULA_CHECK(k.ndim() >= 1, "write_kv_cache: k {} has no rows", k.describe());
   const int64_t t = k.size(0);
-  const int64_t k_row = cache.k.size(2) * cache.k.size(3), v_row = cache.v.size(2) * cache.v.size(3);
-  SPECULA_CHECK(k.numel() == t * k_row && v.numel() == t * v_row,
+  const int64_t k_row = cache.k.size(2) * cache.k.size(3), v_row = mla ? 0 : cache.v.size(2) * cache.v.size(3);
+  SPECULA_CHECK(k.numel() == t * k_row && (mla || v.numel() == t * v_row),
                 "write_kv_cache: k {} / v {} rows must match the cache's [Hk, D] ({} / {})", k.describe(),
                 v.describe(), cache.k.describe(), cache.v.describe());
   SPECULA_CHECK(slot_mapping.size(0) >= t, "write_kv_cache: slot_mapping {} has fewer than {} rows",
                 slot_mapping.describe(), t);
   const size_t elem = dtype_size(k.dtype());
-  check_cuda(cuda::launch_write_kv_cache(k.data(), v.data(), cache.k.data(), cache.v.data(),
-                                         slot_mapping.data_as<int64_t>(), t, k_row * elem,
-                                         v_row * dtype_size(v.dtype()), cache.k.size(0) * cache.k.size(1), stream_),
+  check_cuda(cuda::launch_write_kv_cache(k.data(), mla ? nullptr : v.data(), cache.k.data(),
+                                         mla ? nullptr : cache.v.data(), slot_mapping.data_as<int64_t>(), t,
+                                         k_row * elem, mla ? 0 : v_row * dtype_size(v.dtype()),
+                                         cache.k.size(0) * cache.k.size(1), stream_),
              "write_kv_cache");
 }
 

@@ -1,0 +1,85 @@
+// Launchers of the DeepSeek kernels (MoE routing, fused MoE, MLA attention over the latent
+// cache), called by CudaBackend after it has checked its arguments. Same rules as
+// cuda_kernels.h: raw device pointers, everything enqueued on `stream`, no allocation, no
+// synchronisation and no host read of device memory, so every launcher can be captured into a
+// CUDA graph. Device-resident expert ids are not validated on the host (that needs a sync): an id
+// outside [0, E) contributes nothing instead of reading out of bounds.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_kernels.h"
+
+namespace specula::cuda {
+
+// ---- moe_route (see MoeRouting in backend.h for the computation) ----
+constexpr int kMaxRouteExperts = 256;  // one warp holds a row's scores: 8 experts per lane
+struct MoeRouteParams {
+  const float* logits = nullptr;  // [tokens, experts]
+  const float* bias = nullptr;    // [experts] or null
+  int32_t* ids = nullptr;         // [tokens, columns]
+  float* weights = nullptr;       // [tokens, columns]
+  int64_t tokens = 0;
+  int experts = 0;
+  bool sigmoid = false;          // scoring: sigmoid, else softmax
+  bool top_two_sum = false;      // group score: sum of the two largest, else the max
+  int top_k = 1, num_groups = 1, topk_groups = 1;
+  bool renormalize = false;
+  float scaling = 1.0f;
+  int shared_slots = 0, shared_replicas = 1, shared_first = 0;
+};
+cudaError_t launch_moe_route(const MoeRouteParams& p, cudaStream_t stream);
+
+// ---- fused_moe (bf16) ----
+// Shapes: x [tokens, hidden], w13 [experts, 2 inter, hidden], w2 [experts, hidden, inter],
+// ids / weights [tokens, columns]. Every path rounds where a chain of unfused ops would: gate and
+// up to bf16, silu(gate) * up to bf16, each expert's output row to bf16; then out[t] = the fp32
+// sum over the columns, in column order, of weight * expert output, rounded once to bf16.
+struct FusedMoeParams {
+  const void* x = nullptr;
+  const void* w13 = nullptr;
+  const void* w2 = nullptr;
+  const int32_t* ids = nullptr;
+  const float* weights = nullptr;
+  void* out = nullptr;
+  int64_t tokens = 0;
+  int columns = 0, hidden = 0, inter = 0, experts = 0;
+};
+
+// Decode path: one pass over (token, column) pairs for gate|up (act [tokens * columns, inter]
+// bf16 scratch), then one pass per token for down + the weighted sum. vec16: hidden and inter
+// are multiples of 8 and every pointer is 16-byte aligned (16-byte weight loads).
+cudaError_t launch_fused_moe_gemv(const FusedMoeParams& p, void* act, bool vec16, cudaStream_t stream);
+
+// Grouped path for large batches. The (token, column) pairs are sorted by expert on the device,
+// then each expert's rows run as tensor-core GEMMs. Needs hidden % 8 == 0, inter % 8 == 0, 16-byte
+// aligned pointers and experts <= kMaxGroupedExperts. Scratch (all device memory, sized by the
+// caller for `pairs` = tokens * columns pairs):
+struct GroupedMoeScratch {
+  int32_t* offsets = nullptr;       // [experts + 1] first sorted row of each expert
+  int32_t* tile_starts = nullptr;   // [experts + 1] first GEMM row tile of each expert
+  int32_t* sorted_token = nullptr;  // [pairs] token of each sorted row
+  int32_t* pair_row = nullptr;      // [pairs] sorted row of each pair (-1: id out of range)
+  void* gate_up = nullptr;          // [pairs, 2 inter] bf16
+  void* act = nullptr;              // [pairs, inter] bf16
+  void* expert_out = nullptr;       // [pairs, hidden] bf16
+};
+constexpr int kMaxGroupedExperts = 4096;  // the sort keeps two counters per expert in shared memory
+cudaError_t launch_fused_moe_grouped(const FusedMoeParams& p, const GroupedMoeScratch& s, cudaStream_t stream);
+
+// ---- MLA attention: paged attention over a cache with no separate V (the value of a key is the
+// first v_head_dim dims of its K entry; v_cache is ignored). Tensor cores; any head_dim that is a
+// multiple of 8 up to kMlaMaxHeadDim and v_head_dim (multiple of 8) up to kMlaMaxVHeadDim; any
+// query lengths (decode, verification, prefill, chunked and mixed batches) and GQA ratio.
+constexpr int kMlaMaxHeadDim = 576;   // DeepSeek: kv_lora_rank 512 + qk_rope_head_dim 64
+constexpr int kMlaMaxVHeadDim = 512;  // DeepSeek: kv_lora_rank
+// How many key splits to run (1 = no partial buffers); splits only batches of short query rows.
+int mla_num_splits(const PagedAttentionParams& p, int sm_count);
+// partial_out F32 [num_query_rows, Hq, num_splits, Dv] and partial_stats F32 [num_query_rows, Hq,
+// num_splits, 2] when num_splits > 1 (null otherwise).
+cudaError_t launch_mla_attention(const PagedAttentionParams& p, int num_splits, float* partial_out,
+                                 float* partial_stats, cudaStream_t stream);
+
+}  // namespace specula::cuda
