@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "core/dtype.h"
+#include "moe_reference.h"
 
 namespace specula::testing {
 
@@ -71,22 +72,25 @@ class Bf16EmulatedBackend final : public Backend {
     store(o, out);
   }
   void write_kv_cache(const Tensor& k, const Tensor& v, KVCacheLayer& cache, const Tensor& slot_mapping) override {
-    // Row copies by slot, in the cache's dtype (what the GPU kernel does).
+    // Row copies by slot, in the cache's dtype (what the GPU kernel does); MLA form: K only.
+    const bool mla = !cache.v.defined() || cache.v.numel() == 0;
     const int64_t t = k.size(0);
     const size_t k_row = cache.k.row_bytes() / static_cast<size_t>(cache.k.size(1));
-    const size_t v_row = cache.v.row_bytes() / static_cast<size_t>(cache.v.size(1));
+    const size_t v_row = mla ? 0 : cache.v.row_bytes() / static_cast<size_t>(cache.v.size(1));
     const int64_t* slots = slot_mapping.data_as<int64_t>();
     for (int64_t i = 0; i < t; ++i) {
       if (slots[i] < 0) continue;
       std::memcpy(static_cast<char*>(cache.k.data()) + slots[i] * k_row, static_cast<const char*>(k.data()) + i * k_row,
                   k_row);
+      if (mla) continue;
       std::memcpy(static_cast<char*>(cache.v.data()) + slots[i] * v_row, static_cast<const char*>(v.data()) + i * v_row,
                   v_row);
     }
   }
   void paged_attention(const Tensor& q, const KVCacheLayer& cache, const AttentionMetadata& md, float scale,
                        Tensor& out) override {
-    KVCacheLayer c{f32(cache.k), f32(cache.v)};
+    const bool mla = !cache.v.defined() || cache.v.numel() == 0;
+    KVCacheLayer c{f32(cache.k), mla ? Tensor() : f32(cache.v)};
     Tensor o = f32_like(out);
     cpu_->paged_attention(f32(q), c, md, scale, o);
     // Padding rows are left untouched: copy back only the rows that belong to sequences.
@@ -95,6 +99,29 @@ class Bf16EmulatedBackend final : public Backend {
     store(o_rows, out_rows);
   }
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override { cpu_->gather_rows(x, indices, out); }
+
+  // ---- MLA and MoE ----
+  void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override {
+    cpu_->copy_columns(src, src_col, dst, dst_col, width);  // an exact element copy in any dtype
+  }
+  void head_linear(const Tensor& x, const Tensor& weight, Tensor& out) override {
+    Tensor o = f32_like(out);
+    cpu_->head_linear(f32(x), f32(weight), o);
+    store(o, out);
+  }
+  void moe_route(const Tensor& router_logits, const Tensor* bias, const MoeRouting& params, Tensor& topk_ids,
+                 Tensor& topk_weights) override {
+    cpu_->moe_route(router_logits, bias, params, topk_ids, topk_weights);  // fp32 in and out, as on the GPU
+  }
+  void fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_ids,
+                 const Tensor& topk_weights, Tensor& out) override {
+    // Rounded where the CUDA kernels round (moe_reference.h).
+    const int64_t t = x.size(0), h = x.size(1), e = w13.size(0), inter = w13.size(1) / 2, cols = topk_ids.size(1);
+    std::vector<float> o = fused_moe_bf16_reference(f32(x).to_f32_vector(), f32(w13).to_f32_vector(),
+                                                    f32(w2).to_f32_vector(), topk_ids.to_i32_vector(),
+                                                    topk_weights.to_f32_vector(), t, h, inter, e, cols);
+    store(Tensor::from_f32(o, out.shape()), out);
+  }
 
  private:
   static Tensor f32(const Tensor& t) {
