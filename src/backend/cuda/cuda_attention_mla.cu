@@ -38,7 +38,7 @@ constexpr int kQStride = kMlaMaxHeadDim + 8;  // Q / K row stride, elements (116
 constexpr int kSStride = kKeys + 4;           // fp32 score row stride
 constexpr int kPStride = kKeys + 8;           // bf16 probability row stride (80 bytes)
 constexpr int kMaxSplits = 64;
-constexpr int kMinKeysPerSplit = 256;
+constexpr int kMinKeysPerSplit = 128;  // 4 tiles: below this a split's fixed costs outweigh its parallelism
 constexpr float kLog2e = 1.4426950408889634f;
 
 constexpr size_t kQBytes = size_t{kRows} * kQStride * sizeof(bf16);
