@@ -1,6 +1,9 @@
 #include "backend/backend.h"
 
+#include <vector>
+
 #include "backend/backend_registry.h"
+#include "backend/token_sampler.h"
 
 namespace specula {
 namespace {
@@ -23,6 +26,49 @@ void Backend::moe_route(const Tensor&, const Tensor*, const MoeRouting&, Tensor&
 void Backend::fused_moe(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, Tensor&) {
   throw Error(fmt::format("fused_moe is not implemented by the {} backend", name()));
 }
+
+// The reference form of the fused prologue: split the heads with gather_rows, normalise, rope,
+// write the cache, each as its own op. Backends without a fused kernel (the CPU) run exactly this.
+void Backend::qkv_prologue(const Tensor& qkv, const QkvPrologue& p, KVCacheLayer& cache, const Tensor& slot_mapping,
+                           Tensor& q_out) {
+  SPECULA_CHECK(qkv.defined() && qkv.ndim() == 2, "qkv_prologue: qkv must be [T, (Hq + 2 Hk) D], got {}",
+                qkv.describe());
+  SPECULA_CHECK(p.num_q_heads > 0 && p.num_kv_heads > 0 && p.positions && p.cos_sin,
+                "qkv_prologue: head counts, positions and cos_sin are required");
+  const int64_t t = qkv.size(0), hq = p.num_q_heads, hk = p.num_kv_heads, per_token = hq + 2 * hk;
+  SPECULA_CHECK(qkv.size(1) % per_token == 0, "qkv_prologue: qkv {} is not {} heads per token", qkv.describe(),
+                per_token);
+  const int64_t d = qkv.size(1) / per_token;
+  SPECULA_CHECK(q_out.defined() && q_out.numel() == t * hq * d, "qkv_prologue: q_out {} must be [{}, {}, {}]",
+                q_out.describe(), t, hq, d);
+  std::vector<int32_t> qi(static_cast<size_t>(t * hq)), ki(static_cast<size_t>(t * hk)), vi(ki.size());
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t h = 0; h < hq; ++h) qi[i * hq + h] = static_cast<int32_t>(i * per_token + h);
+    for (int64_t h = 0; h < hk; ++h) {
+      ki[i * hk + h] = static_cast<int32_t>(i * per_token + hq + h);
+      vi[i * hk + h] = static_cast<int32_t>(i * per_token + hq + hk + h);
+    }
+  }
+  auto upload = [&](const std::vector<int32_t>& host) {
+    Tensor dst = empty({static_cast<int64_t>(host.size())}, DType::kI32);
+    copy(Tensor::from_i32(host), dst);
+    return dst;
+  };
+  const Tensor heads = qkv.reshape({t * per_token, d});
+  const DType dt = qkv.dtype();
+  Tensor q = q_out.reshape({t * hq, d});
+  Tensor k = scratch({t * hk, d}, dt), v = scratch({t * hk, d}, dt);
+  gather_rows(heads, upload(qi), q);
+  gather_rows(heads, upload(ki), k);
+  gather_rows(heads, upload(vi), v);
+  if (p.q_norm) rms_norm(q, *p.q_norm, p.eps, q);  // rms_norm may run in place
+  if (p.k_norm) rms_norm(k, *p.k_norm, p.eps, k);
+  Tensor q3 = q.reshape({t, hq, d}), k3 = k.reshape({t, hk, d}), v3 = v.reshape({t, hk, d});
+  rope(q3, k3, *p.positions, *p.cos_sin, p.rotary_dim, p.neox);
+  write_kv_cache(k3, v3, cache, slot_mapping);
+}
+
+std::unique_ptr<TokenSampler> Backend::make_token_sampler(int, int64_t) { return nullptr; }
 
 void register_cuda_backend_factory(CudaBackendFactory factory) { cuda_factory() = std::move(factory); }
 

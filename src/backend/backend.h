@@ -7,13 +7,33 @@
 // on CUDA) and never synchronise unless the name says so.
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "backend/attention_metadata.h"
 #include "core/tensor.h"
 
 namespace specula {
+
+class TokenSampler;  // backend/token_sampler.h
+
+// Device memory as the memory plan sees it (bytes). Memory held by the backend's caching allocator
+// but free (`cached`) is available to later allocations: the allocator hands it back on demand.
+struct DeviceMemoryInfo {
+  size_t total = 0;      // the device's memory
+  size_t free = 0;       // free according to the driver
+  size_t allocated = 0;  // held by live tensors
+  size_t cached = 0;     // freed tensors' blocks kept by the allocator for reuse
+};
+
+// Recorded device work (a CUDA graph): replay() enqueues the same kernels on the same buffers.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  virtual void replay() = 0;
+};
 
 // How Backend::moe_route turns one row of router logits l[0..E) into expert ids and weights. It
 // covers DeepSeek-V2 (transformers' DeepseekV2Moe.route_tokens_to_experts) and DeepSeek-V3
@@ -145,6 +165,45 @@ class Backend {
   // expert, one GEMM per expert over its tokens, then the weighted un-permute. out may not alias x.
   virtual void fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_ids,
                          const Tensor& topk_weights, Tensor& out);
+
+  // ---- fused attention prologue (Llama family) ----
+  // From the fused projection qkv [T, (Hq + 2 Hk) D] (each token's q heads, then k heads, then v
+  // heads) to attention's inputs in one op: q_out [T, Hq, D] gets the q heads, optionally RMS-
+  // normalised per head (q_norm [D], Qwen3) and then roped; the k heads (k_norm, rope likewise)
+  // and the v heads go straight into the paged cache at slot_mapping[t] (I64; -1 skips the row).
+  // Exactly what gather_rows (split) + rms_norm (q_norm, k_norm) + rope + write_kv_cache compute,
+  // including the rounding to the compute dtype after the norm; the default implementation is
+  // that sequence of ops.
+  struct QkvPrologue {
+    int64_t num_q_heads = 0;
+    int64_t num_kv_heads = 0;
+    const Tensor* q_norm = nullptr;  // [D] or null
+    const Tensor* k_norm = nullptr;  // [D] or null
+    float eps = 1e-6f;
+    const Tensor* positions = nullptr;  // I32 [T]
+    const Tensor* cos_sin = nullptr;    // F32 [max_positions, rotary_dim] (see rope)
+    int rotary_dim = 0;
+    bool neox = true;
+  };
+  virtual void qkv_prologue(const Tensor& qkv, const QkvPrologue& params, KVCacheLayer& cache,
+                            const Tensor& slot_mapping, Tensor& q_out);
+
+  // ---- device-level services for the engine (defaults: not available) ----
+  // Host memory for staging copies to and from the device: pinned on CUDA, so that copy() of it
+  // is asynchronous (see the CUDA backend's copy rules) and can run beside graph replays; plain
+  // host memory elsewhere.
+  virtual Tensor empty_host(Shape shape, DType dtype) { return Tensor::empty(std::move(shape), dtype, Device::kCPU); }
+  // Memory of the backend's device; nullopt on the CPU (host memory is not planned).
+  virtual std::optional<DeviceMemoryInfo> memory_info() { return std::nullopt; }
+  // Records the device work `work` enqueues into a graph without running it, for replay with
+  // the same buffers (CUDA graphs). nullptr where the backend has no graphs. Throws
+  // specula::Error when the work cannot be recorded (it allocated, synchronised or read the
+  // device from the host).
+  virtual std::unique_ptr<DeviceGraph> capture_graph(const std::function<void()>& work) { return nullptr; }
+  // A sampler that turns logits rows into tokens on the device (backend/token_sampler.h), sized
+  // for up to max_rows rows of vocab logits; nullptr where the backend has none (the engine then
+  // samples on the host).
+  virtual std::unique_ptr<TokenSampler> make_token_sampler(int max_rows, int64_t vocab);
 };
 
 // fp32 CPU backend; threads = 0 means all cores.

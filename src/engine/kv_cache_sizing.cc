@@ -7,7 +7,7 @@
 namespace specula {
 
 KVCachePlan plan_kv_cache(const EngineConfig& config, const KVCacheSpec& spec, DType dtype, Device device,
-                          int max_model_len, int max_num_seqs) {
+                          int max_model_len, int max_num_seqs, std::optional<size_t> device_kv_budget) {
   const int bs = config.block_size;
   const size_t bytes_per_token = spec.bytes_per_token(dtype);
   SPECULA_CHECK(bytes_per_token > 0, "the model's KV cache spec is empty");
@@ -20,11 +20,14 @@ KVCachePlan plan_kv_cache(const EngineConfig& config, const KVCacheSpec& spec, D
     plan.source = "num_gpu_blocks_override";
   } else {
     size_t budget;
-    if (device == Device::kCPU && config.cpu_kv_cache_bytes > 0) {
+    if (device != Device::kCPU && device_kv_budget) {
+      budget = *device_kv_budget;
+      plan.source = "gpu_memory_utilization";
+    } else if (device == Device::kCPU && config.cpu_kv_cache_bytes > 0) {
       budget = config.cpu_kv_cache_bytes;
       plan.source = "cpu_kv_cache_bytes";
     } else {
-      // The whole batch at full length, within a cap. (CUDA: the memory plan hook goes here.)
+      // The whole batch at full length, within a cap (a device without a memory plan).
       const size_t want = static_cast<size_t>(max_num_seqs) * static_cast<size_t>(max_model_len) * bytes_per_token;
       const size_t cap = device == Device::kCPU ? kDefaultCpuKvCacheCap : kDefaultCudaKvCacheCap;
       budget = std::min(want, cap);

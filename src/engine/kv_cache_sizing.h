@@ -2,14 +2,15 @@
 //
 // CPU: EngineConfig::cpu_kv_cache_bytes, or by default enough for max_num_seqs sequences of
 // max_model_len tokens, capped at kDefaultCpuKvCacheCap (host RAM is shared with the weights).
-// CUDA: HOOK for the CUDA memory plan (profile a max-size forward, then take
-// gpu_memory_utilization * total - used); until it lands, the CPU rule with a larger cap.
+// CUDA: the memory plan's budget (memory_plan.h: gpu_memory_utilization * total minus weights,
+// profiled activations and the rest in use); without one, the CPU rule with a larger cap.
 // num_gpu_blocks_override wins on any device. Either way the cache must hold one max_model_len
 // sequence, or the engine refuses to start (as vLLM does).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "backend/backend.h"
@@ -27,7 +28,9 @@ struct KVCachePlan {
   std::string source;      // how the size was chosen, for the log
 };
 
+// device_kv_budget: bytes the device memory plan leaves for the KV cache (CUDA).
 KVCachePlan plan_kv_cache(const EngineConfig& config, const KVCacheSpec& spec, DType dtype, Device device,
-                          int max_model_len, int max_num_seqs);
+                          int max_model_len, int max_num_seqs,
+                          std::optional<size_t> device_kv_budget = std::nullopt);
 
 }  // namespace specula

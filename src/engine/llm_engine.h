@@ -31,6 +31,9 @@ struct EngineConfig {
   bool enforce_eager = false;        // no CUDA graphs
   int cpu_threads = 0;               // 0: all cores
   std::string speculative_config;    // JSON, as vLLM's --speculative-config ("" = off)
+  // No tokenizer (vLLM's --skip-tokenizer-init): prompts are token ids and outputs carry no text.
+  // Benchmarks of checkpoints shipped without tokenizer files use it.
+  bool skip_tokenizer_init = false;
   int shared_expert_fusion = 0;      // DeepSeek MoE: shared-expert replicas fused into the routed experts (0 = off)
 };
 

@@ -34,7 +34,7 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const
   const int64_t max_blocks_per_seq = ceil_div(config.max_model_len + config.num_spec_tokens, config.block_size);
   const int64_t max_logits = max_tokens + max_seqs * (1 + config.num_spec_tokens);
   auto pair = [&](Tensor& h, Tensor& d, int64_t n, DType t) {
-    h = Tensor::empty({n}, t, Device::kCPU);
+    h = backend.empty_host({n}, t);
     d = backend.empty({n}, t);
   };
   pair(h_tokens_, d_tokens_, max_tokens, DType::kI32);
@@ -75,6 +75,9 @@ Tensor ModelRunner::upload(const Tensor& host, Tensor& device, int64_t n) {
 }
 
 ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::vector<RequestPlan>& plans) {
+  // The host buffers may be pinned (asynchronous copies): the previous step's copies out of them
+  // must have run before they are rewritten.
+  backend_.synchronize();
   const int bs = config_.block_size;
   const int num_seqs = static_cast<int>(scheduled.scheduled.size());
   SPECULA_CHECK(num_seqs <= config_.max_num_seqs && scheduled.total_num_scheduled_tokens <= config_.max_num_batched_tokens,
@@ -149,6 +152,8 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
     std::fill(row + used, row + max_blocks, 0);
   }
 
+  if (const int size = decode_graph_size(num_seqs, t, num_logits)) return decode_graph_inputs(size, num_seqs, max_blocks);
+
   ForwardInput in;
   in.token_ids = upload(h_tokens_, d_tokens_, t);
   in.positions = upload(h_positions_, d_positions_, t);
@@ -194,7 +199,7 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
   backend_.reset_scratch();
   std::vector<RequestPlan> plans;
   ForwardInput input = prepare_inputs(scheduled, plans);
-  ForwardOutput fwd = model_.forward(input, kv_);
+  ForwardOutput fwd = forward_step(input);
 
   // Sampling rows. Drafts are appended to the request's tokens for the duration of sampling, so
   // that row j of a verification sees (and penalises) the j drafts before it.

@@ -11,12 +11,14 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/padded_graphs.h"
 #include "engine/sampler.h"
 #include "engine/scheduler_output.h"
 #include "model/model.h"
@@ -46,6 +48,13 @@ class ModelRunner : public ModelExecutor {
   ModelRunner(Model& model, Backend& backend, Sampler& sampler, const ModelRunnerConfig& config);
 
   ModelRunnerOutput execute(const SchedulerOutput& scheduled) override;
+
+  // CUDA graphs of pure-decode steps (model_runner_graphs.cc): captures the forward of a decode
+  // batch for each padded batch size; execute() then replays the smallest graph that fits a
+  // decode step instead of launching the forward. Returns the number of graphs captured (0 on a
+  // backend without graphs). Call after construction, before the first step.
+  size_t capture_decode_graphs(const std::vector<int>& batch_sizes);
+  size_t num_decode_graphs() const;
 
   std::vector<KVCacheLayer>& kv_cache() { return kv_; }
   // Per-request state is dropped when a later SchedulerOutput lists the request as finished.
@@ -89,9 +98,25 @@ class ModelRunner : public ModelExecutor {
   std::vector<KVCacheLayer> kv_;
   std::unordered_map<std::string, RequestState> requests_;
 
-  // Host staging buffers and their device twins, sized for the largest step.
+  // Host staging buffers (pinned where the backend has them) and their device twins, sized for
+  // the largest step.
   Tensor h_tokens_, h_positions_, h_slots_, h_qsl_, h_seq_lens_, h_block_tables_, h_logits_idx_;
   Tensor d_tokens_, d_positions_, d_slots_, d_qsl_, d_seq_lens_, d_block_tables_, d_logits_idx_;
+
+  // ---- decode graphs (model_runner_graphs.cc) ----
+  // The graph size a step of num_seqs sequences and t tokens runs as (0: eager): pure decode, one
+  // token and one logits row per sequence, in order.
+  int decode_graph_size(int num_seqs, int t, int num_logits) const;
+  // Pads the host inputs already filled for num_seqs sequences to `size` harmless rows, uploads
+  // them into the graphs' static buffers and returns the step's input (block tables at full width).
+  ForwardInput decode_graph_inputs(int size, int num_seqs, int max_blocks);
+  // The forward of the step prepare_inputs built: a graph replay, or Model::forward.
+  ForwardOutput forward_step(const ForwardInput& input);
+  ForwardInput static_decode_input(int size, bool for_capture);
+  std::unique_ptr<PaddedGraphs> graphs_;
+  std::map<int, ForwardOutput> graph_outputs_;  // keeps the captured outputs (and their arena) alive
+  Tensor d_graph_block_tables_;                 // I32 [max_num_seqs, max_blocks_per_seq]
+  int graph_size_ = 0;                          // the graph this step replays (0: eager)
 };
 
 }  // namespace specula

@@ -84,7 +84,6 @@ class LlamaModel final : public Model {
  private:
   Tensor attention(const LlamaLayer& w, const Tensor& x, const ForwardInput& input, KVCacheLayer& cache);
   Tensor mlp(const LlamaLayer& w, const Tensor& x);
-  void ensure_head_split_indices(int64_t tokens);
   void check_input(const ForwardInput& input, const std::vector<KVCacheLayer>& kv) const;
 
   ModelConfig config_;
@@ -98,13 +97,6 @@ class LlamaModel final : public Model {
   Tensor norm_;          // [H]
   Tensor lm_head_;       // [V, H]; the embedding itself when tie_word_embeddings
   Tensor cos_sin_;       // F32 [max_position_embeddings, rotary_dim]
-
-  // Rows of the fused qkv output seen as [T (Hq + 2 Hk), D] heads, that make up q, k and v
-  // (I32 [capacity * Hq] etc.). gather_rows with these splits the fused GEMM's output into
-  // contiguous q [T, Hq, D], k and v [T, Hk, D]. The row of a (token, head) does not depend on T,
-  // so one table serves every T up to its capacity.
-  int64_t split_capacity_ = 0;
-  Tensor q_rows_, k_rows_, v_rows_;
 };
 
 LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend& backend)
@@ -176,30 +168,6 @@ LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend
   cos_sin_ = backend.empty({max_positions, rotary_dim_}, DType::kF32);
   Tensor host = Tensor::from_f32(table, {max_positions, rotary_dim_});
   backend.copy(host, cos_sin_);
-  ensure_head_split_indices(2048);
-}
-
-void LlamaModel::ensure_head_split_indices(int64_t tokens) {
-  if (tokens <= split_capacity_) return;
-  const int64_t capacity = std::max(tokens, 2 * split_capacity_);
-  const int64_t per_token = num_heads_ + 2 * num_kv_heads_;
-  std::vector<int32_t> q(capacity * num_heads_), k(capacity * num_kv_heads_), v(capacity * num_kv_heads_);
-  for (int64_t t = 0; t < capacity; ++t) {
-    for (int64_t h = 0; h < num_heads_; ++h) q[t * num_heads_ + h] = static_cast<int32_t>(t * per_token + h);
-    for (int64_t h = 0; h < num_kv_heads_; ++h) {
-      k[t * num_kv_heads_ + h] = static_cast<int32_t>(t * per_token + num_heads_ + h);
-      v[t * num_kv_heads_ + h] = static_cast<int32_t>(t * per_token + num_heads_ + num_kv_heads_ + h);
-    }
-  }
-  auto upload = [&](const std::vector<int32_t>& host, Tensor& dst) {
-    dst = backend_.empty({static_cast<int64_t>(host.size())}, DType::kI32);
-    Tensor src = Tensor::from_i32(host);
-    backend_.copy(src, dst);
-  };
-  upload(q, q_rows_);
-  upload(k, k_rows_);
-  upload(v, v_rows_);
-  split_capacity_ = capacity;
 }
 
 void LlamaModel::check_input(const ForwardInput& in, const std::vector<KVCacheLayer>& kv) const {
@@ -242,14 +210,10 @@ ForwardOutput LlamaModel::forward(const ForwardInput& in, std::vector<KVCacheLay
   backend_.gather_rows(x, in.logits_indices, selected);
   ForwardOutput out;
   out.hidden_states = x;
+  // lm_head writes F32 logits straight from its fp32 accumulators (no rounding to the compute
+  // dtype and no separate cast launch).
   out.logits = backend_.scratch({l, vocab_}, DType::kF32);
-  if (dt == DType::kF32) {
-    backend_.linear(selected, lm_head_, nullptr, out.logits);
-  } else {
-    Tensor logits = backend_.scratch({l, vocab_}, dt);
-    backend_.linear(selected, lm_head_, nullptr, logits);
-    backend_.cast(logits, out.logits);
-  }
+  backend_.linear(selected, lm_head_, nullptr, out.logits);
   return out;
 }
 
@@ -258,31 +222,24 @@ Tensor LlamaModel::attention(const LlamaLayer& w, const Tensor& x, const Forward
   const DType dt = backend_.compute_dtype();
   const int64_t t = x.size(0), hq = num_heads_, hk = num_kv_heads_, d = head_dim_;
 
-  // One GEMM for q, k and v: [T, H] -> [T, (Hq + 2 Hk) D], then split into contiguous heads.
+  // One GEMM for q, k and v: [T, H] -> [T, (Hq + 2 Hk) D]; then one fused op splits the heads,
+  // applies Qwen3's per-head q/k RMSNorm, ropes q and k, and writes k and v into the cache (the
+  // new tokens' K/V go in first; attention then reads every key through the cache).
   Tensor qkv = backend_.scratch({t, (hq + 2 * hk) * d}, dt);
   backend_.linear(x, w.qkv_proj, if_defined(w.qkv_bias), qkv);
-  ensure_head_split_indices(t);
-  Tensor heads = qkv.reshape({t * (hq + 2 * hk), d});
-  Tensor q = backend_.scratch({t * hq, d}, dt), k = backend_.scratch({t * hk, d}, dt),
-         v = backend_.scratch({t * hk, d}, dt);
-  backend_.gather_rows(heads, q_rows_.slice(0, t * hq), q);
-  backend_.gather_rows(heads, k_rows_.slice(0, t * hk), k);
-  backend_.gather_rows(heads, v_rows_.slice(0, t * hk), v);
+  Tensor q = backend_.scratch({t, hq, d}, dt);
+  Backend::QkvPrologue prologue;
+  prologue.num_q_heads = hq;
+  prologue.num_kv_heads = hk;
+  prologue.q_norm = if_defined(w.q_norm);
+  prologue.k_norm = if_defined(w.k_norm);
+  prologue.eps = eps_;
+  prologue.positions = &in.positions;
+  prologue.cos_sin = &cos_sin_;
+  prologue.rotary_dim = rotary_dim_;
+  prologue.neox = true;
+  backend_.qkv_prologue(qkv, prologue, cache, in.attn.slot_mapping, q);
 
-  if (w.q_norm.defined()) {  // Qwen3: RMSNorm over each head's D dims, before RoPE
-    Tensor qn = backend_.scratch({t * hq, d}, dt), kn = backend_.scratch({t * hk, d}, dt);
-    backend_.rms_norm(q, w.q_norm, eps_, qn);
-    backend_.rms_norm(k, w.k_norm, eps_, kn);
-    q = qn;
-    k = kn;
-  }
-  q = q.reshape({t, hq, d});
-  k = k.reshape({t, hk, d});
-  v = v.reshape({t, hk, d});
-  backend_.rope(q, k, in.positions, cos_sin_, rotary_dim_, /*neox=*/true);
-
-  // The new tokens' K/V go into the cache first; attention then reads every key through it.
-  backend_.write_kv_cache(k, v, cache, in.attn.slot_mapping);
   Tensor attn = backend_.scratch({t, hq, d}, dt);
   const auto& qsl = in.attn.query_start_loc_host;
   const int64_t real_rows = qsl.empty() ? 0 : qsl.back();

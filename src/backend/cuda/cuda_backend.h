@@ -75,6 +75,14 @@ class CudaBackend final : public Backend {
                  Tensor& topk_weights) override;
   void fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_ids,
                  const Tensor& topk_weights, Tensor& out) override;
+  // Fused Llama attention prologue (cuda_qkv_prologue.cc) and the engine's device services
+  // (cuda_engine_services.cc: memory query, CUDA-graph capture, the device token sampler).
+  void qkv_prologue(const Tensor& qkv, const QkvPrologue& params, KVCacheLayer& cache, const Tensor& slot_mapping,
+                    Tensor& q_out) override;
+  Tensor empty_host(Shape shape, DType dtype) override;
+  std::optional<DeviceMemoryInfo> memory_info() override;
+  std::unique_ptr<DeviceGraph> capture_graph(const std::function<void()>& work) override;
+  std::unique_ptr<TokenSampler> make_token_sampler(int max_rows, int64_t vocab) override;
 
   // ---- CUDA specifics (for the engine's CUDA graphs, benchmarks and tests) ----
   cudaStream_t stream() const { return stream_; }

@@ -1,0 +1,97 @@
+// Launchers of the kernels behind the engine-facing CUDA pieces: the fused Llama attention
+// prologue and the device token sampler. Same rules as cuda_kernels.h: raw device pointers, the
+// caller has checked its arguments, each launcher enqueues on `stream` and returns
+// cudaGetLastError(), nothing allocates, synchronises or reads device memory on the host.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace specula::cuda {
+
+// ---- fused attention prologue (see Backend::qkv_prologue) ----
+struct QkvPrologueParams {
+  const void* qkv = nullptr;      // [T, (Hq + 2 Hk) D]
+  const void* q_norm = nullptr;   // [D] or null
+  const void* k_norm = nullptr;   // [D] or null
+  const int32_t* positions = nullptr;
+  const float* cos_sin = nullptr;  // [max_pos, rotary_dim]
+  const int64_t* slots = nullptr;  // [T]
+  void* q_out = nullptr;           // [T, Hq, D]
+  void* k_cache = nullptr;         // [num_slots, Hk, D]
+  void* v_cache = nullptr;
+  int64_t tokens = 0;
+  int64_t max_pos = 0;
+  int64_t num_slots = 0;
+  int num_q_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;  // at most 256
+  int rotary_dim = 0;
+  bool neox = true;
+  float eps = 1e-6f;
+};
+constexpr int kMaxPrologueHeadDim = 256;
+cudaError_t launch_qkv_prologue(const QkvPrologueParams& p, DType dtype, cudaStream_t stream);
+
+}  // namespace specula::cuda
+
+namespace specula::cuda {
+
+// ---- token sampling (see backend/token_sampler.h for the math) ----
+// Per-token flags in the counts buffer ([rows, V] uint32, one row per sampling row that has
+// penalties or masked ids): the output count in the low 30 bits, "in the prompt" and "masked".
+constexpr uint32_t kCountMask = (1u << 30) - 1;
+constexpr uint32_t kPromptSeenBit = 1u << 30;
+constexpr uint32_t kMaskedBit = 1u << 31;
+
+struct SamplingRowDesc {
+  int32_t logits_row = 0;
+  int32_t greedy = 1;
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  int32_t counts_row = -1;  // row of the counts buffer, -1: no penalties and no masks
+  int32_t top_n = -1;       // logprobs: -1 none, else the top N (<= the sampler's max) besides the target
+  int32_t target = -1;      // >= 0: do not sample, report logprobs of this token (prompt logprobs)
+  double uniform = 0.0;
+};
+
+// Where a counts row's ids lie in the ids array: [prompt_begin, output_begin) prompt ids (seen
+// bit), [output_begin, masked_begin) output ids (counted), [masked_begin, end) masked ids.
+struct CountsDesc {
+  int32_t prompt_begin = 0, output_begin = 0, masked_begin = 0, end = 0;
+};
+
+struct SamplingRowResult {
+  int32_t token = 0;     // -1: the row had no finite logit to sample from
+  int32_t rank = 0;
+  float logprob = 0.0f;
+  int32_t num_top = 0;   // entries written to the row's top list (unsorted; the host sorts)
+  double lse = 0.0;      // log-sum-exp of the raw row: logprob of a top entry = logit - lse
+};
+
+// A top-logprob candidate with its raw logit (the host orders by logit, as its own sampler does,
+// before rounding logit - lse to float can create ties).
+struct TopLogprob {
+  int32_t token = 0;
+  float logit = 0.0f;
+};
+
+// counts[r, :] for r < num_rows from the id lists (the rows must have been zeroed).
+cudaError_t launch_build_token_counts(const CountsDesc* descs, const int32_t* ids, int num_rows, uint32_t* counts,
+                                      int64_t vocab, cudaStream_t stream);
+
+// One block per row: penalties, greedy argmax or the filtered draw, logprobs of the raw logits.
+// top: [num_rows, max_top] entries.
+cudaError_t launch_sample_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
+                               const uint32_t* counts, SamplingRowResult* results, TopLogprob* top, int max_top,
+                               cudaStream_t stream);
+
+}  // namespace specula::cuda

@@ -1,0 +1,113 @@
+// The Llama attention prologue in one launch: split the fused qkv GEMM output into heads,
+// RMS-normalise q and k heads (Qwen3's q_norm / k_norm), rope them, write q out and k, v into
+// their cache slots. On a decode step this replaces 3 gather_rows + 2 rms_norm + rope +
+// write_kv_cache launches per layer by one: at batch 1 each of those moves a few kilobytes and
+// costs only its launch, so the launches were the cost.
+//
+// Shape: one warp per (token, head); a head (D <= 256 elements) is at most 8 elements a lane, so
+// the norm is one warp reduction with no shared memory or barriers across warps. Rope pairs
+// (i, i + rotary_dim / 2) (neox) or (2i, 2i + 1) live in different lanes, so the normalised head
+// is staged in the warp's own slice of shared memory and each lane then computes whole pairs.
+// Arithmetic as the separate kernels do it: fp32 math, the normalised head rounded to the
+// storage type before rope (what storing it between the two ops did).
+#include "backend/cuda/cuda_engine_kernels.h"
+#include "backend/cuda/cuda_utils.cuh"
+
+namespace specula::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 4;
+constexpr int kPerLane = kMaxPrologueHeadDim / 32;
+
+template <class T>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_prologue_kernel(QkvPrologueParams p) {
+  __shared__ float stage[kWarpsPerBlock][kMaxPrologueHeadDim];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int hq = p.num_q_heads, hk = p.num_kv_heads, d = p.head_dim;
+  const int heads = hq + 2 * hk;
+  const int head = blockIdx.y * kWarpsPerBlock + warp;
+  const int64_t token = blockIdx.x;
+  if (head >= heads) return;
+  const bool is_q = head < hq, is_k = !is_q && head < hq + hk, is_v = head >= hq + hk;
+  const int64_t slot = p.slots[token];
+  const bool keep_kv = slot >= 0 && slot < p.num_slots;
+  if (!is_q && !keep_kv) return;  // padding row or a token whose K/V is not kept
+
+  const T* src = static_cast<const T*>(p.qkv) + (token * heads + head) * d;
+  T* dst;
+  if (is_q) {
+    dst = static_cast<T*>(p.q_out) + (token * hq + head) * d;
+  } else if (is_k) {
+    dst = static_cast<T*>(p.k_cache) + (slot * hk + (head - hq)) * d;
+  } else {
+    dst = static_cast<T*>(p.v_cache) + (slot * hk + (head - hq - hk)) * d;
+  }
+  if (is_v) {  // v: a plain copy into its cache slot
+    for (int i = lane; i < d; i += 32) dst[i] = src[i];
+    return;
+  }
+
+  float x[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = lane + 32 * j;
+    x[j] = i < d ? to_float(src[i]) : 0.0f;
+  }
+  const T* norm = static_cast<const T*>(is_q ? p.q_norm : p.k_norm);
+  if (norm != nullptr) {
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) sum_sq += x[j] * x[j];
+    const float inv_rms = rsqrtf(warp_sum(sum_sq) / static_cast<float>(d) + p.eps);
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int i = lane + 32 * j;
+      if (i < d) x[j] = to_float(from_float<T>(to_float(norm[i]) * (x[j] * inv_rms)));  // stored, as the norm op
+    }
+  }
+  const int32_t pos = p.positions[token];
+  if (pos < 0 || pos >= p.max_pos || p.rotary_dim == 0) {  // no rotation for this row (as the rope op)
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int i = lane + 32 * j;
+      if (i < d) dst[i] = from_float<T>(x[j]);
+    }
+    return;
+  }
+  float* buf = stage[warp];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int i = lane + 32 * j;
+    if (i < d) buf[i] = x[j];
+  }
+  __syncwarp();
+  const int half = p.rotary_dim / 2;
+  const float* cos = p.cos_sin + static_cast<int64_t>(pos) * p.rotary_dim;
+  const float* sin = cos + half;
+  for (int j = lane; j < half; j += 32) {
+    const int ia = p.neox ? j : 2 * j, ib = p.neox ? j + half : 2 * j + 1;
+    const float a = buf[ia], b = buf[ib], c = cos[j], s = sin[j];
+    dst[ia] = from_float<T>(a * c - b * s);
+    dst[ib] = from_float<T>(b * c + a * s);
+  }
+  for (int i = p.rotary_dim + lane; i < d; i += 32) dst[i] = from_float<T>(buf[i]);  // partial rotary
+}
+
+}  // namespace
+
+cudaError_t launch_qkv_prologue(const QkvPrologueParams& p, DType dtype, cudaStream_t stream) {
+  if (p.tokens == 0) return cudaSuccess;
+  if (p.head_dim <= 0 || p.head_dim > kMaxPrologueHeadDim) return cudaErrorInvalidValue;
+  const int heads = p.num_q_heads + 2 * p.num_kv_heads;
+  const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(ceil_div(heads, kWarpsPerBlock)));
+  if (dtype == DType::kBF16) {
+    qkv_prologue_kernel<bf16><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
+  } else if (dtype == DType::kF32) {
+    qkv_prologue_kernel<float><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
+  } else {
+    return cudaErrorInvalidValue;
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace specula::cuda

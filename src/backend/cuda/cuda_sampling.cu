@@ -1,0 +1,464 @@
+// Token sampling on the GPU: one block per logits row (backend/token_sampler.h has the math).
+//
+// Why this shape: a row is one vocabulary of fp32 logits (0.5-0.6 MB for 128k-152k tokens), which
+// stays in L2 while its block makes several passes over it; batches have at most a few hundred
+// rows, so a block per row fills the GPU without any cross-block reduction. Nothing is ever
+// sorted: each filter is a threshold found by radix selection over the 32-bit patterns of the
+// values (8 bits a pass, warp-private shared-memory histograms, so atomics only contend inside a
+// warp), and ties are resolved in token-id order by prefix counts over contiguous per-thread
+// chunks of the vocabulary.
+//
+// Determinism: probability masses are summed as 64-bit fixed-point integers (p * 2^40, with
+// p = exp((l - max) / T) <= 1), so every sum, histogram and prefix is exact and independent of
+// the order atomics land in; a seeded request draws the same token on every run. Against the
+// host sampler (float probabilities summed in double) a row can differ only when its draw falls
+// within ~1e-7 of a token boundary.
+#include <cfloat>
+#include <climits>
+
+#include "backend/cuda/cuda_engine_kernels.h"
+#include "backend/cuda/cuda_utils.cuh"
+
+namespace specula::cuda {
+namespace {
+
+using u64 = unsigned long long;
+
+constexpr int kThreads = 512;
+constexpr int kWarps = kThreads / 32;
+constexpr unsigned kFull = 0xffffffffu;
+constexpr float kFixedScale = 1099511627776.0f;  // 2^40
+
+struct Shared {
+  u64 hist[kWarps][256];  // 32 KB
+  u64 merged[256];
+  u64 part[kWarps];
+  double dpart[kWarps];
+  float fpart[kWarps];
+  int ipart[kWarps];
+  u64 bcast_u64[2];
+  int bcast_int[2];
+};
+
+__device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
+__device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
+
+__device__ __forceinline__ u64 to_fixed(float p) { return __float2ull_rz(p * kFixedScale); }
+
+// Raw logits of any sign -> keys whose unsigned order is the float order.
+__device__ __forceinline__ uint32_t ordered_key(float f) {
+  const uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ u64 block_sum_u64(u64 v, Shared& s) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
+  __syncthreads();
+  if (lane_id() == 0) s.part[warp_id()] = v;
+  __syncthreads();
+  u64 total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += s.part[w];
+  return total;
+}
+
+__device__ double block_sum_double(double v, Shared& s) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFull, v, off);
+  __syncthreads();
+  if (lane_id() == 0) s.dpart[warp_id()] = v;
+  __syncthreads();
+  double total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += s.dpart[w];  // fixed order: deterministic
+  return total;
+}
+
+// (value, index) with the larger value winning, the lower index among equals: "first index of
+// the maximum", as the host's argmax.
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+__device__ void block_argmax(float& v, int& idx, Shared& s) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(kFull, v, off);
+    const int oi = __shfl_xor_sync(kFull, idx, off);
+    if (better(ov, oi, v, idx)) {
+      v = ov;
+      idx = oi;
+    }
+  }
+  __syncthreads();
+  if (lane_id() == 0) {
+    s.fpart[warp_id()] = v;
+    s.ipart[warp_id()] = idx;
+  }
+  __syncthreads();
+  v = s.fpart[0];
+  idx = s.ipart[0];
+  for (int w = 1; w < kWarps; ++w) {
+    if (better(s.fpart[w], s.ipart[w], v, idx)) {
+      v = s.fpart[w];
+      idx = s.ipart[w];
+    }
+  }
+}
+
+// Exclusive prefix of v over the threads in order; *total gets the sum over all threads.
+__device__ u64 block_exclusive_scan(u64 v, u64* total, Shared& s) {
+  u64 inc = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const u64 n = __shfl_up_sync(kFull, inc, off);
+    if (lane_id() >= off) inc += n;
+  }
+  __syncthreads();
+  if (lane_id() == 31) s.part[warp_id()] = inc;
+  __syncthreads();
+  u64 base = 0, all = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp_id()) base += s.part[w];
+    all += s.part[w];
+  }
+  *total = all;
+  return base + inc - v;
+}
+
+struct Selection {
+  uint32_t key = 0;  // the threshold key K
+  u64 above = 0;     // weight of the elements with key > K
+  u64 equal = 0;     // weight of the elements with key == K
+};
+
+// The largest key K with W(key >= K) >= target, where W sums the weights of the elements that
+// `element(i, key, weight)` accepts (target <= the total weight). Four passes of 8 bits, most
+// significant first. COUNTS: every accepted weight is 1, added once per group of lanes that
+// share a bin (__match_any_sync), so that many equal keys (e.g. filtered zeros) do not serialise
+// the shared-memory atomics.
+template <bool COUNTS, class Element>
+__device__ Selection radix_select(int64_t n, u64 target, Element element, Shared& s) {
+  uint32_t prefix = 0, mask = 0;
+  Selection sel;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int i = threadIdx.x; i < kWarps * 256; i += kThreads) (&s.hist[0][0])[i] = 0;
+    __syncthreads();
+    for (int64_t base = 0; base < n; base += kThreads) {  // uniform trip count: whole warps in step
+      const int64_t i = base + threadIdx.x;
+      uint32_t key = 0;
+      u64 w = 0;
+      const bool ok = i < n && element(i, key, w) && w > 0 && (key & mask) == prefix;
+      const int bin = static_cast<int>((key >> shift) & 255u);
+      if constexpr (COUNTS) {
+        const unsigned group = __match_any_sync(kFull, ok ? bin : -1);
+        if (ok && __ffs(group) - 1 == lane_id()) atomicAdd(&s.hist[warp_id()][bin], static_cast<u64>(__popc(group)));
+      } else {
+        if (ok) atomicAdd(&s.hist[warp_id()][bin], w);
+      }
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < 256; b += kThreads) {
+      u64 t = 0;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) t += s.hist[w][b];
+      s.merged[b] = t;
+    }
+    __syncthreads();
+    if (warp_id() == 0) {
+      // Lane l owns bins 255 - 8l .. 248 - 8l (descending); find the bin where the weight from
+      // the top reaches the target.
+      const int lane = lane_id();
+      u64 own = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) own += s.merged[255 - 8 * lane - j];
+      u64 inc = own;
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1) {
+        const u64 o = __shfl_up_sync(kFull, inc, off);
+        if (lane >= off) inc += o;
+      }
+      const unsigned crossing = __ballot_sync(kFull, sel.above + inc >= target);
+      const int first = crossing ? __ffs(crossing) - 1 : 31;
+      if (lane == first) {
+        u64 acc = sel.above + inc - own;
+        int chosen = 255 - 8 * lane - 7;
+        for (int j = 0; j < 8; ++j) {
+          const int b = 255 - 8 * lane - j;
+          if (acc + s.merged[b] >= target || j == 7) {
+            chosen = b;
+            break;
+          }
+          acc += s.merged[b];
+        }
+        s.bcast_u64[0] = acc;
+        s.bcast_u64[1] = s.merged[chosen];
+        s.bcast_int[0] = chosen;
+      }
+    }
+    __syncthreads();
+    sel.above = s.bcast_u64[0];
+    sel.equal = s.bcast_u64[1];
+    prefix |= static_cast<uint32_t>(s.bcast_int[0]) << shift;
+    mask |= 255u << shift;
+    __syncthreads();  // the next pass rewrites hist and the broadcast slots
+  }
+  sel.key = prefix;
+  return sel;
+}
+
+struct RowView {
+  const float* raw;
+  const uint32_t* counts;  // null: no penalties, no masks
+  SamplingRowDesc d;
+
+  // Penalties in the host's order: masked -> -inf, repetition (prompt or output), frequency and
+  // presence (output counts). Explicit _rn intrinsics: no contraction into an FMA the host's
+  // arithmetic does not have.
+  __device__ __forceinline__ float processed(int64_t i) const {
+    float l = raw[i];
+    if (counts == nullptr) return l;
+    const uint32_t c = counts[i];
+    if (c & kMaskedBit) l = -INFINITY;
+    const uint32_t count = c & kCountMask;
+    if (d.repetition_penalty != 1.0f && (c & (kPromptSeenBit | kCountMask)) != 0)
+      l = l > 0.0f ? __fdiv_rn(l, d.repetition_penalty) : __fmul_rn(l, d.repetition_penalty);
+    if ((d.frequency_penalty != 0.0f || d.presence_penalty != 0.0f) && count > 0)
+      l = __fsub_rn(l, __fadd_rn(__fmul_rn(d.frequency_penalty, static_cast<float>(count)), d.presence_penalty));
+    return l;
+  }
+};
+
+// Chunk of the vocabulary a thread owns for the order-dependent passes (token-id order).
+__device__ __forceinline__ void thread_chunk(int64_t vocab, int64_t& begin, int64_t& end) {
+  const int64_t per = (vocab + kThreads - 1) / kThreads;
+  begin = per * static_cast<int64_t>(threadIdx.x);
+  if (begin > vocab) begin = vocab;
+  end = begin + per < vocab ? begin + per : vocab;
+}
+
+// Returns the sampled token, or -1 when no logit is finite.
+__device__ int sample_row(const RowView& row, int64_t vocab, Shared& s) {
+  const SamplingRowDesc& d = row.d;
+  float m = -INFINITY;
+  int arg = INT_MAX;
+  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+    const float v = row.processed(i);
+    if (better(v, static_cast<int>(i), m, arg)) {
+      m = v;
+      arg = static_cast<int>(i);
+    }
+  }
+  block_argmax(m, arg, s);
+  if (d.greedy) return arg;
+  if (!isfinite(m)) return -1;
+
+  const float inv_t = __fdiv_rn(1.0f, d.temperature);
+  auto prob = [&](int64_t i) { return expf(__fmul_rn(__fsub_rn(row.processed(i), m), inv_t)); };  // max: 1
+  auto minp_ok = [&](float p) { return !(d.min_p > 0.0f) || p >= d.min_p; };
+
+  uint32_t kth = 0;  // top_k: keep p >= the k-th largest p (ties kept)
+  if (d.top_k > 0 && d.top_k < vocab) {
+    kth = radix_select<true>(vocab, static_cast<u64>(d.top_k), [&](int64_t i, uint32_t& key, u64& w) {
+            const float p = prob(i);
+            key = minp_ok(p) ? __float_as_uint(p) : 0u;  // the host sorts the zeroed tokens too
+            w = 1;
+            return true;
+          }, s).key;
+  }
+  auto kept1 = [&](float p) { return minp_ok(p) && __float_as_uint(p) >= kth; };
+
+  // top_p: threshold tau with mass(p > tau) < P <= mass(p >= tau); tokens at tau are kept in id
+  // order while the mass before them is below P.
+  uint32_t tau = 0;
+  u64 keep_ties = 0;
+  bool partial_ties = false;
+  if (d.top_p < 1.0f) {
+    u64 local = 0;
+    for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+      const float p = prob(i);
+      if (kept1(p)) local += to_fixed(p);
+    }
+    const u64 total = block_sum_u64(local, s);
+    u64 target = static_cast<u64>(ceil(static_cast<double>(d.top_p) * static_cast<double>(total)));
+    target = target < 1 ? 1 : (target > total ? total : target);
+    const Selection sel = radix_select<false>(vocab, target, [&](int64_t i, uint32_t& key, u64& w) {
+      const float p = prob(i);
+      if (!kept1(p)) return false;
+      key = __float_as_uint(p);
+      w = to_fixed(p);
+      return true;
+    }, s);
+    tau = sel.key;
+    const u64 tau_mass = to_fixed(__uint_as_float(tau));
+    if (tau_mass > 0) {
+      const u64 ties = sel.equal / tau_mass;
+      const u64 need = (target - sel.above + tau_mass - 1) / tau_mass;
+      keep_ties = need < ties ? need : ties;
+      partial_ties = keep_ties < ties;
+    }
+  }
+  const bool top_p_on = d.top_p < 1.0f;
+
+  // The draw: the first token (in id order) whose cumulative kept mass exceeds u * total.
+  int64_t begin, end;
+  thread_chunk(vocab, begin, end);
+  u64 tie_rank = 0;
+  if (partial_ties) {
+    u64 local = 0, all = 0;
+    for (int64_t i = begin; i < end; ++i) {
+      const float p = prob(i);
+      local += kept1(p) && __float_as_uint(p) == tau ? 1 : 0;
+    }
+    tie_rank = block_exclusive_scan(local, &all, s);
+  }
+  auto kept_mass = [&](int64_t i, u64& rank) -> u64 {
+    const float p = prob(i);
+    if (!kept1(p)) return 0;
+    if (top_p_on) {
+      const uint32_t k = __float_as_uint(p);
+      if (k < tau) return 0;
+      if (k == tau && partial_ties && rank++ >= keep_ties) return 0;
+    }
+    return to_fixed(p);
+  };
+  u64 local = 0;
+  {
+    u64 rank = tie_rank;
+    for (int64_t i = begin; i < end; ++i) local += kept_mass(i, rank);
+  }
+  u64 total = 0;
+  const u64 before = block_exclusive_scan(local, &total, s);
+  if (threadIdx.x == 0) s.bcast_int[1] = -1;
+  __syncthreads();
+  u64 target = static_cast<u64>(d.uniform * static_cast<double>(total));
+  if (target >= total) target = total - 1;
+  if (total > 0 && before <= target && target < before + local) {
+    u64 cum = before, rank = tie_rank;
+    for (int64_t i = begin; i < end; ++i) {
+      cum += kept_mass(i, rank);
+      if (cum > target) {
+        s.bcast_int[1] = static_cast<int>(i);
+        break;
+      }
+    }
+  }
+  __syncthreads();
+  return s.bcast_int[1];
+}
+
+// log_softmax of the raw row: the target's logprob and rank, and the top n entries (unsorted).
+__device__ void row_logprobs(const float* raw, int64_t vocab, int target, int n, SamplingRowResult& res,
+                             TopLogprob* top, Shared& s) {
+  float m = -INFINITY;
+  int arg = INT_MAX;
+  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+    if (better(raw[i], static_cast<int>(i), m, arg)) {
+      m = raw[i];
+      arg = static_cast<int>(i);
+    }
+  }
+  block_argmax(m, arg, s);
+  const float target_logit = raw[target];
+  double sum = 0.0;
+  u64 more_likely = 0;
+  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+    const float l = raw[i];
+    sum += exp(static_cast<double>(l) - static_cast<double>(m));
+    more_likely += l > target_logit ? 1 : 0;
+  }
+  const double lse = static_cast<double>(m) + log(block_sum_double(sum, s));
+  const u64 rank = 1 + block_sum_u64(more_likely, s);
+  res.logprob = static_cast<float>(static_cast<double>(target_logit) - lse);
+  res.lse = lse;
+  res.rank = static_cast<int32_t>(rank);
+  res.num_top = 0;
+  if (n <= 0) return;
+  if (n > vocab) n = static_cast<int>(vocab);
+  const Selection sel = radix_select<true>(vocab, static_cast<u64>(n), [&](int64_t i, uint32_t& key, u64& w) {
+    key = ordered_key(raw[i]);
+    w = 1;
+    return true;
+  }, s);
+  const u64 need_ties = static_cast<u64>(n) - sel.above;
+  int64_t begin, end;
+  thread_chunk(vocab, begin, end);
+  u64 gt = 0, eq = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const uint32_t k = ordered_key(raw[i]);
+    gt += k > sel.key ? 1 : 0;
+    eq += k == sel.key ? 1 : 0;
+  }
+  u64 all = 0;
+  u64 gt_at = block_exclusive_scan(gt, &all, s);
+  u64 eq_rank = block_exclusive_scan(eq, &all, s);
+  for (int64_t i = begin; i < end; ++i) {
+    const uint32_t k = ordered_key(raw[i]);
+    int64_t at = -1;
+    if (k > sel.key) {
+      at = static_cast<int64_t>(gt_at++);
+    } else if (k == sel.key) {
+      if (eq_rank < need_ties) at = static_cast<int64_t>(sel.above + eq_rank);
+      ++eq_rank;
+    }
+    if (at >= 0) top[at] = TopLogprob{static_cast<int32_t>(i), raw[i]};
+  }
+  res.num_top = n;
+}
+
+__global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __restrict__ logits, int64_t vocab,
+                                                               const SamplingRowDesc* __restrict__ rows,
+                                                               const uint32_t* __restrict__ counts,
+                                                               SamplingRowResult* __restrict__ results,
+                                                               TopLogprob* __restrict__ top, int max_top) {
+  __shared__ Shared s;
+  RowView row;
+  row.d = rows[blockIdx.x];
+  row.raw = logits + static_cast<int64_t>(row.d.logits_row) * vocab;
+  row.counts = row.d.counts_row >= 0 ? counts + static_cast<int64_t>(row.d.counts_row) * vocab : nullptr;
+  SamplingRowResult res;
+  res.token = row.d.target >= 0 ? row.d.target : sample_row(row, vocab, s);
+  if (row.d.top_n >= 0 && res.token >= 0 && res.token < vocab) {
+    row_logprobs(row.raw, vocab, res.token, min(row.d.top_n, max_top), res,
+                 top + static_cast<int64_t>(blockIdx.x) * max_top, s);
+  }
+  if (threadIdx.x == 0) results[blockIdx.x] = res;
+}
+
+__global__ void build_counts_kernel(const CountsDesc* __restrict__ descs, const int32_t* __restrict__ ids,
+                                    uint32_t* __restrict__ counts, int64_t vocab) {
+  const CountsDesc d = descs[blockIdx.x];
+  uint32_t* row = counts + static_cast<int64_t>(blockIdx.x) * vocab;
+  for (int i = d.prompt_begin + threadIdx.x; i < d.output_begin; i += blockDim.x) {
+    const int32_t id = ids[i];
+    if (id >= 0 && id < vocab) atomicOr(&row[id], kPromptSeenBit);
+  }
+  for (int i = d.output_begin + threadIdx.x; i < d.masked_begin; i += blockDim.x) {
+    const int32_t id = ids[i];
+    if (id >= 0 && id < vocab) atomicAdd(&row[id], 1u);
+  }
+  for (int i = d.masked_begin + threadIdx.x; i < d.end; i += blockDim.x) {
+    const int32_t id = ids[i];
+    if (id >= 0 && id < vocab) atomicOr(&row[id], kMaskedBit);
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_build_token_counts(const CountsDesc* descs, const int32_t* ids, int num_rows, uint32_t* counts,
+                                      int64_t vocab, cudaStream_t stream) {
+  if (num_rows == 0) return cudaSuccess;
+  build_counts_kernel<<<num_rows, 256, 0, stream>>>(descs, ids, counts, vocab);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_sample_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
+                               const uint32_t* counts, SamplingRowResult* results, TopLogprob* top, int max_top,
+                               cudaStream_t stream) {
+  if (num_rows == 0) return cudaSuccess;
+  if (vocab <= 0 || vocab > INT_MAX) return cudaErrorInvalidValue;
+  sample_rows_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, rows, counts, results, top, max_top);
+  return cudaGetLastError();
+}
+
+}  // namespace specula::cuda

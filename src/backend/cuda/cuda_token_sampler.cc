@@ -1,0 +1,203 @@
+#include "backend/cuda/cuda_token_sampler.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+
+namespace specula {
+namespace {
+
+constexpr size_t kAlign = 16;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+size_t results_bytes(int rows) { return align_up(sizeof(cuda::SamplingRowResult) * static_cast<size_t>(rows)); }
+size_t top_bytes(int rows) {
+  return sizeof(cuda::TopLogprob) * static_cast<size_t>(rows) * CudaTokenSampler::kMaxTopLogprobs;
+}
+
+}  // namespace
+
+CudaTokenSampler::CudaTokenSampler(CudaBackend& backend, int max_rows, int64_t vocab)
+    : backend_(backend), stream_(backend.stream()), max_rows_(max_rows), vocab_(vocab) {
+  SPECULA_CHECK(max_rows > 0 && vocab > 0 && vocab < (int64_t{1} << 31),
+                "CUDA sampler: needs positive max_rows ({}) and a vocabulary below 2^31 ({})", max_rows, vocab);
+  counts_ = backend.empty({max_rows, vocab}, DType::kI32);  // read as uint32 flags + counts
+  const size_t rbytes = results_bytes(max_rows) + top_bytes(max_rows);
+  results_ = backend.empty({static_cast<int64_t>(rbytes)}, DType::kU8);
+  check_cuda(cudaHostAlloc(&host_results_, rbytes, cudaHostAllocDefault), "CUDA sampler: pinned result buffer");
+  ensure_upload_capacity(64 * 1024);
+}
+
+CudaTokenSampler::~CudaTokenSampler() {
+  cudaStreamSynchronize(stream_);
+  if (host_results_) cudaFreeHost(host_results_);
+  if (host_upload_) cudaFreeHost(host_upload_);
+}
+
+size_t CudaTokenSampler::device_bytes() const { return counts_.nbytes() + results_.nbytes() + upload_.nbytes(); }
+
+void CudaTokenSampler::ensure_upload_capacity(size_t bytes) {
+  if (bytes <= upload_capacity_) return;
+  const size_t capacity = std::max(bytes, 2 * upload_capacity_);
+  // Every call synchronises before returning, so nothing still reads the old buffers.
+  if (host_upload_) cudaFreeHost(host_upload_);
+  host_upload_ = nullptr;
+  check_cuda(cudaHostAlloc(&host_upload_, capacity, cudaHostAllocDefault), "CUDA sampler: pinned upload buffer");
+  upload_ = backend_.empty({static_cast<int64_t>(capacity)}, DType::kU8);
+  upload_capacity_ = capacity;
+}
+
+void CudaTokenSampler::check_logits(const Tensor& logits) const {
+  SPECULA_CHECK(logits.defined() && logits.device() == Device::kCUDA && logits.dtype() == DType::kF32 &&
+                    logits.ndim() == 2,
+                "CUDA sampler: logits must be F32 [L, V] on the GPU, got {}", logits.describe());
+  SPECULA_CHECK(logits.size(1) == vocab_, "CUDA sampler: logits {} have {} columns, the sampler was made for {}",
+                logits.describe(), logits.size(1), vocab_);
+}
+
+std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits,
+                                                          std::span<const TokenSamplingRow> rows) {
+  check_logits(logits);
+  SPECULA_CHECK(static_cast<int>(rows.size()) <= max_rows_, "CUDA sampler: {} rows, made for at most {}",
+                rows.size(), max_rows_);
+  std::vector<cuda::SamplingRowDesc> descs(rows.size());
+  std::vector<cuda::CountsDesc> counts;
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const TokenSamplingRow& r = rows[i];
+    SPECULA_CHECK(r.logits_row >= 0 && r.logits_row < logits.size(0),
+                  "CUDA sampler: row {} reads logits row {} of {}", i, r.logits_row, logits.size(0));
+    SPECULA_CHECK(r.top_logprobs <= kMaxTopLogprobs, "CUDA sampler: {} top logprobs asked, at most {} on the device",
+                  r.top_logprobs, kMaxTopLogprobs);
+    SPECULA_CHECK(r.greedy || r.temperature > 0.0f, "CUDA sampler: row {} samples at temperature {}", i,
+                  r.temperature);
+    cuda::SamplingRowDesc& d = descs[i];
+    d.logits_row = r.logits_row;
+    d.greedy = r.greedy ? 1 : 0;
+    d.temperature = r.temperature;
+    d.top_k = r.top_k > 0 ? r.top_k : 0;
+    d.top_p = r.top_p;
+    d.min_p = r.min_p;
+    d.repetition_penalty = r.repetition_penalty;
+    d.frequency_penalty = r.frequency_penalty;
+    d.presence_penalty = r.presence_penalty;
+    d.top_n = r.top_logprobs;
+    d.uniform = r.uniform;
+    const bool repetition = r.repetition_penalty != 1.0f;
+    const bool penalties = repetition || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f;
+    if (penalties || !r.masked_ids.empty()) {
+      d.counts_row = static_cast<int32_t>(counts.size());
+      cuda::CountsDesc c;
+      c.prompt_begin = static_cast<int32_t>(ids.size());
+      if (repetition) ids.insert(ids.end(), r.prompt_ids.begin(), r.prompt_ids.end());
+      c.output_begin = static_cast<int32_t>(ids.size());
+      if (penalties) ids.insert(ids.end(), r.output_ids.begin(), r.output_ids.end());
+      c.masked_begin = static_cast<int32_t>(ids.size());
+      ids.insert(ids.end(), r.masked_ids.begin(), r.masked_ids.end());
+      c.end = static_cast<int32_t>(ids.size());
+      counts.push_back(c);
+    }
+  }
+  std::vector<TokenSamplingResult> out = run(logits, descs, counts, ids);
+  for (size_t i = 0; i < out.size(); ++i)
+    SPECULA_CHECK(out[i].token >= 0, "sampling: every token is masked or the logits are not finite (row {})", i);
+  return out;
+}
+
+std::vector<TokenSamplingResult> CudaTokenSampler::logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
+                                                               std::span<const int32_t> targets, int top_n) {
+  check_logits(logits);
+  SPECULA_CHECK(rows.size() == targets.size(), "CUDA sampler: {} rows and {} targets", rows.size(), targets.size());
+  SPECULA_CHECK(top_n >= 0 && top_n <= kMaxTopLogprobs, "CUDA sampler: top {} logprobs, at most {} on the device",
+                top_n, kMaxTopLogprobs);
+  std::vector<TokenSamplingResult> out;
+  out.reserve(rows.size());
+  for (size_t first = 0; first < rows.size(); first += static_cast<size_t>(max_rows_)) {
+    const size_t n = std::min(rows.size() - first, static_cast<size_t>(max_rows_));
+    std::vector<cuda::SamplingRowDesc> descs(n);
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t row = rows[first + i], target = targets[first + i];
+      SPECULA_CHECK(row >= 0 && row < logits.size(0), "CUDA sampler: logits row {} of {}", row, logits.size(0));
+      SPECULA_CHECK(target >= 0 && target < vocab_, "logprobs: token {} outside the vocab of {}", target, vocab_);
+      descs[i].logits_row = row;
+      descs[i].target = target;
+      descs[i].top_n = top_n;
+    }
+    std::vector<TokenSamplingResult> part = run(logits, descs, {}, {});
+    for (TokenSamplingResult& r : part) out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<TokenSamplingResult> CudaTokenSampler::run(const Tensor& logits,
+                                                       const std::vector<cuda::SamplingRowDesc>& rows,
+                                                       const std::vector<cuda::CountsDesc>& counts,
+                                                       const std::vector<int32_t>& ids) {
+  const int n = static_cast<int>(rows.size());
+  if (n == 0) return {};
+  const size_t rows_at = 0, counts_at = align_up(sizeof(cuda::SamplingRowDesc) * rows.size());
+  const size_t ids_at = counts_at + align_up(sizeof(cuda::CountsDesc) * counts.size());
+  const size_t bytes = ids_at + sizeof(int32_t) * ids.size();
+  ensure_upload_capacity(bytes);
+  char* host = static_cast<char*>(host_upload_);
+  std::memcpy(host + rows_at, rows.data(), sizeof(cuda::SamplingRowDesc) * rows.size());
+  if (!counts.empty()) std::memcpy(host + counts_at, counts.data(), sizeof(cuda::CountsDesc) * counts.size());
+  if (!ids.empty()) std::memcpy(host + ids_at, ids.data(), sizeof(int32_t) * ids.size());
+  char* dev = static_cast<char*>(upload_.data());
+  check_cuda(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_), "CUDA sampler: upload");
+
+  if (!counts.empty()) {
+    check_cuda(cudaMemsetAsync(counts_.data(), 0, counts.size() * static_cast<size_t>(vocab_) * sizeof(uint32_t),
+                               stream_),
+               "CUDA sampler: clearing counts");
+    check_cuda(cuda::launch_build_token_counts(reinterpret_cast<const cuda::CountsDesc*>(dev + counts_at),
+                                               reinterpret_cast<const int32_t*>(dev + ids_at),
+                                               static_cast<int>(counts.size()), counts_.data_as<uint32_t>(), vocab_,
+                                               stream_),
+               "CUDA sampler: token counts");
+  }
+  char* res_dev = static_cast<char*>(results_.data());
+  auto* top_dev = reinterpret_cast<cuda::TopLogprob*>(res_dev + results_bytes(max_rows_));
+  check_cuda(cuda::launch_sample_rows(logits.data_as<float>(), vocab_,
+                                      reinterpret_cast<const cuda::SamplingRowDesc*>(dev + rows_at), n,
+                                      counts_.data_as<uint32_t>(), reinterpret_cast<cuda::SamplingRowResult*>(res_dev),
+                                      top_dev, kMaxTopLogprobs, stream_),
+             "CUDA sampler: sampling");
+  char* res_host = static_cast<char*>(host_results_);
+  check_cuda(cudaMemcpyAsync(res_host, res_dev, sizeof(cuda::SamplingRowResult) * rows.size(), cudaMemcpyDeviceToHost,
+                             stream_),
+             "CUDA sampler: results");
+  const bool any_top = std::any_of(rows.begin(), rows.end(), [](const cuda::SamplingRowDesc& d) { return d.top_n > 0; });
+  auto* top_host = reinterpret_cast<cuda::TopLogprob*>(res_host + results_bytes(max_rows_));
+  if (any_top) {
+    check_cuda(cudaMemcpyAsync(top_host, top_dev, top_bytes(n), cudaMemcpyDeviceToHost, stream_),
+               "CUDA sampler: top logprobs");
+  }
+  check_cuda(cudaStreamSynchronize(stream_), "CUDA sampler: waiting for the results");
+
+  const auto* results = reinterpret_cast<const cuda::SamplingRowResult*>(res_host);
+  std::vector<TokenSamplingResult> out(rows.size());
+  for (int i = 0; i < n; ++i) {
+    const cuda::SamplingRowResult& r = results[i];
+    TokenSamplingResult& o = out[static_cast<size_t>(i)];
+    o.token = r.token;
+    if (rows[i].top_n < 0 || r.token < 0) continue;
+    o.has_logprobs = true;
+    o.logprob = r.logprob;
+    o.rank = r.rank;
+    std::vector<cuda::TopLogprob> top(top_host + static_cast<size_t>(i) * kMaxTopLogprobs,
+                                      top_host + static_cast<size_t>(i) * kMaxTopLogprobs + r.num_top);
+    // Most likely first, ties by lower id: the host sampler's order, on the raw logits.
+    std::sort(top.begin(), top.end(), [](const cuda::TopLogprob& a, const cuda::TopLogprob& b) {
+      return a.logit > b.logit || (a.logit == b.logit && a.token < b.token);
+    });
+    o.top.reserve(top.size());
+    for (const cuda::TopLogprob& t : top)
+      o.top.push_back({t.token, static_cast<float>(static_cast<double>(t.logit) - r.lse)});
+  }
+  return out;
+}
+
+}  // namespace specula

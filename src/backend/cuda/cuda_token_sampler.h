@@ -1,0 +1,58 @@
+// TokenSampler on the GPU (backend/token_sampler.h): the host side of cuda_sampling.cu.
+//
+// Per call: the rows' settings (and, for rows with penalties or masked ids, their id lists) go up
+// in ONE pinned host-to-device copy; the counts kernel and the sampling kernel run; the results
+// (token, and logprobs where asked for) come back in pinned memory and the call synchronises
+// once. The logits themselves never leave the device.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "backend/cuda/cuda_engine_kernels.h"
+#include "backend/token_sampler.h"
+#include "core/tensor.h"
+
+namespace specula {
+
+class CudaBackend;
+
+class CudaTokenSampler final : public TokenSampler {
+ public:
+  static constexpr int kMaxTopLogprobs = 64;
+
+  CudaTokenSampler(CudaBackend& backend, int max_rows, int64_t vocab);
+  ~CudaTokenSampler() override;
+  CudaTokenSampler(const CudaTokenSampler&) = delete;
+  CudaTokenSampler& operator=(const CudaTokenSampler&) = delete;
+
+  int max_top_logprobs() const override { return kMaxTopLogprobs; }
+  std::vector<TokenSamplingResult> sample(const Tensor& logits, std::span<const TokenSamplingRow> rows) override;
+  std::vector<TokenSamplingResult> logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
+                                               std::span<const int32_t> targets, int top_n) override;
+  size_t device_bytes() const override;
+
+ private:
+  // Uploads, launches and reads back one batch of at most max_rows_ rows.
+  std::vector<TokenSamplingResult> run(const Tensor& logits, const std::vector<cuda::SamplingRowDesc>& rows,
+                                       const std::vector<cuda::CountsDesc>& counts,
+                                       const std::vector<int32_t>& ids);
+  void check_logits(const Tensor& logits) const;
+  void ensure_upload_capacity(size_t bytes);
+
+  CudaBackend& backend_;
+  cudaStream_t stream_;
+  int max_rows_;
+  int64_t vocab_;
+  Tensor counts_;       // [max_rows, V] of 32-bit flags + counts (stored as I32)
+  Tensor results_;      // SamplingRowResult [max_rows] then TopLogprob [max_rows, kMaxTopLogprobs]
+  Tensor upload_;       // row descriptors, counts descriptors, ids
+  void* host_results_ = nullptr;  // pinned mirror of results_
+  void* host_upload_ = nullptr;   // pinned staging for upload_
+  size_t upload_capacity_ = 0;
+};
+
+}  // namespace specula

@@ -1,0 +1,75 @@
+// Token sampling on the backend's device: logits rows in, one token per row out, with only the
+// tokens (and the logprobs a row asks for) coming back to the host, once per call.
+//
+// This is the device half of the engine's Sampler (engine/sampler.h): the engine turns its
+// per-request SamplingRows into TokenSamplingRows (computing each row's random draw `uniform`
+// from the request's counter-based stream), and back. The math is the engine's
+// engine/sampling_math.h, step for step:
+//   processed logits l' = raw, then masked ids -> -inf, repetition penalty (each distinct id of
+//   prompt + output once: divided when positive, multiplied otherwise), frequency and presence
+//   penalties (output counts: l' -= frequency * count + presence);
+//   greedy: the first index of max l';
+//   otherwise p = exp((l' - max l') / temperature); min_p drops p < min_p * max p; top_k keeps
+//   p >= the k-th largest p (ties kept); top_p keeps the most likely tokens (ties: lower id first)
+//   while the mass before them is below top_p of the remaining mass; the token is the first id
+//   whose cumulative kept mass exceeds uniform * (total kept mass).
+// Logprobs are those of the raw logits (log_softmax): the sampled token's value and rank (1 +
+// tokens strictly more likely) and the top N, most likely first (ties: lower id first).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace specula {
+
+struct TokenSamplingRow {
+  int32_t logits_row = 0;
+  bool greedy = true;
+  float temperature = 1.0f;
+  int32_t top_k = 0;  // <= 0: off
+  float top_p = 1.0f;
+  float min_p = 0.0f;
+  float repetition_penalty = 1.0f;
+  float frequency_penalty = 0.0f;
+  float presence_penalty = 0.0f;
+  double uniform = 0.0;  // the row's draw in [0, 1)
+  std::span<const int32_t> prompt_ids;  // read only when repetition_penalty != 1
+  std::span<const int32_t> output_ids;  // read when any penalty is on
+  std::span<const int32_t> masked_ids;  // -> -inf
+  int32_t top_logprobs = -1;            // -1: no logprobs; N >= 0: the sampled token's and the top N
+};
+
+struct TokenLogprobEntry {
+  int32_t token = 0;
+  float logprob = 0.0f;
+};
+
+struct TokenSamplingResult {
+  int32_t token = 0;
+  // When logprobs were asked for (or for logprobs_of): the target token's logprob and rank, and
+  // the top N entries, most likely first.
+  bool has_logprobs = false;
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  std::vector<TokenLogprobEntry> top;
+};
+
+class TokenSampler {
+ public:
+  virtual ~TokenSampler() = default;
+  // The largest N of top logprobs computed on the device; rows asking for more are the caller's
+  // to compute (the engine does them on the host).
+  virtual int max_top_logprobs() const = 0;
+  // logits: F32 [L, V] on the device, rows.size() <= the max_rows the sampler was made for.
+  virtual std::vector<TokenSamplingResult> sample(const Tensor& logits, std::span<const TokenSamplingRow> rows) = 0;
+  // log_softmax of raw logits rows[i] reporting targets[i] and the top top_n (<= max_top_logprobs).
+  virtual std::vector<TokenSamplingResult> logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
+                                                       std::span<const int32_t> targets, int top_n) = 0;
+  // Device bytes the sampler holds (for the memory plan's log).
+  virtual size_t device_bytes() const = 0;
+};
+
+}  // namespace specula
