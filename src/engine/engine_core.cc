@@ -139,6 +139,14 @@ bool EngineCore::step() {
     return true;
   }
   std::vector<EngineCoreOutput> outs = scheduler_.update(scheduled, result);
+  // Drafts for the next step (finished requests are gone from the scheduler: ignored).
+  for (size_t i = 0; i < result.draft_token_ids.size() && i < scheduled.scheduled.size(); ++i)
+    if (!result.draft_token_ids[i].empty())
+      scheduler_.set_draft_tokens(scheduled.scheduled[i].req_id, std::move(result.draft_token_ids[i]));
+  if (result.spec_depth >= 0) {
+    spec_depth_steps_ += 1;
+    spec_depth_sum_ += result.spec_depth;
+  }
   std::vector<std::string> stopped = outputs_.process(outs);
   scheduler_.finish_requests(stopped, RequestStatus::kFinishedStopped);
   return true;
@@ -161,6 +169,10 @@ EngineMetrics EngineCore::metrics() const {
   m.spec_num_draft_tokens = s.spec_num_draft_tokens;
   m.spec_num_accepted_tokens = s.spec_num_accepted_tokens;
   m.spec_accepted_per_pos = s.spec_accepted_per_pos;
+  m.spec_num_speculative_tokens = config_.num_spec_tokens;
+  m.spec_adaptive = config_.spec_adaptive;
+  m.spec_depth_steps = spec_depth_steps_;
+  m.spec_depth_sum = spec_depth_sum_;
   m.num_gpu_blocks = kv.num_blocks();
   return m;
 }

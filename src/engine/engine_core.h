@@ -25,7 +25,8 @@ struct EngineCoreConfig {
   int block_size = 16;
   int num_blocks = 0;
   bool enable_prefix_caching = true;
-  int num_spec_tokens = 0;
+  int num_spec_tokens = 0;      // k: KV slots reserved ahead of each request for its drafts
+  bool spec_adaptive = false;   // (for the metrics) the speculator adapts the depth per step
   uint64_t seed = 0;            // requests without a seed draw from seed + a per-sequence counter
   int64_t vocab_size = 0;       // prompt token ids must lie below it
   // eos: the tokenizer's eos_token_id when it has one, else the first generation_config eos; the
@@ -67,6 +68,8 @@ class EngineCore {
   OutputProcessor outputs_;
   uint64_t arrival_seq_ = 0;
   uint64_t unseeded_counter_ = 0;
+  int64_t spec_depth_steps_ = 0;  // steps whose result carried a speculative depth
+  int64_t spec_depth_sum_ = 0;
 };
 
 }  // namespace specula

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -12,6 +13,9 @@
 #include "engine/threaded_engine.h"
 #include "model/model.h"
 #include "model/weight_source.h"
+#include "spec/proposer_registry.h"
+#include "spec/speculative_config.h"
+#include "spec/speculator.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {
@@ -53,8 +57,9 @@ std::vector<int32_t> eos_token_ids(const Tokenizer& tok, const GenerationConfig&
 
 std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
   SPECULA_CHECK(!config.model.empty(), "no model given");
-  SPECULA_CHECK(config.speculative_config.empty(),
-                "--speculative-config: speculative decoding is not wired into the engine yet");
+  // Parsed first: a typo in the JSON fails before any weight is loaded.
+  std::optional<SpeculativeConfig> spec;
+  if (!config.speculative_config.empty()) spec = parse_speculative_config(config.speculative_config);
   SPECULA_CHECK(config.block_size > 0, "--block-size must be positive, got {}", config.block_size);
   EngineComponents parts;
   parts.config = config;
@@ -94,9 +99,25 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
                 "max_num_batched_tokens ({}) must be greater than or equal to max_num_seqs ({})", batched,
                 config.max_num_seqs);
 
+  // ---- speculative decoding: the proposer (a draft model loads here) ----
+  std::unique_ptr<Proposer> proposer;
+  if (spec) {
+    ProposerContext ctx{*spec, config, mc, *parts.model, *parts.tokenizer, *parts.backend,
+                        max_model_len, config.max_num_seqs, batched};
+    proposer = create_proposer(ctx);
+    SPECULA_CHECK(spec->num_speculative_tokens >= 1, "--speculative-config: num_speculative_tokens is required for {}",
+                  spec->method);
+  }
+
   // ---- KV cache ----
-  const KVCacheSpec spec = parts.model->kv_cache_spec();
-  const KVCachePlan plan = plan_kv_cache(config, spec, parts.backend->compute_dtype(), parts.backend->device(),
+  KVCacheSpec kv_spec = parts.model->kv_cache_spec();
+  if (proposer && proposer->kv_cache_spec().num_layers > 0) {
+    // A draft cache shares the target's blocks, so a block costs both: size the cache by their
+    // summed bytes per token (plan_kv_cache only reads bytes_per_token).
+    auto elems = [](const KVCacheSpec& s) { return s.num_layers * s.num_kv_heads * (s.head_dim + s.v_head_dim); };
+    kv_spec = KVCacheSpec{1, 1, elems(kv_spec) + elems(proposer->kv_cache_spec()), 0};
+  }
+  const KVCachePlan plan = plan_kv_cache(config, kv_spec, parts.backend->compute_dtype(), parts.backend->device(),
                                          max_model_len, config.max_num_seqs);
   LOG_INFO("KV cache: {} blocks of {} tokens ({} tokens, {:.2f} GiB, {}); maximum concurrency for {} tokens per "
            "request: {:.2f}x",
@@ -111,6 +132,8 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
   cc.block_size = config.block_size;
   cc.num_blocks = plan.num_blocks;
   cc.enable_prefix_caching = config.enable_prefix_caching;
+  cc.num_spec_tokens = spec ? spec->num_speculative_tokens : 0;
+  cc.spec_adaptive = spec && spec->adaptive;
   cc.seed = config.seed;
   cc.vocab_size = mc.vocab_size;
   cc.eos_token_ids = eos_token_ids(*parts.tokenizer, parts.generation_config, mc);
@@ -124,7 +147,17 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
   rc.block_size = cc.block_size;
   rc.num_blocks = cc.num_blocks;
   rc.num_spec_tokens = cc.num_spec_tokens;
-  parts.executor = std::make_unique<ModelRunner>(*parts.model, *parts.backend, *parts.sampler, rc);
+  auto runner = std::make_unique<ModelRunner>(*parts.model, *parts.backend, *parts.sampler, rc);
+  if (proposer) {
+    proposer->allocate_kv_cache(cc.num_blocks, cc.block_size);
+    parts.speculator = std::make_unique<Speculator>(std::move(proposer),
+                                                    SpeculatorConfig{spec->num_speculative_tokens, spec->adaptive});
+    runner->set_speculator(parts.speculator.get());
+    LOG_INFO("Speculative decoding: method {}{}, num_speculative_tokens={}, adaptive depth {}", spec->method,
+             spec->model.empty() ? "" : " (" + spec->model + ")", spec->num_speculative_tokens,
+             spec->adaptive ? "on" : "off");
+  }
+  parts.executor = std::move(runner);
   LOG_INFO("Engine ready: max_model_len={}, max_num_seqs={}, max_num_batched_tokens={}, prefix caching {}",
            max_model_len, cc.max_num_seqs, batched, cc.enable_prefix_caching ? "on" : "off");
   return make_threaded_engine(std::move(parts));

@@ -52,6 +52,10 @@ struct EngineMetrics {
   int64_t spec_num_draft_tokens = 0;       // vllm:spec_decode_num_draft_tokens
   int64_t spec_num_accepted_tokens = 0;    // vllm:spec_decode_num_accepted_tokens
   std::vector<int64_t> spec_accepted_per_pos;  // vllm:spec_decode_num_accepted_tokens_per_pos
+  int64_t spec_num_speculative_tokens = 0; // k of --speculative-config (0: speculation off)
+  bool spec_adaptive = false;              // the depth adapts per step (0..k)
+  int64_t spec_depth_steps = 0;            // steps that chose a depth
+  int64_t spec_depth_sum = 0;              // sum of the depths chosen (mean depth = sum / steps)
   int64_t num_gpu_blocks = 0;
 };
 

@@ -1,8 +1,11 @@
 #include "engine/model_runner.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/error.h"
+#include "spec/rejection_sampler.h"
+#include "spec/speculator.h"
 
 namespace specula {
 
@@ -11,7 +14,8 @@ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 }  // namespace
 
 ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const ModelRunnerConfig& config)
-    : model_(model), backend_(backend), sampler_(sampler), config_(config) {
+    : model_(model), backend_(backend), sampler_(sampler), rejection_sampler_(make_cpu_rejection_sampler(backend)),
+      config_(config) {
   SPECULA_CHECK(config.num_blocks > 0, "model runner: the KV cache needs at least one block");
   const KVCacheSpec spec = model.kv_cache_spec();
   const DType dtype = backend.compute_dtype();
@@ -46,9 +50,20 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const
   pair(h_logits_idx_, d_logits_idx_, max_logits, DType::kI32);
 }
 
+ModelRunner::~ModelRunner() = default;
+
+void ModelRunner::set_rejection_sampler(std::unique_ptr<RejectionSampler> sampler) {
+  SPECULA_CHECK(sampler != nullptr, "set_rejection_sampler: null sampler");
+  rejection_sampler_ = std::move(sampler);
+}
+
 void ModelRunner::update_states(const SchedulerOutput& scheduled) {
-  for (const std::string& id : scheduled.finished_req_ids) requests_.erase(id);
-  for (const std::string& id : scheduled.preempted_req_ids) requests_.erase(id);
+  for (const std::vector<std::string>* ids : {&scheduled.finished_req_ids, &scheduled.preempted_req_ids}) {
+    for (const std::string& id : *ids) {
+      requests_.erase(id);
+      if (speculator_) speculator_->drop_request(id);
+    }
+  }
   for (const NewRequestData& d : scheduled.new_requests) {
     RequestState s;
     s.tokens = d.prompt_token_ids;
@@ -100,6 +115,7 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
     RequestPlan& plan = plans[s];
     plan.state = &st;
     plan.sched = &r;
+    plan.first_token_row = t;
     const int start = r.num_computed_tokens;
     const int n = r.num_scheduled_tokens;
     const int num_spec = static_cast<int>(r.spec_token_ids.size());
@@ -174,19 +190,6 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
   return in;
 }
 
-std::vector<int32_t> ModelRunner::verify_and_accept(const RequestPlan& plan, const std::vector<SampledToken>& sampled,
-                                                    size_t first, std::vector<PositionLogprobs>* logprobs) const {
-  std::vector<int32_t> accepted;
-  const std::vector<int32_t>& drafts = plan.sched->spec_token_ids;
-  for (int j = 0; j < plan.num_sample_rows; ++j) {
-    const SampledToken& tok = sampled[first + static_cast<size_t>(j)];
-    accepted.push_back(tok.token);
-    if (tok.logprobs && logprobs) logprobs->push_back(*tok.logprobs);
-    if (j < static_cast<int>(drafts.size()) && tok.token != drafts[j]) break;  // the draft was wrong
-  }
-  return accepted;
-}
-
 ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
   update_states(scheduled);
   ModelRunnerOutput out;
@@ -199,6 +202,7 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
   backend_.reset_scratch();
   std::vector<RequestPlan> plans;
   ForwardInput input = prepare_inputs(scheduled, plans);
+  const auto t0 = std::chrono::steady_clock::now();
   ForwardOutput fwd = forward_step(input);
 
   // Sampling rows. Drafts are appended to the request's tokens for the duration of sampling, so
@@ -228,16 +232,45 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
       rows.push_back(row);
     }
   }
-  std::vector<SampledToken> sampled = sampler_.sample(fwd.logits, rows);
+  // Requests without drafts sample one row; verifications go to the rejection sampler.
+  std::vector<SamplingRow> plain;
+  std::vector<VerifyRequest> verify;
+  std::vector<size_t> index_of(num_seqs, 0);
+  for (size_t s = 0; s < num_seqs; ++s) {
+    const RequestPlan& plan = plans[s];
+    if (plan.first_sample_row < 0) continue;
+    const std::vector<int32_t>& drafts = plan.sched->spec_token_ids;
+    if (drafts.empty()) {
+      index_of[s] = plain.size();
+      plain.push_back(rows[first_row_of[s]]);
+    } else {
+      index_of[s] = verify.size();
+      verify.push_back(VerifyRequest{std::span<const SamplingRow>(rows.data() + first_row_of[s], drafts.size() + 1),
+                                     drafts, speculator_ ? speculator_->draft_probs_row(plan.sched->req_id) : -1});
+    }
+  }
+  std::vector<SampledToken> sampled = plain.empty() ? std::vector<SampledToken>{} : sampler_.sample(fwd.logits, plain);
+  std::vector<VerifyResult> verified =
+      rejection_sampler_->verify(fwd.logits, speculator_ ? speculator_->draft_probs() : nullptr, verify);
+  const double target_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   for (size_t s = 0; s < num_seqs; ++s) {
     RequestPlan& plan = plans[s];
     RequestState& st = *plan.state;
     if (plan.first_sample_row >= 0) {
-      st.tokens.resize(st.tokens.size() - plan.sched->spec_token_ids.size());
-      const bool want_logprobs = st.params->logprobs.has_value();
-      std::vector<int32_t> accepted =
-          verify_and_accept(plan, sampled, first_row_of[s], want_logprobs ? &out.logprobs[s] : nullptr);
+      const size_t num_drafts = plan.sched->spec_token_ids.size();
+      st.tokens.resize(st.tokens.size() - num_drafts);
+      std::vector<int32_t> accepted;
+      if (num_drafts == 0) {
+        SampledToken& tok = sampled[index_of[s]];
+        accepted.push_back(tok.token);
+        if (tok.logprobs) out.logprobs[s].push_back(std::move(*tok.logprobs));
+      } else {
+        VerifyResult& v = verified[index_of[s]];
+        accepted = std::move(v.tokens);
+        out.logprobs[s] = std::move(v.logprobs);
+        if (speculator_) speculator_->record_verification(static_cast<int>(num_drafts), static_cast<int>(accepted.size()) - 1);
+      }
       st.tokens.insert(st.tokens.end(), accepted.begin(), accepted.end());
       out.sampled_token_ids[s] = std::move(accepted);
     }
@@ -256,7 +289,52 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
       for (PositionLogprobs& p : lp) chunk.entries.push_back(std::move(p));
     }
   }
+  if (speculator_) propose_drafts(plans, fwd, target_seconds, out);
   return out;
+}
+
+void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,
+                                 ModelRunnerOutput& out) {
+  // The cost model learns from steps in which every request decoded with the same number of rows.
+  const int rows = plans.front().sched->num_scheduled_tokens;
+  bool uniform = true;
+  for (const RequestPlan& plan : plans)
+    uniform = uniform && plan.first_sample_row >= 0 && plan.sched->num_scheduled_tokens == rows &&
+              plan.num_sample_rows == rows;
+  if (uniform) speculator_->record_target_step(static_cast<int>(plans.size()), rows, target_seconds);
+
+  ProposeBatch batch;
+  batch.target_hidden_states = fwd.hidden_states;
+  const int k = speculator_->max_depth();
+  for (size_t s = 0; s < plans.size(); ++s) {
+    const RequestPlan& plan = plans[s];
+    const RequestState& st = *plan.state;
+    const ScheduledRequest& r = *plan.sched;
+    ProposerRequest p;
+    p.req_id = r.req_id;
+    p.tokens = st.tokens;
+    p.num_prompt_tokens = st.num_prompt_tokens;
+    p.sampled = plan.first_sample_row >= 0;
+    const int num_drafts = static_cast<int>(r.spec_token_ids.size());
+    const int accepted_drafts = p.sampled ? static_cast<int>(out.sampled_token_ids[s].size()) - 1 : 0;
+    p.num_target_computed = r.num_computed_tokens + r.num_scheduled_tokens - num_drafts + accepted_drafts;
+    if (p.sampled) {
+      // Drafts the next step can verify: no input position may reach max_model_len, and drafts past
+      // max_tokens would only be dropped.
+      int most = std::min(k, config_.max_model_len - 1 - static_cast<int>(st.tokens.size()));
+      if (st.params->max_tokens) most = std::min(most, *st.params->max_tokens - st.num_output_tokens() - 1);
+      p.max_drafts = std::max(0, most);
+    }
+    p.block_ids = st.block_ids;
+    p.params = st.params.get();
+    p.seed = st.seed;
+    p.min_tokens_stop_ids = st.min_tokens_stop_ids;
+    p.first_row = plan.first_token_row;
+    p.num_rows = r.num_scheduled_tokens;
+    p.first_position = r.num_computed_tokens;
+    batch.requests.push_back(p);
+  }
+  out.spec_depth = speculator_->propose(batch, out.draft_token_ids);
 }
 
 }  // namespace specula

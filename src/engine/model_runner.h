@@ -3,11 +3,11 @@
 // InputBatch idea) so that each step only ships what changed, and builds the step's inputs in
 // host buffers that are copied to the backend's device in one go per tensor.
 //
-// Draft tokens scheduled for verification get logits at all k+1 positions; each position is
-// sampled from the target's own distribution and drafts are accepted while they equal the sampled
-// token. That is lossless (and, with position-keyed random draws, gives exactly the tokens of a
-// run without speculation); the rejection sampler of spec/ (accepting with min(1, p/q)) slots in
-// at verify_and_accept() for a higher acceptance rate.
+// Draft tokens scheduled for verification get logits at all k+1 positions and go through the
+// RejectionSampler of spec/ (lossless: min(1, p/q) against the proposer's draft distributions q,
+// or exact matching against the target's own sample where the drafts are deterministic). With a
+// Speculator attached, the runner then asks its proposer for the next step's drafts, which travel
+// back in ModelRunnerOutput::draft_token_ids.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,9 @@
 #include "model/model.h"
 
 namespace specula {
+
+class RejectionSampler;  // spec/rejection_sampler.h
+class Speculator;        // spec/speculator.h
 
 // What the engine core drives each step: the ModelRunner, or a fake in tests.
 class ModelExecutor {
@@ -46,8 +49,15 @@ class ModelRunner : public ModelExecutor {
   // Allocates the KV cache (num_blocks blocks per layer, in the backend's compute dtype) and the
   // persistent device input buffers.
   ModelRunner(Model& model, Backend& backend, Sampler& sampler, const ModelRunnerConfig& config);
+  ~ModelRunner() override;
 
   ModelRunnerOutput execute(const SchedulerOutput& scheduled) override;
+
+  // Speculative decoding: the speculator proposes drafts after every step (not owned; it must
+  // outlive the runner). Without one, drafts set on the scheduler by hand are still verified.
+  void set_speculator(Speculator* speculator) { speculator_ = speculator; }
+  // Replaces the host rejection sampler (a device implementation).
+  void set_rejection_sampler(std::unique_ptr<RejectionSampler> sampler);
 
   // CUDA graphs of pure-decode steps (model_runner_graphs.cc): captures the forward of a decode
   // batch for each padded batch size; execute() then replays the smallest graph that fits a
@@ -81,19 +91,21 @@ class ModelRunner : public ModelExecutor {
     int first_prompt_row = -1;     // prompt logprob rows
     int num_prompt_rows = 0;
     int first_prompt_position = 0; // the prompt position the first prompt row predicts
+    int first_token_row = 0;       // its first row of the flattened batch (hidden states)
   };
 
   void update_states(const SchedulerOutput& scheduled);
   ForwardInput prepare_inputs(const SchedulerOutput& scheduled, std::vector<RequestPlan>& plans);
-  // Samples every row of `plan`, keeps the accepted prefix (drafts equal to the sampled token,
-  // then the first token that differs or the bonus token).
-  std::vector<int32_t> verify_and_accept(const RequestPlan& plan, const std::vector<SampledToken>& sampled,
-                                         size_t first, std::vector<PositionLogprobs>* logprobs) const;
+  // Asks the speculator for the next step's drafts of every request the step ran.
+  void propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,
+                      ModelRunnerOutput& out);
   Tensor upload(const Tensor& host, Tensor& device, int64_t n);
 
   Model& model_;
   Backend& backend_;
   Sampler& sampler_;
+  std::unique_ptr<RejectionSampler> rejection_sampler_;
+  Speculator* speculator_ = nullptr;
   ModelRunnerConfig config_;
   std::vector<KVCacheLayer> kv_;
   std::unordered_map<std::string, RequestState> requests_;

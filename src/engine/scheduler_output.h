@@ -62,6 +62,11 @@ struct ModelRunnerOutput {
   std::vector<std::vector<int32_t>> sampled_token_ids;   // empty: a prefill chunk that samples nothing
   std::vector<std::vector<PositionLogprobs>> logprobs;   // per sampled token, when requested
   std::vector<PromptLogprobsChunk> prompt_logprobs;      // when requested
+  // Speculative decoding: drafts for each request's next step (empty: none), which the engine
+  // core hands to Scheduler::set_draft_tokens, and the depth the proposer was asked for this step
+  // (-1: speculation is off).
+  std::vector<std::vector<int32_t>> draft_token_ids;
+  int spec_depth = -1;
 };
 
 // New tokens (and a possible finish) of one sequence, for the OutputProcessor.

@@ -24,6 +24,7 @@ void StatsLogger::on_wake(double now, const EngineMetrics& m) {
   last_time_ = now;
   last_prompt_ = m.prompt_tokens_total;
   last_generation_ = m.generation_tokens_total;
+  spec_.begin(m);
 }
 
 void StatsLogger::maybe_log(double now, const EngineMetrics& m) {
@@ -32,12 +33,17 @@ void StatsLogger::maybe_log(double now, const EngineMetrics& m) {
     last_time_ = now;
     last_prompt_ = m.prompt_tokens_total;
     last_generation_ = m.generation_tokens_total;
+    spec_.begin(m);
   }
   if (m.num_requests_running + m.num_requests_waiting > 0 || m.prompt_tokens_total != last_prompt_ ||
       m.generation_tokens_total != last_generation_)
     active_ = true;
   if (now - last_time_ < interval_) return;
-  if (active_) LOG_INFO("{}", format(now - last_time_, m));
+  if (active_) {
+    LOG_INFO("{}", format(now - last_time_, m));
+    if (std::optional<std::string> spec = spec_.interval_line(now - last_time_, m)) LOG_INFO("{}", *spec);
+  }
+  spec_.begin(m);
   // The interval is over either way: an idle engine logs nothing until work arrives.
   active_ = m.num_requests_running + m.num_requests_waiting > 0;
   last_time_ = now;

@@ -2,12 +2,15 @@
 //   Engine 000: Avg prompt throughput: 12.3 tokens/s, Avg generation throughput: 45.6 tokens/s,
 //   Running: 3 reqs, Waiting: 0 reqs, GPU KV cache usage: 1.2%, Prefix cache hit rate: 50.0%
 // Throughputs cover the interval since the previous line; the prefix cache hit rate is cumulative.
+// With speculative decoding on, vLLM's "SpecDecoding metrics: ..." line for the same interval
+// follows (spec/spec_decoding_log.h).
 #pragma once
 
 #include <optional>
 #include <string>
 
 #include "engine/llm_engine.h"
+#include "spec/spec_decoding_log.h"
 
 namespace specula {
 
@@ -33,6 +36,7 @@ class StatsLogger {
   bool active_ = false;  // something happened since the last line
   double last_time_ = 0.0;
   int64_t last_prompt_ = 0, last_generation_ = 0;
+  SpecDecodingLog spec_;
 };
 
 }  // namespace specula

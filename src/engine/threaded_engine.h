@@ -13,6 +13,7 @@
 #include "engine/sampler.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "spec/speculator.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {
@@ -28,6 +29,7 @@ struct EngineComponents {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Model> model;
   std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<Speculator> speculator;  // speculative decoding (null: off); the executor uses it
   std::unique_ptr<ModelExecutor> executor;
 };
 

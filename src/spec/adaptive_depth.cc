@@ -1,0 +1,86 @@
+#include "spec/adaptive_depth.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace specula {
+
+AdaptiveDepth::AdaptiveDepth(const AdaptiveDepthConfig& config, std::unique_ptr<StepCostModel> cost)
+    : config_(config), cost_(std::move(cost)) {
+  SPECULA_CHECK(config.max_depth >= 1, "adaptive depth: k must be at least 1, got {}", config.max_depth);
+  SPECULA_CHECK(cost_ != nullptr, "adaptive depth: no cost model");
+  accept_.assign(static_cast<size_t>(config.max_depth), config.prior_acceptance);
+  observed_.assign(static_cast<size_t>(config.max_depth), 0);
+}
+
+void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
+  num_drafts = std::min(num_drafts, config_.max_depth);
+  num_accepted = std::clamp(num_accepted, 0, num_drafts);
+  // Positions 1..accepted were accepted; position accepted+1 (if drafted) was rejected; later
+  // positions were never reached, so say nothing about their conditional acceptance.
+  for (int i = 0; i < num_drafts && i <= num_accepted; ++i) {
+    const double x = i < num_accepted ? 1.0 : 0.0;
+    // Until a position has been seen, it starts from the position before it (acceptance decays
+    // with depth, but the previous position is a better guess than the fixed prior).
+    if (observed_[i] == 0 && i > 0) accept_[i] = accept_[i - 1];
+    accept_[i] += config_.acceptance_weight * (x - accept_[i]);
+    observed_[i] += 1;
+  }
+}
+
+std::vector<double> AdaptiveDepth::acceptance() const {
+  std::vector<double> a = accept_;
+  for (size_t i = 1; i < a.size(); ++i)
+    if (observed_[i] == 0) a[i] = a[i - 1];
+  return a;
+}
+
+double AdaptiveDepth::expected_tokens(int depth) const {
+  const std::vector<double> a = acceptance();
+  double e = 1.0, run = 1.0;
+  for (int i = 0; i < depth && i < static_cast<int>(a.size()); ++i) {
+    run *= a[i];
+    e += run;
+  }
+  return e;
+}
+
+double AdaptiveDepth::tokens_per_second(int num_seqs, int depth) const {
+  const double t = cost_->target_seconds(num_seqs, 1 + depth) + depth * cost_->draft_seconds(num_seqs);
+  return t > 0.0 ? expected_tokens(depth) / t : 0.0;
+}
+
+int AdaptiveDepth::best_depth(int num_seqs) const {
+  const double plain = tokens_per_second(num_seqs, 0);
+  int best = 0;
+  double best_rate = plain * config_.min_gain;
+  for (int d = 1; d <= config_.max_depth; ++d) {
+    const double rate = tokens_per_second(num_seqs, d);
+    if (rate > best_rate) {
+      best_rate = rate;
+      best = d;
+    }
+  }
+  return best;
+}
+
+int AdaptiveDepth::choose(int num_seqs) {
+  if (!config_.adaptive) return config_.max_depth;
+  num_seqs = std::max(1, num_seqs);
+  ++steps_;
+  int depth = best_depth(num_seqs);
+  if (config_.probe_interval > 0 && steps_ % config_.probe_interval == 0) {
+    if (depth > 0) {
+      depth = 0;  // re-measure a plain decode step
+    } else {
+      // Could one draft pay at all here, were it always accepted?
+      const double t1 = cost_->target_seconds(num_seqs, 2) + cost_->draft_seconds(num_seqs);
+      if (t1 > 0.0 && 2.0 / t1 > tokens_per_second(num_seqs, 0) * config_.min_gain) depth = 1;
+    }
+  }
+  last_depth_ = depth;
+  return depth;
+}
+
+}  // namespace specula

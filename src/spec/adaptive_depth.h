@@ -1,0 +1,64 @@
+// How many drafts to propose this step (0..k), so that speculation pays for itself.
+//
+// For batch size B and depth d the expected tokens per request per step are
+//     E(d) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_d
+// where a_i is the measured acceptance of draft i given drafts 1..i-1 were accepted (an
+// exponential moving average per position, seeded with a prior), and a step costs
+//     T(d) = target(B, 1 + d) + d * draft(B)
+// from the MEASURED cost model (step_cost_model.h). The depth maximises E(d) / T(d), the tokens
+// per second of every request (so both throughput and TPOT), and a depth d > 0 is only taken when
+// it beats plain decoding (d = 0) by `min_gain`: under heavy load, where verifying d extra rows is
+// no longer nearly free, or when acceptance is low, the answer is 0 and the step is a plain decode.
+//
+// Exploration: a choice only measures what it runs. Every `probe_interval` steps one step runs a
+// depth that was not chosen lately (1 when speculation is off, 0 when it is on) so acceptance and
+// costs stay fresh, but only where the probe could pay (a depth-1 probe is skipped when even
+// certain acceptance could not beat plain decoding at this batch size).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "spec/step_cost_model.h"
+
+namespace specula {
+
+struct AdaptiveDepthConfig {
+  int max_depth = 1;              // k
+  bool adaptive = true;           // false: always k
+  double prior_acceptance = 0.7;  // a_i before any draft at position i was verified
+  double acceptance_weight = 0.01;  // EMA weight of one verified draft position
+  double min_gain = 1.03;         // speculate only for at least 3% more tokens per second
+  int probe_interval = 32;
+};
+
+class AdaptiveDepth {
+ public:
+  AdaptiveDepth(const AdaptiveDepthConfig& config, std::unique_ptr<StepCostModel> cost);
+
+  // One request's verification: num_drafts proposed, the first num_accepted accepted.
+  void record_verification(int num_drafts, int num_accepted);
+  // The depth for a step over num_seqs requests (advances the probe clock).
+  int choose(int num_seqs);
+
+  double expected_tokens(int depth) const;
+  // Expected tokens per second of one request at this depth (the objective).
+  double tokens_per_second(int num_seqs, int depth) const;
+  // a_1..a_k (conditional acceptance per position).
+  std::vector<double> acceptance() const;
+  const AdaptiveDepthConfig& config() const { return config_; }
+  StepCostModel& cost() { return *cost_; }
+
+ private:
+  int best_depth(int num_seqs) const;
+
+  AdaptiveDepthConfig config_;
+  std::unique_ptr<StepCostModel> cost_;
+  std::vector<double> accept_;     // conditional acceptance per position
+  std::vector<int64_t> observed_;  // verified drafts per position
+  int64_t steps_ = 0;
+  int last_depth_ = -1;
+};
+
+}  // namespace specula

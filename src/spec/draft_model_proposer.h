@@ -1,0 +1,132 @@
+// The draft_model method: a smaller model with the target's vocabulary proposes k tokens per step,
+// autoregressively, on the same backend.
+//
+// KV cache: the draft's own paged K/V tensors with the target's num_blocks and block_size, indexed
+// by the SAME per-request block table (the one KVCacheManager allocates and frees both, so their
+// accounting cannot diverge; KV sizing counts the draft's bytes per token). The draft keeps its own
+// count of computed positions per request:
+//   - every token the target has accepted is run through the draft before it drafts from it (the
+//     "catch-up"; in a speculative step, prompt chunks go through the draft in the step the target
+//     runs them, chunked the same way);
+//   - drafting k tokens writes K/V for drafts 1..k-1 at their positions; those entries count as
+//     computed only where the target accepted the same token (the draft context then matches),
+//     the others are simply overwritten later, as the target's rejected entries are;
+//   - a new or preempted request starts from position 0: its prefix-cache hit covers the
+//     target's entries, not necessarily the draft's (a block may have been cached in a step that
+//     did not run the draft), so the draft recomputes them (it is small).
+// Steps with depth 0 (adaptive_depth.h) skip the draft entirely; the next drafting step catches up
+// on whatever the target accepted meanwhile, in forwards of at most max_num_batched_tokens.
+//
+// Per step: one varlen forward (catch-up + the first draft, chunked if needed), then k-1 decode
+// steps over the drafting requests. Those run from static device buffers at a padded batch size
+// (prepare_step fills them, run_step reads nothing else), which is what a CUDA graph needs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/model.h"
+#include "spec/draft_sampler.h"
+#include "spec/proposer.h"
+
+namespace specula {
+
+struct DraftModelProposerConfig {
+  int max_depth = 1;               // k: drafts per request per step at most
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;  // the largest catch-up forward
+  int max_model_len = 2048;        // the target's (sizes the block table rows)
+  int draft_max_model_len = 2048;  // no draft input position at or past it
+  double relative_step_cost = 0.2; // a draft step vs a target decode step (the cost model's prior)
+  // The padded batch size a draft step of n rows runs at (n <= max_num_seqs): a CUDA graph's
+  // capture sizes. Identity when unset.
+  std::function<int(int)> pad_batch;
+};
+
+class DraftModelProposer : public Proposer {
+ public:
+  DraftModelProposer(std::unique_ptr<Model> draft, Backend& backend, std::unique_ptr<DraftSampler> sampler,
+                     const DraftModelProposerConfig& config);
+
+  std::string_view method() const override { return "draft_model"; }
+  KVCacheSpec kv_cache_spec() const override { return draft_->kv_cache_spec(); }
+  void allocate_kv_cache(int num_blocks, int block_size) override;
+  void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
+  void drop_request(std::string_view req_id) override;
+  const Tensor* draft_probs() const override { return &q_store_; }
+  int draft_probs_row(std::string_view req_id) const override;
+  double relative_step_cost() const override { return config_.relative_step_cost; }
+
+  Model& model() { return *draft_; }
+  std::vector<KVCacheLayer>& kv_cache() { return kv_; }
+  // Positions of the request whose draft K/V is known to be valid (tests); -1 when untracked.
+  int num_computed(std::string_view req_id) const;
+  // Forwards run so far (catch-up forwards and draft steps), for tests and the cost model.
+  int64_t num_forwards() const { return num_forwards_; }
+
+  // One autoregressive draft step over the first `padded` rows of the static step buffers, which
+  // prepare_step filled (rows past the real ones are padding: slot -1, attending to position 0).
+  // Returns logits F32 [padded, vocab] (backend scratch).
+  Tensor run_step(int padded);
+
+ private:
+  struct State {
+    int slot = 0;              // row block of q_store_ and of nothing else
+    int num_computed = 0;      // draft K/V valid for positions < this
+    int drafted_from = 0;      // position of drafts[0] at the last proposal
+    std::vector<int32_t> drafts;  // the last proposal; K/V written for all but the last
+  };
+  // A run of one request's tokens through a catch-up forward.
+  struct Piece {
+    size_t req = 0;            // index into the batch
+    int from = 0, to = 0;      // positions [from, to)
+    bool drafts = false;       // its last row samples the first draft
+  };
+
+  State& state_for(std::string_view req_id);
+  void confirm_accepted_drafts(State& st, const ProposerRequest& r) const;
+  // Runs pieces through one varlen forward and samples the first draft of those that draft.
+  void run_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces, std::vector<std::vector<int32_t>>& drafts);
+  void prepare_step(const ProposeBatch& batch, const std::vector<size_t>& rows, int step, int padded,
+                    const std::vector<std::vector<int32_t>>& drafts, const std::vector<int>& num_drafts,
+                    bool upload_tables);
+  SamplingRow sampling_row(const ProposerRequest& r, int logits_row, int position,
+                           const std::vector<int32_t>& drafts_so_far) const;
+  int64_t slot_of(const ProposerRequest& r, int pos) const;
+  Tensor upload(const Tensor& host, Tensor& device, int64_t n);
+
+  std::unique_ptr<Model> draft_;
+  Backend& backend_;
+  std::unique_ptr<DraftSampler> sampler_;
+  DraftModelProposerConfig config_;
+  int block_size_ = 0;
+  int max_blocks_per_seq_ = 0;
+  std::vector<KVCacheLayer> kv_;
+  Tensor q_store_;  // F32 [max_num_seqs * max_depth, vocab]: q of each slot's drafts
+  std::unordered_map<std::string, State> states_;
+  std::vector<int> free_slots_;
+  int64_t num_forwards_ = 0;
+  // Scratch for drafting rows' context (prompt, output + drafts so far) during one propose.
+  std::vector<std::vector<int32_t>> contexts_;
+
+  // Catch-up forward inputs (host staging + device twins), sized for max_num_batched_tokens.
+  Tensor h_tokens_, h_positions_, h_slots_, h_qsl_, h_seq_lens_, h_tables_, h_logits_idx_;
+  Tensor d_tokens_, d_positions_, d_slots_, d_qsl_, d_seq_lens_, d_tables_, d_logits_idx_;
+  // Static draft-step inputs, [max_num_seqs] rows (tables: [max_num_seqs, max_blocks_per_seq]).
+  Tensor hs_tokens_, hs_positions_, hs_slots_, hs_seq_lens_, hs_tables_;
+  Tensor ds_tokens_, ds_positions_, ds_slots_, ds_seq_lens_, ds_tables_, ds_qsl_, ds_logits_idx_;
+  std::vector<int32_t> step_qsl_host_, step_seq_lens_host_;
+  int step_max_seq_len_ = 1;
+};
+
+// Loads the draft checkpoint named by the speculative config (weights on `backend`), after
+// checking it against the target (speculative_config.h: validate_draft_model).
+struct ProposerContext;
+std::unique_ptr<Proposer> make_draft_model_proposer(const ProposerContext& ctx);
+
+}  // namespace specula

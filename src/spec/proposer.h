@@ -1,0 +1,86 @@
+// The Proposer interface: what drafts the next step's tokens. The model runner calls propose()
+// once per step, after the target's forward and verification, for every request that step ran;
+// the drafts it returns are handed to the scheduler (Scheduler::set_draft_tokens) and verified by
+// the next step's target forward (rejection_sampler.h).
+//
+// Methods: draft_model (a smaller model with its own paged KV cache), ngram (prompt lookup); MTP
+// and EAGLE join through proposer_registry.h. Those read the target's final hidden states: every
+// request says which rows of ProposeBatch::target_hidden_states are its own.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+#include "engine/sampling_params.h"
+#include "model/model.h"
+
+namespace specula {
+
+// One request of the step, as the proposer sees it once the step's tokens are accepted.
+struct ProposerRequest {
+  std::string_view req_id;
+  std::span<const int32_t> tokens;      // prompt + output, this step's accepted tokens included
+  int num_prompt_tokens = 0;
+  // Tokens whose target K/V is valid now (positions < this). A request that sampled has exactly
+  // one more token (the last sampled one, not yet through the target); a prefill chunk has fewer.
+  int num_target_computed = 0;
+  bool sampled = false;                 // this step produced tokens for it (else: a prefill chunk)
+  int max_drafts = 0;                   // drafts the next step could verify for it (0: none)
+  std::span<const int32_t> block_ids;   // its block table: also the block table of proposer caches
+  const SamplingParams* params = nullptr;
+  uint64_t seed = 0;                    // its RNG stream (draws keyed by position, see sampling_math.h)
+  std::span<const int32_t> min_tokens_stop_ids;  // masked while fewer than min_tokens are generated
+  // Its rows of this step's target forward: rows [first_row, first_row + num_rows) of
+  // ProposeBatch::target_hidden_states are positions [first_position, first_position + num_rows)
+  // (including drafts that were rejected: only positions < num_target_computed are real).
+  int first_row = 0;
+  int num_rows = 0;
+  int first_position = 0;
+};
+
+struct ProposeBatch {
+  std::vector<ProposerRequest> requests;
+  // Drafts wanted per request this step (adaptive_depth.h); each request also caps at its
+  // max_drafts. 0: no drafts, but a proposer that cannot catch up later (one that needs the
+  // target's hidden states of every position) must still consume this step.
+  int depth = 0;
+  // F32/compute dtype [T, hidden] after the final norm, on the device. Backend scratch memory:
+  // valid until the next forward on the backend, so a proposer copies the rows it needs before
+  // running a model of its own. Undefined when the model did not return it.
+  Tensor target_hidden_states;
+};
+
+class Proposer {
+ public:
+  virtual ~Proposer() = default;
+  virtual std::string_view method() const = 0;
+
+  // The paged KV cache the proposer keeps next to the target's (a draft model's layers), per
+  // block of tokens; empty when it keeps none. It shares the target's block ids: the one
+  // KVCacheManager allocates and frees both, so their accounting cannot diverge.
+  virtual KVCacheSpec kv_cache_spec() const { return {}; }
+  // Called once the engine knows how many blocks the cache has (before the first propose).
+  virtual void allocate_kv_cache(int num_blocks, int block_size) {}
+
+  // drafts is resized to batch.requests.size(); drafts[i] gets at most min(depth, max_drafts)
+  // tokens for requests[i] (none for requests that did not sample).
+  virtual void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) = 0;
+  // The request finished or was preempted: forget its state (a preempted one comes back new).
+  virtual void drop_request(std::string_view req_id) {}
+
+  // The draft distributions q the drafts were sampled from: F32 [rows, vocab] on the backend's
+  // device, row draft_probs_row(id) + j for the request's draft j (kept until its next propose).
+  // nullptr / -1: the drafts are deterministic (q is one-hot at the draft), as for ngram.
+  virtual const Tensor* draft_probs() const { return nullptr; }
+  virtual int draft_probs_row(std::string_view req_id) const { return -1; }
+
+  // A prior for the adaptive depth's cost model before anything is measured: the cost of one
+  // draft step relative to one target decode step at the same batch size.
+  virtual double relative_step_cost() const = 0;
+};
+
+}  // namespace specula

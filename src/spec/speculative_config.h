@@ -1,0 +1,50 @@
+// --speculative-config: the JSON object vLLM takes, parsed once into a typed struct.
+//
+//   {"method": "draft_model", "model": "models/specula-tiny-draft", "num_speculative_tokens": 3}
+//   {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5}
+//
+// Strict: an unknown key is an error naming the nearest valid key (edit distance), and a
+// combination that cannot work is an error saying why. Keys may be written with '-' instead of '_'
+// ("max-model-len"), as vLLM's own examples do. Checks that need the models (vocabulary, lengths)
+// are in validate_draft_model, run once the draft is loaded.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace specula {
+
+class Tokenizer;
+struct ModelConfig;
+
+struct SpeculativeConfig {
+  // Canonical method name: "draft_model", "ngram", "mtp" (also spelled "deepseek_mtp"), "eagle",
+  // "eagle3". Which of them can run is the proposer registry's business (proposer_registry.h).
+  std::string method;
+  std::string model;                    // the draft checkpoint folder (draft_model)
+  int num_speculative_tokens = 0;       // k, the most drafts per step; 0 = not given (MTP may default it)
+  int draft_tensor_parallel_size = 1;   // only 1 is supported
+  int prompt_lookup_min = 0;            // ngram: shortest n-gram to match (vLLM default 5)
+  int prompt_lookup_max = 0;            // ngram: longest n-gram to match (vLLM default 5)
+  int max_model_len = 0;                // the draft's; 0 = min(draft's max_position_embeddings, target's)
+  bool adaptive = true;                 // choose 0..k drafts per step from acceptance and load (false: always k)
+
+  bool uses_draft_model() const { return method == "draft_model"; }
+};
+
+// Parses and validates the JSON text. Throws specula::Error naming the key at fault.
+SpeculativeConfig parse_speculative_config(std::string_view json);
+
+// After the draft is loaded: same vocabulary (vocab_size of both configs, and the tokenizers'
+// token strings id by id), sensible lengths. Returns the draft's effective max_model_len: no
+// position at or past it is ever drafted.
+int validate_draft_model(const SpeculativeConfig& spec, const ModelConfig& target, const Tokenizer& target_tokenizer,
+                         const ModelConfig& draft, const Tokenizer& draft_tokenizer, int target_max_model_len);
+
+// Levenshtein distance, and the candidate closest to `key` (first of equals) — for "did you mean".
+size_t edit_distance(std::string_view a, std::string_view b);
+std::string_view nearest_key(std::string_view key, std::span<const std::string_view> candidates);
+
+}  // namespace specula

@@ -1,0 +1,86 @@
+#include "spec/step_cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <utility>
+
+namespace specula {
+
+namespace {
+constexpr int kNumBuckets = 16;  // batches up to 2^15 requests
+}  // namespace
+
+OnlineCostModel::OnlineCostModel(int max_rows, double draft_ratio, double ema_weight)
+    : max_rows_(std::max(1, max_rows)), draft_ratio_(draft_ratio), ema_weight_(ema_weight),
+      target_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_) + 1)), draft_(kNumBuckets) {}
+
+int OnlineCostModel::bucket_of(int num_seqs) {
+  int b = 0;
+  while (b + 1 < kNumBuckets && (1 << b) < num_seqs) ++b;
+  return b;
+}
+
+double OnlineCostModel::prior_target(double num_seqs, int rows) { return 1.0 + num_seqs * rows / 256.0; }
+
+void OnlineCostModel::update(Entry& e, int num_seqs, double seconds) {
+  if (!e.measured) {
+    e.seconds = seconds;
+    e.num_seqs = num_seqs;
+    e.measured = true;
+    return;
+  }
+  e.seconds += ema_weight_ * (seconds - e.seconds);
+  e.num_seqs += ema_weight_ * (num_seqs - e.num_seqs);
+}
+
+void OnlineCostModel::record_target(int num_seqs, int rows, double seconds) {
+  if (num_seqs < 1 || rows < 1 || rows > max_rows_ || !(seconds >= 0.0)) return;
+  update(target_[bucket_of(num_seqs)][rows], num_seqs, seconds);
+}
+
+void OnlineCostModel::record_draft(int num_seqs, double seconds) {
+  if (num_seqs < 1 || !(seconds >= 0.0)) return;
+  update(draft_[bucket_of(num_seqs)], num_seqs, seconds);
+}
+
+std::optional<std::pair<int, int>> OnlineCostModel::nearest_target(int bucket, int rows) const {
+  // Same bucket first (rows are cheap to extrapolate with the prior), then neighbouring buckets.
+  std::optional<std::pair<int, int>> best;
+  int best_d = 1 << 30;
+  for (int b = 0; b < kNumBuckets; ++b) {
+    for (int r = 1; r <= max_rows_; ++r) {
+      if (!target_[b][r].measured) continue;
+      const int d = 4 * std::abs(b - bucket) + std::abs(r - rows);
+      if (d < best_d) {
+        best_d = d;
+        best = std::make_pair(b, r);
+      }
+    }
+  }
+  return best;
+}
+
+double OnlineCostModel::target_seconds(int num_seqs, int rows) const {
+  num_seqs = std::max(1, num_seqs);
+  rows = std::clamp(rows, 1, max_rows_);
+  const std::optional<std::pair<int, int>> near = nearest_target(bucket_of(num_seqs), rows);
+  if (!near) return prior_target(num_seqs, rows);
+  const Entry& e = target_[near->first][near->second];
+  return e.seconds * prior_target(num_seqs, rows) / prior_target(e.num_seqs, near->second);
+}
+
+double OnlineCostModel::draft_seconds(int num_seqs) const {
+  num_seqs = std::max(1, num_seqs);
+  const int bucket = bucket_of(num_seqs);
+  const Entry* best = nullptr;
+  for (int d = 0; d < kNumBuckets && !best; ++d) {
+    if (bucket - d >= 0 && draft_[bucket - d].measured) best = &draft_[bucket - d];
+    else if (bucket + d < kNumBuckets && draft_[bucket + d].measured) best = &draft_[bucket + d];
+  }
+  if (best) return best->seconds * prior_target(num_seqs, 1) / prior_target(best->num_seqs, 1);
+  return draft_ratio_ * target_seconds(num_seqs, 1);
+}
+
+}  // namespace specula

@@ -1,0 +1,61 @@
+// How long a step takes, as the adaptive depth needs it: a target forward over B decoding
+// requests with r query rows each (r = 1 + drafts verified), and one draft step over B requests.
+//
+// OnlineCostModel MEASURES it: an exponential moving average of the wall time of each, keyed by
+// (batch bucket, rows) for the target and by batch bucket for the draft (buckets are powers of two
+// of B). Before a key has been measured it is estimated from the nearest measured key, scaled by a
+// prior shape: t(B, r) proportional to 1 + B r / 256 (flat while the GPU is weight-bandwidth bound,
+// growing once B r rows make it compute bound), and a draft step at `draft_ratio` times a target
+// decode step. With nothing measured at all the prior itself is used (its unit is arbitrary, the
+// same for target and draft, which is all the choice of depth compares).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+#include <vector>
+
+namespace specula {
+
+class StepCostModel {
+ public:
+  virtual ~StepCostModel() = default;
+  // Seconds of one target forward (with verification) over num_seqs requests of `rows` rows each.
+  virtual double target_seconds(int num_seqs, int rows) const = 0;
+  // Seconds of one draft step (a draft forward and its sampling) over num_seqs requests.
+  virtual double draft_seconds(int num_seqs) const = 0;
+  virtual void record_target(int num_seqs, int rows, double seconds) {}
+  virtual void record_draft(int num_seqs, double seconds) {}
+};
+
+class OnlineCostModel : public StepCostModel {
+ public:
+  // max_rows: the most rows per request a target forward verifies (1 + k).
+  OnlineCostModel(int max_rows, double draft_ratio, double ema_weight = 0.2);
+
+  double target_seconds(int num_seqs, int rows) const override;
+  double draft_seconds(int num_seqs) const override;
+  void record_target(int num_seqs, int rows, double seconds) override;
+  void record_draft(int num_seqs, double seconds) override;
+
+  static int bucket_of(int num_seqs);  // 0 for 1, 1 for 2, 2 for 3..4, 3 for 5..8, ...
+  static double prior_target(double num_seqs, int rows);
+
+ private:
+  struct Entry {
+    double seconds = 0.0;
+    double num_seqs = 0.0;  // the batch sizes it was measured at (EMA), to rescale from
+    bool measured = false;
+  };
+  void update(Entry& e, int num_seqs, double seconds);
+  // The measured (bucket, rows) key closest to the one asked for, if any.
+  std::optional<std::pair<int, int>> nearest_target(int bucket, int rows) const;
+
+  int max_rows_;
+  double draft_ratio_;
+  double ema_weight_;
+  std::vector<std::vector<Entry>> target_;  // [bucket][rows]
+  std::vector<Entry> draft_;                // [bucket]
+};
+
+}  // namespace specula
