@@ -93,6 +93,9 @@ Runner add_generate_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
   cmd->add_option("--max-model-len", args->engine.max_model_len, "context length (default: the model's)");
   cmd->add_option("--tokenizer", args->engine.tokenizer, "tokenizer folder (default: the model folder)");
+  cmd->add_option("--speculative-config", args->engine.speculative_config,
+                  "speculative decoding as JSON, e.g. '{\"method\": \"draft_model\", \"model\": "
+                  "\"models/specula-tiny-draft\", \"num_speculative_tokens\": 3}'");
   return [args]() -> int {
     if (args->seed_opt->count()) args->engine.seed = args->seed;
     // One request: a small batch keeps the default CPU KV cache small.
