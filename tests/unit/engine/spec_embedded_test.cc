@@ -17,6 +17,7 @@
 #include "tokenizer/tokenizer.h"
 #include "unit/spec/chi_square.h"
 #include "unit/spec/model_logits.h"
+#include "unit/spec/reference_fixture.h"
 
 namespace specula {
 namespace {
@@ -32,28 +33,9 @@ bool have_models() {
          fs::exists(reference_file());
 }
 
-// prompt_i / greedy_i of the transformers reference.
 std::pair<std::vector<std::vector<int32_t>>, std::vector<std::vector<int32_t>>> read_reference() {
-  std::ifstream in(reference_file(), std::ios::binary);
-  uint64_t header_len = 0;
-  in.read(reinterpret_cast<char*>(&header_len), 8);
-  std::string header(header_len, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(header_len));
-  const nlohmann::json h = nlohmann::json::parse(header);
-  auto tensor = [&](const std::string& name) {
-    const auto& t = h[name];
-    const uint64_t begin = t["data_offsets"][0], end = t["data_offsets"][1];
-    std::vector<int32_t> v((end - begin) / 4);
-    in.seekg(static_cast<std::streamoff>(8 + header_len + begin));
-    in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(end - begin));
-    return v;
-  };
-  std::vector<std::vector<int32_t>> prompts, greedy;
-  for (int i = 0; h.contains("prompt_" + std::to_string(i)); ++i) {
-    prompts.push_back(tensor("prompt_" + std::to_string(i)));
-    greedy.push_back(tensor("greedy_" + std::to_string(i)));
-  }
-  return {prompts, greedy};
+  testing::GreedyReference r = testing::read_greedy_reference(reference_file());
+  return {r.prompts, r.greedy};
 }
 
 std::vector<int32_t> collect(RequestStream& stream) {
@@ -127,6 +109,27 @@ TEST(EmbeddedSpec, NgramGreedyEqualsTransformers) {
   expect_transformers_greedy(
       R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "adaptive": false})",
       0.2);
+}
+
+TEST(EmbeddedSpec, TheTargetAsItsOwnDraftIsAlwaysAccepted) {
+  if (!have_models()) GTEST_SKIP() << "no embedded models";
+  const auto [prompts, greedy] = read_reference();
+  auto engine = LLMEngine::create(engine_config(R"({"model": ")" + tiny().string() +
+                                                R"(", "num_speculative_tokens": 4, "adaptive": false})"));
+  engine->start();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.ignore_eos = true;
+    p.max_tokens = static_cast<int>(greedy[i].size());
+    streams.push_back(engine->add_request(NewRequest{"r" + std::to_string(i), prompts[i], p}));
+  }
+  for (size_t i = 0; i < streams.size(); ++i) EXPECT_EQ(collect(*streams[i]), greedy[i]);
+  const EngineMetrics m = settled_metrics(*engine);
+  EXPECT_GT(m.spec_num_draft_tokens, 20);
+  EXPECT_EQ(m.spec_num_accepted_tokens, m.spec_num_draft_tokens);
+  engine->shutdown();
 }
 
 TEST(EmbeddedSpec, AdaptiveDepthKeepsTheOutput) {
@@ -261,12 +264,7 @@ TEST(EmbeddedSpec, GenerateCliTakesTheSpeculativeConfig) {
   if (!have_models()) GTEST_SKIP() << "no embedded models";
   const auto [prompts, greedy] = read_reference();
   auto tok = Tokenizer::from_dir(tiny());
-  std::ifstream in(reference_file(), std::ios::binary);
-  uint64_t header_len = 0;
-  in.read(reinterpret_cast<char*>(&header_len), 8);
-  std::string header(header_len, '\0');
-  in.read(header.data(), static_cast<std::streamsize>(header_len));
-  const std::string prompt = nlohmann::json::parse(header)["__metadata__"]["prompt_0_text"];
+  const std::string prompt = testing::read_greedy_reference(reference_file()).metadata["prompt_0_text"];
   const std::string spec = R"({"method": "draft_model", "model": ")" + tiny_draft().string() +
                            R"(", "num_speculative_tokens": 3})";
   const std::string cmd = shell_quote(bin) + " generate " + shell_quote(tiny().string()) + " --prompt " +
