@@ -65,6 +65,11 @@ int AdaptiveDepth::best_depth(int num_seqs) const {
   return best;
 }
 
+int AdaptiveDepth::current(int num_seqs) const {
+  if (!config_.adaptive) return config_.max_depth;
+  return last_depth_ >= 0 ? last_depth_ : best_depth(std::max(1, num_seqs));
+}
+
 int AdaptiveDepth::choose(int num_seqs) {
   if (!config_.adaptive) return config_.max_depth;
   num_seqs = std::max(1, num_seqs);

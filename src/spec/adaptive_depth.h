@@ -41,6 +41,9 @@ class AdaptiveDepth {
   void record_verification(int num_drafts, int num_accepted);
   // The depth for a step over num_seqs requests (advances the probe clock).
   int choose(int num_seqs);
+  // The depth in force without choosing anew (a step with no decoding request, whose prompt
+  // chunks the draft mirrors only while speculation is on): the last choice, else the best now.
+  int current(int num_seqs) const;
 
   double expected_tokens(int depth) const;
   // Expected tokens per second of one request at this depth (the objective).

@@ -31,7 +31,10 @@ Speculator::Speculator(std::unique_ptr<Proposer> proposer, const SpeculatorConfi
 int Speculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
   int num_decoding = 0;
   for (const ProposerRequest& r : batch.requests) num_decoding += r.sampled ? 1 : 0;
-  batch.depth = num_decoding > 0 ? depth_.choose(num_decoding) : 0;
+  // Only decoding requests can draft; a step of prompt chunks alone keeps the depth in force, so
+  // that the draft mirrors the chunks while speculation is on and stays idle while it is off.
+  batch.depth = num_decoding > 0 ? depth_.choose(num_decoding)
+                                 : depth_.current(static_cast<int>(batch.requests.size()));
   const auto t0 = std::chrono::steady_clock::now();
   proposer_->propose(batch, drafts);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

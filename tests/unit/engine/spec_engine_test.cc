@@ -8,6 +8,7 @@
 
 #include "engine/engine_core.h"
 #include "engine/sampler.h"
+#include "engine/sampling_math.h"
 #include "engine_fakes.h"
 #include "spec/draft_model_proposer.h"
 #include "spec/ngram_proposer.h"
@@ -38,6 +39,7 @@ struct Choice {
   std::string text;
   FinishReason finish = FinishReason::kNone;
   StopReason stop;
+  std::vector<PositionLogprobs> logprobs;
 };
 
 EngineCoreConfig core_config(int num_blocks = 256, int budget = 64, int max_seqs = 16) {
@@ -112,6 +114,7 @@ class SpecEngine {
           Choice& ch = choices[d.index];
           ch.tokens.insert(ch.tokens.end(), d.token_ids.begin(), d.token_ids.end());
           ch.text += d.text;
+          ch.logprobs.insert(ch.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
           if (d.finish_reason != FinishReason::kNone) {
             ch.finish = d.finish_reason;
             ch.stop = d.stop_reason;
@@ -416,6 +419,35 @@ TEST(SpecEngine, StopsInsideAnAcceptedRunAreExactlyAsWithoutSpeculation) {
   spec.expect_all_blocks_free();
 }
 
+TEST(SpecEngine, LogprobsOfAcceptedTokensAreReported) {
+  for (bool sampled : {false, true}) {
+    SpecOptions o;
+    o.method = Method::kDraft;
+    o.draft_noise = 0.3;
+    SamplingParams p = sampled ? seeded(20, 3) : greedy(20);
+    p.logprobs = 2;
+    const std::vector<int32_t> prompt = prompt_of(13, 4);
+    SpecEngine spec(core_config(), o);
+    spec.add("r", prompt, p);
+    spec.run();
+    EXPECT_GT(spec.stats().spec_num_accepted_tokens, 0);
+    const Choice& c = spec.results["r"][0];
+    ASSERT_EQ(c.logprobs.size(), c.tokens.size());
+    // Each token's logprob is the target's raw log_softmax at its position.
+    std::vector<int32_t> ctx = prompt;
+    for (size_t i = 0; i < c.tokens.size(); ++i) {
+      const std::vector<float> l = spec.model.logits_for(ctx);
+      const PositionLogprobs ref = compute_logprobs(l, c.tokens[i], 2);
+      EXPECT_EQ(c.logprobs[i].chosen.token_id, c.tokens[i]);
+      EXPECT_NEAR(c.logprobs[i].chosen.logprob, ref.chosen.logprob, 1e-5) << i;
+      EXPECT_EQ(c.logprobs[i].chosen.rank, ref.chosen.rank);
+      ASSERT_EQ(c.logprobs[i].top.size(), 2u);
+      EXPECT_EQ(c.logprobs[i].top[0].token_id, ref.top[0].token_id);
+      ctx.push_back(c.tokens[i]);
+    }
+  }
+}
+
 TEST(SpecEngine, MetricsCountDraftsPerPositionAndTheLogLine) {
   SpecOptions o;
   o.method = Method::kDraft;
@@ -442,6 +474,25 @@ TEST(SpecEngine, MetricsCountDraftsPerPositionAndTheLogLine) {
   // Per drafting step: one catch-up forward that drafts the first token, then one per other
   // draft; nothing in the last step (the request could not use drafts any more).
   EXPECT_EQ(e.draft_proposer->num_forwards(), 3 * 3);
+}
+
+TEST(SpecEngine, PromptChunksGoThroughTheDraftAsThroughTheTarget) {
+  SpecOptions o;
+  o.method = Method::kDraft;
+  SpecEngine e(core_config(256, /*budget=*/8), o);
+  const std::vector<int32_t> prompt = prompt_of(37, 5);
+  e.add("r", prompt, greedy(10));
+  // Five prefill chunks of 8 tokens (the last samples the first token): after each, the draft has
+  // computed exactly the positions the target has.
+  for (int chunk = 0; chunk < 4; ++chunk) {
+    ASSERT_TRUE(e.core->step());
+    EXPECT_EQ(e.draft_proposer->num_computed("r"), 8 * (chunk + 1)) << chunk;
+    EXPECT_EQ(e.core->scheduler().find("r")->num_computed_tokens, 8 * (chunk + 1));
+  }
+  const int forwards = e.draft_model->num_forwards;
+  EXPECT_EQ(forwards, 4);  // one catch-up forward per chunk, none bigger
+  e.run();
+  EXPECT_EQ(e.tokens("r"), e.model.reference_greedy(prompt, 10));
 }
 
 TEST(SpecEngine, DraftStopsAtItsMaxModelLen) {
