@@ -1,12 +1,236 @@
+// `specula bench latency|throughput MODEL ...`: vLLM's benchmark_latency / benchmark_throughput,
+// run through the same LLMEngine as `specula serve` (queue, scheduler, streams, detokenisation
+// when there is a tokenizer), on random token-id prompts. Flags carry vLLM's names.
+//
+//   latency:    --batch-size B requests of --input-len I tokens, --output-len O tokens each
+//               (ignore_eos), --num-iters-warmup W then --num-iters N batches: TTFT and TPOT
+//               (per request, (e2e - TTFT) / (O - 1)) median and p90, batch latency, tokens/s.
+//   throughput: --num-prompts N such requests submitted at once: requests/s, output tokens/s.
+// Both print a short table and, with --output-json FILE, write the figures as JSON.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <string>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/bench_driver.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/logging.h"
+#include "engine/llm_engine.h"
 
 namespace specula::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct BenchArgs {
+  EngineConfig engine;
+  int input_len = 32;
+  int output_len = 128;
+  int batch_size = 8;
+  int num_iters = 30;
+  int num_iters_warmup = 10;
+  int num_prompts = 1000;
+  std::string output_json;
+  bool skip_tokenizer_init = false;
+  int num_gpu_blocks_override = 0;
+};
+
+void add_engine_flags(CLI::App* cmd, BenchArgs& a) {
+  cmd->add_option("model", a.engine.model, "model folder (config.json; weights unless --load-format dummy)")
+      ->required();
+  cmd->add_option("--input-len", a.input_len, "prompt tokens per request")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--output-len", a.output_len, "output tokens per request")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--output-json", a.output_json, "write the results as JSON to this file");
+  cmd->add_option("--device", a.engine.device, "auto | cuda | cpu")->capture_default_str()
+      ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
+  cmd->add_option("--load-format", a.engine.load_format, "auto | safetensors | dummy")->capture_default_str()
+      ->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
+  cmd->add_option("--tokenizer", a.engine.tokenizer, "tokenizer folder (default: the model's, else none)");
+  cmd->add_flag("--skip-tokenizer-init", a.skip_tokenizer_init, "run without a tokenizer (outputs are ids only)");
+  cmd->add_option("--seed", a.engine.seed, "seed of the prompts and the dummy weights")->capture_default_str();
+  cmd->add_option("--max-model-len", a.engine.max_model_len, "context length (default: the model's)");
+  cmd->add_option("--max-num-seqs", a.engine.max_num_seqs, "sequences per step")->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", a.engine.max_num_batched_tokens, "tokens per step");
+  cmd->add_option("--gpu-memory-utilization", a.engine.gpu_memory_utilization, "fraction of GPU memory to use")
+      ->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  cmd->add_flag("--enforce-eager", a.engine.enforce_eager, "no CUDA graphs");
+  cmd->add_option("--block-size", a.engine.block_size, "KV cache block size")->capture_default_str();
+  cmd->add_flag("--enable-prefix-caching,!--no-enable-prefix-caching", a.engine.enable_prefix_caching,
+                "prefix caching (on by default)");
+  cmd->add_option("--num-gpu-blocks-override", a.num_gpu_blocks_override, "use this many KV cache blocks");
+  cmd->add_option("--speculative-config", a.engine.speculative_config, "speculative decoding as JSON");
+}
+
+std::unique_ptr<LLMEngine> make_engine(BenchArgs& a) {
+  EngineConfig& cfg = a.engine;
+  if (a.num_gpu_blocks_override > 0) cfg.num_gpu_blocks_override = a.num_gpu_blocks_override;
+  const fs::path tok_dir = cfg.tokenizer.empty() ? fs::path(cfg.model) : fs::path(cfg.tokenizer);
+  cfg.skip_tokenizer_init = a.skip_tokenizer_init || !fs::exists(tok_dir / "tokenizer.json");
+  if (cfg.skip_tokenizer_init && !a.skip_tokenizer_init)
+    LOG_INFO("No tokenizer.json in {}: benchmarking without a tokenizer (no detokenisation)", tok_dir.string());
+  return LLMEngine::create(cfg);
+}
+
+// vLLM's benchmark requests: temperature 1, top_p 1, ignore_eos, exactly output_len tokens.
+SamplingParams bench_params(int output_len) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  p.top_p = 1.0f;
+  p.ignore_eos = true;
+  p.max_tokens = output_len;
+  return p;
+}
+
+void check_fits(const LLMEngine& engine, const BenchArgs& a) {
+  SPECULA_CHECK(a.input_len + a.output_len <= engine.max_model_len(),
+                "--input-len {} + --output-len {} exceed max_model_len {}", a.input_len, a.output_len,
+                engine.max_model_len());
+}
+
+void write_json(const std::string& path, const nlohmann::json& j) {
+  if (path.empty()) return;
+  std::ofstream out(path);
+  SPECULA_CHECK(out.good(), "--output-json {}: cannot write the file", path);
+  out << j.dump(2) << "\n";
+}
+
+std::vector<double> ms(const std::vector<double>& seconds) {
+  std::vector<double> out;
+  for (double s : seconds) out.push_back(s * 1000.0);
+  return out;
+}
+
+int run_latency(BenchArgs& a) {
+  auto engine = make_engine(a);
+  check_fits(*engine, a);
+  engine->start();
+  const SamplingParams params = bench_params(a.output_len);
+  const int64_t vocab = engine->model_config().vocab_size;
+  std::vector<double> latencies, ttfts, tpots, e2es;
+  int64_t output_tokens = 0;
+  for (int iter = 0; iter < a.num_iters_warmup + a.num_iters; ++iter) {
+    const bool warmup = iter < a.num_iters_warmup;
+    auto prompts = random_prompts(a.batch_size, a.input_len, vocab, a.engine.seed * 1000003 + iter);
+    BatchTiming b = run_batch(*engine, prompts, params, fmt::format("lat-{}-", iter));
+    if (warmup) continue;
+    latencies.push_back(b.seconds);
+    for (const RequestTiming& r : b.requests) {
+      ttfts.push_back(r.ttft);
+      e2es.push_back(r.e2e);
+      if (r.output_tokens > 1) tpots.push_back(r.tpot());
+      output_tokens += r.output_tokens;
+    }
+  }
+  engine->shutdown();
+  const double total = std::accumulate(latencies.begin(), latencies.end(), 0.0);
+  const double avg = latencies.empty() ? 0.0 : total / static_cast<double>(latencies.size());
+  const double tok_s = total > 0 ? static_cast<double>(output_tokens) / total : 0.0;
+  const std::vector<double> ttft_ms = ms(ttfts), tpot_ms = ms(tpots);
+  std::printf("\n== specula bench latency: %s, batch %d, input %d, output %d, %d iterations (%d warm-up)%s\n",
+              a.engine.model.c_str(), a.batch_size, a.input_len, a.output_len, a.num_iters, a.num_iters_warmup,
+              a.engine.enforce_eager ? ", eager" : "");
+  std::printf("%-28s %12s %12s\n", "metric", "median", "p90");
+  std::printf("%-28s %12.2f %12.2f\n", "TTFT (ms)", percentile(ttft_ms, 50), percentile(ttft_ms, 90));
+  std::printf("%-28s %12.3f %12.3f\n", "TPOT (ms)", percentile(tpot_ms, 50), percentile(tpot_ms, 90));
+  std::printf("%-28s %12.2f %12.2f\n", "batch latency (ms)", percentile(ms(latencies), 50),
+              percentile(ms(latencies), 90));
+  std::printf("%-28s %12.1f\n", "output tokens/s", tok_s);
+  std::printf("Avg latency: %.6f seconds\n", avg);
+  std::fflush(stdout);
+
+  nlohmann::json j;
+  j["model"] = a.engine.model;
+  j["batch_size"] = a.batch_size;
+  j["input_len"] = a.input_len;
+  j["output_len"] = a.output_len;
+  j["num_iters"] = a.num_iters;
+  j["enforce_eager"] = a.engine.enforce_eager;
+  j["speculative_config"] = a.engine.speculative_config;
+  j["avg_latency"] = avg;
+  j["latencies"] = latencies;
+  nlohmann::json pct;
+  for (int q : {10, 25, 50, 75, 90, 99}) pct[std::to_string(q)] = percentile(latencies, q);
+  j["percentiles"] = pct;
+  j["ttft_ms"] = {{"median", percentile(ttft_ms, 50)}, {"p90", percentile(ttft_ms, 90)}};
+  j["tpot_ms"] = {{"median", percentile(tpot_ms, 50)}, {"p90", percentile(tpot_ms, 90)}};
+  j["output_tokens_per_second"] = tok_s;
+  j["requests"] = {{"ttft_ms", ttft_ms}, {"e2e_ms", ms(e2es)}};  // per request, batch after batch
+  write_json(a.output_json, j);
+  return 0;
+}
+
+int run_throughput(BenchArgs& a) {
+  auto engine = make_engine(a);
+  check_fits(*engine, a);
+  engine->start();
+  const int64_t vocab = engine->model_config().vocab_size;
+  auto prompts = random_prompts(a.num_prompts, a.input_len, vocab, a.engine.seed * 1000003 + 7);
+  BatchTiming b = run_batch(*engine, prompts, bench_params(a.output_len), "thr-");
+  engine->shutdown();
+  int64_t out_tokens = 0, prompt_tokens = 0;
+  for (const RequestTiming& r : b.requests) {
+    out_tokens += r.output_tokens;
+    prompt_tokens += r.prompt_tokens;
+  }
+  const double secs = b.seconds;
+  const double req_s = secs > 0 ? a.num_prompts / secs : 0.0;
+  const double out_s = secs > 0 ? static_cast<double>(out_tokens) / secs : 0.0;
+  const double tot_s = secs > 0 ? static_cast<double>(out_tokens + prompt_tokens) / secs : 0.0;
+  std::printf("\n== specula bench throughput: %s, %d prompts, input %d, output %d\n", a.engine.model.c_str(),
+              a.num_prompts, a.input_len, a.output_len);
+  std::printf("%-28s %12.3f\n", "elapsed (s)", secs);
+  std::printf("%-28s %12.2f\n", "requests/s", req_s);
+  std::printf("%-28s %12.1f\n", "output tokens/s", out_s);
+  std::printf("%-28s %12.1f\n", "total tokens/s", tot_s);
+  std::printf("Throughput: %.2f requests/s, %.2f total tokens/s, %.2f output tokens/s\n", req_s, tot_s, out_s);
+  std::fflush(stdout);
+
+  nlohmann::json j;
+  j["model"] = a.engine.model;
+  j["num_prompts"] = a.num_prompts;
+  j["input_len"] = a.input_len;
+  j["output_len"] = a.output_len;
+  j["elapsed_time"] = secs;
+  j["num_requests"] = a.num_prompts;
+  j["total_num_tokens"] = out_tokens + prompt_tokens;
+  j["total_output_tokens"] = out_tokens;
+  j["requests_per_second"] = req_s;
+  j["tokens_per_second"] = tot_s;
+  j["output_tokens_per_second"] = out_s;
+  write_json(a.output_json, j);
+  return 0;
+}
+
+}  // namespace
 
 Runner add_bench_command(CLI::App& app) {
-  auto* cmd = app.add_subcommand("bench", "not implemented yet");
-  cmd->allow_extras();
-  return [] () -> int { throw Error("specula bench: not implemented yet"); };
+  auto* bench = app.add_subcommand("bench", "benchmark the engine (vLLM's benchmark_latency / benchmark_throughput)");
+  bench->require_subcommand(1);
+  auto lat = std::make_shared<BenchArgs>();
+  auto* latency = bench->add_subcommand("latency", "TTFT and TPOT of a batch of requests, repeated");
+  add_engine_flags(latency, *lat);
+  latency->add_option("--batch-size", lat->batch_size, "requests per batch")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  latency->add_option("--num-iters", lat->num_iters, "measured batches")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  latency->add_option("--num-iters-warmup", lat->num_iters_warmup, "batches run first, not measured")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  auto thr = std::make_shared<BenchArgs>();
+  auto* throughput = bench->add_subcommand("throughput", "requests/s and tokens/s of many requests at once");
+  add_engine_flags(throughput, *thr);
+  throughput->add_option("--num-prompts", thr->num_prompts, "requests")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  return [bench, latency, lat, thr]() -> int {
+    if (bench->got_subcommand(latency)) return run_latency(*lat);
+    return run_throughput(*thr);
+  };
 }
 
 }  // namespace specula::cli

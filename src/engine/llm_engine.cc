@@ -8,8 +8,11 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "engine/device_sampler.h"
 #include "engine/kv_cache_sizing.h"
 #include "engine/load_progress.h"
+#include "engine/memory_plan.h"
+#include "engine/null_tokenizer.h"
 #include "engine/threaded_engine.h"
 #include "model/model.h"
 #include "model/weight_source.h"
@@ -65,9 +68,13 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
   parts.config = config;
   parts.model_config = load_model_config(config.model);
   parts.generation_config = load_generation_config(config.model);
-  parts.tokenizer = Tokenizer::from_dir(config.tokenizer.empty() ? config.model : config.tokenizer);
+  parts.tokenizer = config.skip_tokenizer_init
+                        ? make_null_tokenizer(parts.model_config)
+                        : Tokenizer::from_dir(config.tokenizer.empty() ? config.model : config.tokenizer);
   parts.backend = make_backend(config);
   const ModelConfig& mc = parts.model_config;
+  // Device memory before any weight: the memory plan measures what loading added.
+  const std::optional<DeviceMemoryInfo> memory_before_weights = parts.backend->memory_info();
 
   // ---- weights -> model ----
   {
@@ -109,6 +116,26 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
                   spec->method);
   }
 
+  // ---- sampler, then (on a device with a memory plan) the profile run that sizes the KV cache ----
+  const int num_spec_tokens = spec ? spec->num_speculative_tokens : 0;
+  const std::optional<DeviceMemoryInfo> memory_after_weights = parts.backend->memory_info();
+  // Logits stay on the device where the backend can sample there; else the CPU sampler reads
+  // them back.
+  parts.sampler = make_sampler(*parts.backend, config.max_num_seqs * (1 + num_spec_tokens), mc.vocab_size);
+  std::optional<DeviceMemoryPlan> device_plan;
+  MemoryPlanConfig mp;
+  if (memory_before_weights && memory_after_weights && !config.num_gpu_blocks_override) {
+    mp.max_num_batched_tokens = batched;
+    mp.max_num_seqs = config.max_num_seqs;
+    mp.max_model_len = max_model_len;
+    mp.block_size = config.block_size;
+    mp.num_spec_tokens = num_spec_tokens;
+    mp.gpu_memory_utilization = config.gpu_memory_utilization;
+    mp.reserve_bytes = graph_and_buffer_reserve(mp, parts.model->kv_cache_spec());
+    device_plan =
+        plan_device_memory(*parts.model, *parts.backend, *parts.sampler, mp, *memory_before_weights, *memory_after_weights);
+  }
+
   // ---- KV cache ----
   KVCacheSpec kv_spec = parts.model->kv_cache_spec();
   if (proposer && proposer->kv_cache_spec().num_layers > 0) {
@@ -117,13 +144,23 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
     auto elems = [](const KVCacheSpec& s) { return s.num_layers * s.num_kv_heads * (s.head_dim + s.v_head_dim); };
     kv_spec = KVCacheSpec{1, 1, elems(kv_spec) + elems(proposer->kv_cache_spec()), 0};
   }
+  std::optional<size_t> kv_budget;
+  if (device_plan) {  // one max_model_len sequence must fit, or the error names every size
+    check_kv_budget_fits(*device_plan, mp, kv_spec.bytes_per_token(parts.backend->compute_dtype()));
+    kv_budget = device_plan->kv_budget;
+  }
   const KVCachePlan plan = plan_kv_cache(config, kv_spec, parts.backend->compute_dtype(), parts.backend->device(),
-                                         max_model_len, config.max_num_seqs);
+                                         max_model_len, config.max_num_seqs, kv_budget);
   LOG_INFO("KV cache: {} blocks of {} tokens ({} tokens, {:.2f} GiB, {}); maximum concurrency for {} tokens per "
            "request: {:.2f}x",
            plan.num_blocks, config.block_size, static_cast<int64_t>(plan.num_blocks) * config.block_size,
            static_cast<double>(plan.bytes) / (1 << 30), plan.source, max_model_len,
            static_cast<double>(plan.num_blocks) * config.block_size / max_model_len);
+  if (on_cuda) {  // vLLM's lines
+    LOG_INFO("GPU KV cache size: {} tokens", static_cast<int64_t>(plan.num_blocks) * config.block_size);
+    LOG_INFO("Maximum concurrency for {} tokens per request: {:.2f}x", max_model_len,
+             static_cast<double>(plan.num_blocks) * config.block_size / max_model_len);
+  }
 
   EngineCoreConfig& cc = parts.core_config;
   cc.max_model_len = max_model_len;
@@ -138,8 +175,6 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
   cc.vocab_size = mc.vocab_size;
   cc.eos_token_ids = eos_token_ids(*parts.tokenizer, parts.generation_config, mc);
 
-  // The CPU sampler reads logits back from any device; a device sampler can replace it here.
-  parts.sampler = make_cpu_sampler(*parts.backend);
   ModelRunnerConfig rc;
   rc.max_num_seqs = cc.max_num_seqs;
   rc.max_num_batched_tokens = cc.max_num_batched_tokens;
@@ -156,6 +191,16 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
     LOG_INFO("Speculative decoding: method {}{}, num_speculative_tokens={}, adaptive depth {}", spec->method,
              spec->model.empty() ? "" : " (" + spec->model + ")", spec->num_speculative_tokens,
              spec->adaptive ? "on" : "off");
+  }
+  if (on_cuda && !config.enforce_eager) {
+    // CUDA graphs for decode steps of up to max_num_seqs sequences (vLLM caps captures at 512).
+    const auto g0 = std::chrono::steady_clock::now();
+    const std::optional<DeviceMemoryInfo> before = parts.backend->memory_info();
+    const size_t n = runner->capture_decode_graphs(PaddedGraphs::default_sizes(std::min(cc.max_num_seqs, 512)));
+    const std::optional<DeviceMemoryInfo> after = parts.backend->memory_info();
+    const size_t taken = before && after && before->free > after->free ? before->free - after->free : 0;
+    LOG_INFO("Graph capturing finished in {:.1f} secs, took {} ({} decode graphs)",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count(), gib(taken), n);
   }
   parts.executor = std::move(runner);
   LOG_INFO("Engine ready: max_model_len={}, max_num_seqs={}, max_num_batched_tokens={}, prefix caching {}",

@@ -3,6 +3,7 @@
 # git; name it in the device tool's `carry`): stripped binaries in .gpu/bin and the few shared
 # libraries that the GPU machine's Ubuntu image lacks (or has at another soname) in .gpu/lib.
 # Usage: tools/gpu/pack.sh [targets...]   (default: specula, every test binary, cuda_roofline)
+#   tools/gpu/pack.sh specula test_cuda test_cuda_engine cuda_roofline   (what run_all.sh runs)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export BUILD_DIR=${BUILD_DIR:-build-gpu}
@@ -26,6 +27,18 @@ for bin in .gpu/bin/*; do
   ldd "$bin" | awk '/=> \// {print $3}'
 done | sort -u | grep -E 'libspdlog|libfmt|libutf8proc|libcpp-httplib|libpcre2-8|libxxhash' |
   while read -r lib; do cp -L "$lib" .gpu/lib/; done
+# Extras for tools/gpu/run_all.sh, compressed (the carry limit is 64 MiB): the real tokenizers the
+# benchmarks detokenise with (tools/fetch_tokenizers.sh puts them in .cache/tokenizers) and the
+# e2e suite's node_modules (the GPU machine cannot reach npm). Skipped when absent here.
+rm -f .gpu/extras.tar.xz
+extras=()
+for t in llama3 qwen3; do
+  [ -f .cache/tokenizers/$t/tokenizer.json ] && extras+=(--transform "s|^.cache/tokenizers|tokenizers|" .cache/tokenizers/$t)
+done
+[ -d tests/e2e/node_modules ] && extras+=(--transform "s|^tests/e2e/node_modules|node_modules|" tests/e2e/node_modules)
+if [ ${#extras[@]} -gt 0 ] && [ -z "${PACK_NO_EXTRAS:-}" ]; then
+  XZ_OPT=-6 tar -cJf .gpu/extras.tar.xz "${extras[@]}"
+fi
 # What was built: the commit, and whether the working tree differed from it.
 { git rev-parse HEAD; git status --porcelain -- src tests tools CMakeLists.txt | head -20; } > .gpu/commit.txt
 du -sh .gpu
