@@ -2,9 +2,13 @@
 
 #include <map>
 #include <mutex>
+#include <vector>
+
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "spec/draft_model_proposer.h"
+#include "spec/mtp_proposer.h"
 #include "spec/ngram_proposer.h"
 
 namespace specula {
@@ -19,6 +23,7 @@ std::unique_ptr<Proposer> make_ngram_proposer(const ProposerContext& ctx) {
 std::map<std::string, ProposerFactory>& registry() {
   static std::map<std::string, ProposerFactory> r = {
       {"draft_model", make_draft_model_proposer},
+      {"mtp", make_mtp_proposer},
       {"ngram", make_ngram_proposer},
   };
   return r;
@@ -43,14 +48,15 @@ bool has_proposer(const std::string& method) {
 
 std::unique_ptr<Proposer> create_proposer(const ProposerContext& ctx) {
   ProposerFactory factory;
+  std::vector<std::string> supported;
   {
     std::lock_guard<std::mutex> lock(registry_mutex());
     auto it = registry().find(ctx.spec.method);
     if (it != registry().end()) factory = it->second;
+    for (const auto& entry : registry()) supported.push_back(entry.first);
   }
-  SPECULA_CHECK(factory != nullptr,
-                "--speculative-config: method {} is not yet supported by specula (supported now: draft_model, ngram)",
-                ctx.spec.method);
+  SPECULA_CHECK(factory != nullptr, "--speculative-config: method {} is not yet supported by specula (supported now: {})",
+                ctx.spec.method, fmt::join(supported, ", "));
   return factory(ctx);
 }
 
