@@ -25,6 +25,12 @@ class DeepseekModel final : public Model {
     return KVCacheSpec{config_.num_hidden_layers, 1, decoder_.cache_entry_dim(), 0};
   }
   ForwardOutput forward(const ForwardInput& input, std::vector<KVCacheLayer>& kv) override;
+  // Lent to the MTP layers (deepseek_mtp.h), whose checkpoint copies are usually identical.
+  Tensor shared_weight(const std::string& name) const override {
+    if (name == "model.embed_tokens.weight") return embed_tokens_;
+    if (name == "lm_head.weight") return lm_head_;
+    return Tensor();
+  }
 
  private:
   void check_input(const ForwardInput& input, const std::vector<KVCacheLayer>& kv) const;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backend/attention_metadata.h"
@@ -45,6 +46,10 @@ class Model {
   // Runs every layer over the batch, writing the new tokens' K/V into `kv` (one entry per layer)
   // first, then attending. Activations come from backend scratch memory.
   virtual ForwardOutput forward(const ForwardInput& input, std::vector<KVCacheLayer>& kv) = 0;
+  // A weight the model holds, by its checkpoint name, lent to a proposer that would otherwise load
+  // an identical copy (DeepSeek MTP: "model.embed_tokens.weight", "lm_head.weight" — the
+  // embedding itself when tied). Undefined when the model lends nothing by that name.
+  virtual Tensor shared_weight(const std::string& name) const { return Tensor(); }
 };
 
 // Load-time choices that are not facts of the checkpoint.
