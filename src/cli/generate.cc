@@ -96,6 +96,8 @@ Runner add_generate_command(CLI::App& app) {
   cmd->add_option("--speculative-config", args->engine.speculative_config,
                   "speculative decoding as JSON, e.g. '{\"method\": \"draft_model\", \"model\": "
                   "\"models/specula-tiny-draft\", \"num_speculative_tokens\": 3}'");
+  cmd->add_option("--shared-expert-fusion", args->engine.shared_expert_fusion, kSharedExpertFusionHelp)
+      ->capture_default_str()->check(CLI::Range(-1, 64));
   return [args]() -> int {
     if (args->seed_opt->count()) args->engine.seed = args->seed;
     // One request: a small batch keeps the default CPU KV cache small.

@@ -127,6 +127,7 @@ struct ServeArgs {
   int num_gpu_blocks_override = 0;
   bool trust_remote_code = false;
   std::string generation_config = "auto";
+  int shared_expert_fusion = -1;
 };
 
 // SIGINT/SIGTERM arrive on whatever thread the kernel picks (OpenBLAS starts its threads before
@@ -219,6 +220,7 @@ int run_serve(const ServeArgs& a, CLI::App* cmd) {
     cfg.gpu_memory_utilization = a.gpu_memory_utilization;
     cfg.enforce_eager = a.enforce_eager;
     cfg.speculative_config = a.speculative_config;
+    cfg.shared_expert_fusion = a.shared_expert_fusion;
     if (a.num_gpu_blocks_override > 0) cfg.num_gpu_blocks_override = a.num_gpu_blocks_override;
     // vLLM's CPU backend sizes its KV cache from this variable (GiB).
     if (const char* env = std::getenv("VLLM_CPU_KVCACHE_SPACE")) {
@@ -326,6 +328,8 @@ Runner add_serve_command(CLI::App& app) {
                 "Prefix caching (on by default)");
   cmd->add_option("--speculative-config", args->speculative_config,
                   "Speculative decoding as JSON, e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'");
+  cmd->add_option("--shared-expert-fusion", args->shared_expert_fusion, kSharedExpertFusionHelp)
+      ->capture_default_str()->check(CLI::Range(-1, 64));
   cmd->add_option("--tokenizer", args->tokenizer, "Tokenizer folder (default: the model's)");
   cmd->add_option("--block-size", args->block_size, "KV cache block size in tokens")->capture_default_str()
       ->check(CLI::PositiveNumber);

@@ -15,6 +15,7 @@
 #include "engine/null_tokenizer.h"
 #include "engine/threaded_engine.h"
 #include "model/model.h"
+#include "model/shared_expert_fusion.h"
 #include "model/weight_source.h"
 #include "spec/proposer_registry.h"
 #include "spec/speculative_config.h"
@@ -73,6 +74,10 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
                         : Tokenizer::from_dir(config.tokenizer.empty() ? config.model : config.tokenizer);
   parts.backend = make_backend(config);
   const ModelConfig& mc = parts.model_config;
+  if (spec) resolve_speculative_config(*spec, mc, config.model);  // e.g. mtp on a model without MTP layers
+  // --shared-expert-fusion -1 (auto) becomes a number here; an MTP proposer reads the same one.
+  parts.config.shared_expert_fusion =
+      resolve_shared_expert_fusion(config.shared_expert_fusion, mc, parts.backend->device());
   // Device memory before any weight: the memory plan measures what loading added.
   const std::optional<DeviceMemoryInfo> memory_before_weights = parts.backend->memory_info();
 
@@ -83,7 +88,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
     const auto t0 = std::chrono::steady_clock::now();
     LoadProgress progress(weights->names().size());
     weights->on_progress = [&](size_t tensors, size_t bytes) { progress.update(tensors, bytes); };
-    parts.model = create_model(mc, *weights, *parts.backend, ModelOptions{config.shared_expert_fusion});
+    parts.model = create_model(mc, *weights, *parts.backend, ModelOptions{parts.config.shared_expert_fusion});
     progress.finish();
     LOG_INFO("Model loading took {:.2f} seconds",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -109,7 +114,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
   // ---- speculative decoding: the proposer (a draft model loads here) ----
   std::unique_ptr<Proposer> proposer;
   if (spec) {
-    ProposerContext ctx{*spec, config, mc, *parts.model, *parts.tokenizer, *parts.backend,
+    ProposerContext ctx{*spec, parts.config, mc, *parts.model, *parts.tokenizer, *parts.backend,
                         max_model_len, config.max_num_seqs, batched};
     proposer = create_proposer(ctx);
     SPECULA_CHECK(spec->num_speculative_tokens >= 1, "--speculative-config: num_speculative_tokens is required for {}",

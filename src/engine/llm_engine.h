@@ -34,7 +34,9 @@ struct EngineConfig {
   // No tokenizer (vLLM's --skip-tokenizer-init): prompts are token ids and outputs carry no text.
   // Benchmarks of checkpoints shipped without tokenizer files use it.
   bool skip_tokenizer_init = false;
-  int shared_expert_fusion = 0;      // DeepSeek MoE: shared-expert replicas fused into the routed experts (0 = off)
+  // DeepSeek MoE: shared-expert replicas fused into the routed experts; 0 = off, -1 = auto (1 on
+  // CUDA for models with shared experts, 0 on the CPU; model/shared_expert_fusion.h).
+  int shared_expert_fusion = -1;
 };
 
 // Counters and gauges for /metrics and the periodic stats line (vLLM's names in comments).

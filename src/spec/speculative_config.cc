@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <vector>
 
 #include <fmt/ranges.h>
@@ -223,6 +224,34 @@ int validate_draft_model(const SpeculativeConfig& spec, const ModelConfig& targe
     len = std::min(len, spec.max_model_len);
   }
   return len;
+}
+
+void check_mtp_target(const SpeculativeConfig& spec, const ModelConfig& target, std::string_view target_model) {
+  const std::string arch = architecture_name(target.arch);
+  SPECULA_CHECK(target.num_nextn_predict_layers > 0,
+                "--speculative-config: method {} drafts with the target's own multi-token-prediction (MTP) layers, "
+                "but {} ({}) has none: num_nextn_predict_layers is 0 in its config.json (use method draft_model or "
+                "ngram with this model)",
+                spec.method, target_model, arch);
+  SPECULA_CHECK(target.is_deepseek(),
+                "--speculative-config: method {} supports the MTP layers of DeepSeek-V3-style checkpoints only; {} is {}",
+                spec.method, target_model, arch);
+  if (!spec.model.empty()) {
+    namespace fs = std::filesystem;
+    std::error_code ec1, ec2;
+    const bool same = fs::weakly_canonical(spec.model, ec1) == fs::weakly_canonical(fs::path(target_model), ec2);
+    SPECULA_CHECK(same && !ec1 && !ec2,
+                  "--speculative-config: method {} takes its layers from the target checkpoint; \"model\" must be "
+                  "left out or name the target ({}), got \"{}\"",
+                  spec.method, target_model, spec.model);
+  }
+}
+
+void resolve_speculative_config(SpeculativeConfig& spec, const ModelConfig& target, std::string_view target_model) {
+  if (spec.method != "mtp") return;
+  check_mtp_target(spec, target, target_model);
+  if (spec.num_speculative_tokens == 0)
+    spec.num_speculative_tokens = static_cast<int>(std::min<int64_t>(target.num_nextn_predict_layers, kMaxSpeculativeTokens));
 }
 
 }  // namespace specula

@@ -43,6 +43,15 @@ SpeculativeConfig parse_speculative_config(std::string_view json);
 int validate_draft_model(const SpeculativeConfig& spec, const ModelConfig& target, const Tokenizer& target_tokenizer,
                          const ModelConfig& draft, const Tokenizer& draft_tokenizer, int target_max_model_len);
 
+// Completes the config once the target's config.json is read, before any weight loads: method
+// mtp is checked against the target (check_mtp_target) and its num_speculative_tokens defaults to
+// the target's number of MTP layers, as vLLM's does.
+void resolve_speculative_config(SpeculativeConfig& spec, const ModelConfig& target, std::string_view target_model);
+
+// Method mtp drafts with the target checkpoint's own MTP layers: the target must be a DeepSeek
+// model with num_nextn_predict_layers > 0, and "model", if given, must name the target itself.
+void check_mtp_target(const SpeculativeConfig& spec, const ModelConfig& target, std::string_view target_model);
+
 // Levenshtein distance, and the candidate closest to `key` (first of equals) — for "did you mean".
 size_t edit_distance(std::string_view a, std::string_view b);
 std::string_view nearest_key(std::string_view key, std::span<const std::string_view> candidates);

@@ -1,0 +1,405 @@
+#include "spec/mtp_proposer.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace specula {
+
+namespace {
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+}  // namespace
+
+MtpProposer::MtpProposer(std::unique_ptr<DeepseekMtp> mtp, Backend& backend, std::unique_ptr<DraftSampler> sampler,
+                         const MtpProposerConfig& config)
+    : mtp_(std::move(mtp)), backend_(backend), sampler_(std::move(sampler)), config_(config) {
+  SPECULA_CHECK(mtp_ != nullptr && mtp_->num_layers() > 0, "mtp proposer: no MTP layer");
+  SPECULA_CHECK(config.max_depth >= 1 && config.max_num_seqs >= 1 && config.max_num_batched_tokens >= 1 &&
+                    config.max_model_len >= 2,
+                "mtp proposer: bad configuration (k={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={})",
+                config.max_depth, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len);
+  if (!sampler_) sampler_ = make_cpu_draft_sampler(backend);
+  hidden_ = mtp_->config().hidden_size;
+  q_store_ = backend.empty({static_cast<int64_t>(config.max_num_seqs) * config.max_depth, mtp_->config().vocab_size},
+                           DType::kF32);
+  for (int s = config.max_num_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
+}
+
+void MtpProposer::allocate_kv_cache(int num_blocks, int block_size) {
+  SPECULA_CHECK(num_blocks > 0 && block_size > 0, "mtp proposer: bad KV cache shape ({} blocks of {})", num_blocks,
+                block_size);
+  block_size_ = block_size;
+  const KVCacheSpec spec = mtp_->kv_cache_spec();
+  const DType dtype = backend_.compute_dtype();
+  kv_.assign(static_cast<size_t>(spec.num_layers), KVCacheLayer{});
+  for (KVCacheLayer& layer : kv_) {
+    layer.k = backend_.empty({num_blocks, block_size, spec.num_kv_heads, spec.head_dim}, dtype);
+    layer.v = backend_.empty({num_blocks, block_size, spec.num_kv_heads, spec.v_head_dim}, dtype);
+    // As the target's cache (model_runner.cc): zeroed on a device, the OS's zero pages on the host.
+    if (backend_.device() != Device::kCPU) backend_.zero(layer.k);
+  }
+
+  max_blocks_per_seq_ = ceil_div(config_.max_model_len + config_.max_depth, block_size);
+  const int64_t t = config_.max_num_batched_tokens, s = config_.max_num_seqs, w = max_blocks_per_seq_;
+  auto pair = [&](Tensor& h, Tensor& d, int64_t n, DType type) {
+    h = Tensor::empty({n}, type, Device::kCPU);  // pageable: a copy out of it is done when copy() returns
+    d = backend_.empty({n}, type);
+  };
+  pair(h_tokens_, d_tokens_, t, DType::kI32);
+  pair(h_positions_, d_positions_, t, DType::kI32);
+  pair(h_slots_, d_slots_, t, DType::kI64);
+  pair(h_rows_, d_rows_, t, DType::kI32);
+  pair(h_qsl_, d_qsl_, s + 1, DType::kI32);
+  pair(h_seq_lens_, d_seq_lens_, s, DType::kI32);
+  pair(h_tables_, d_tables_, s * w, DType::kI32);
+  pair(h_logits_idx_, d_logits_idx_, s, DType::kI32);
+  pair(hs_tokens_, ds_tokens_, s, DType::kI32);
+  pair(hs_positions_, ds_positions_, s, DType::kI32);
+  pair(hs_slots_, ds_slots_, s, DType::kI64);
+  pair(hs_seq_lens_, ds_seq_lens_, s, DType::kI32);
+  pair(hs_tables_, ds_tables_, s * w, DType::kI32);
+  pair(h_step_rows_, d_step_rows_, s, DType::kI32);
+  d_hidden_ = backend_.empty({t, hidden_}, dtype);
+  ds_hidden_ = backend_.empty({s, hidden_}, dtype);
+  backend_.zero(ds_hidden_);  // padding rows read it: never uninitialised (NaN) memory
+  // A draft step has one query row per sequence: query_start_loc and the logits rows are 0, 1, 2, ...
+  step_qsl_host_.resize(static_cast<size_t>(s) + 1);
+  std::iota(step_qsl_host_.begin(), step_qsl_host_.end(), 0);
+  ds_qsl_ = backend_.empty({s + 1}, DType::kI32);
+  backend_.copy(Tensor::from_i32(step_qsl_host_), ds_qsl_);
+  ds_logits_idx_ = backend_.empty({s}, DType::kI32);
+  backend_.copy(Tensor::from_i32(std::vector<int32_t>(step_qsl_host_.begin(), step_qsl_host_.end() - 1)), ds_logits_idx_);
+  step_seq_lens_host_.assign(static_cast<size_t>(s), 1);
+  backend_.synchronize();
+}
+
+MtpProposer::State& MtpProposer::state_for(std::string_view req_id) {
+  auto it = states_.find(std::string(req_id));
+  if (it != states_.end()) return it->second;
+  SPECULA_CHECK(!free_slots_.empty(), "internal error: mtp proposer tracks more than max_num_seqs ({}) requests",
+                config_.max_num_seqs);
+  State st;
+  st.slot = free_slots_.back();
+  free_slots_.pop_back();
+  return states_.emplace(std::string(req_id), st).first->second;
+}
+
+void MtpProposer::drop_request(std::string_view req_id) {
+  auto it = states_.find(std::string(req_id));
+  if (it == states_.end()) return;
+  free_slots_.push_back(it->second.slot);
+  states_.erase(it);
+}
+
+int MtpProposer::draft_probs_row(std::string_view req_id) const {
+  auto it = states_.find(std::string(req_id));
+  return it == states_.end() ? -1 : it->second.slot * config_.max_depth;
+}
+
+int MtpProposer::num_computed(std::string_view req_id) const {
+  auto it = states_.find(std::string(req_id));
+  return it == states_.end() ? -1 : it->second.num_computed;
+}
+
+int MtpProposer::num_inherited(std::string_view req_id) const {
+  auto it = states_.find(std::string(req_id));
+  return it == states_.end() ? -1 : it->second.num_inherited;
+}
+
+int64_t MtpProposer::slot_of(const ProposerRequest& r, int pos) const {
+  const size_t block = static_cast<size_t>(pos / block_size_);
+  SPECULA_CHECK(block < r.block_ids.size(), "internal error: MTP K/V position {} of request {} has no block ({} held)",
+                pos, r.req_id, r.block_ids.size());
+  return static_cast<int64_t>(r.block_ids[block]) * block_size_ + pos % block_size_;
+}
+
+Tensor MtpProposer::upload(const Tensor& host, Tensor& device, int64_t n) {
+  Tensor dst = device.slice(0, n);
+  if (n > 0) backend_.copy(host.slice(0, n), dst);
+  return dst;
+}
+
+SamplingRow MtpProposer::sampling_row(const ProposerRequest& r, int logits_row, int position,
+                                      const std::vector<int32_t>& context) const {
+  // `context` = the request's tokens and the drafts so far; the row samples the token at
+  // `position` == context.size(), with the settings the target's verification row will use.
+  SamplingRow row;
+  row.logits_row = logits_row;
+  row.params = r.params;
+  row.seed = r.seed;
+  row.position = position;
+  row.prompt_token_ids = std::span<const int32_t>(context.data(), static_cast<size_t>(r.num_prompt_tokens));
+  row.output_token_ids = std::span<const int32_t>(context.data() + r.num_prompt_tokens,
+                                                  static_cast<size_t>(position - r.num_prompt_tokens));
+  if (position - r.num_prompt_tokens < r.params->min_tokens) row.masked_token_ids = r.min_tokens_stop_ids;
+  return row;
+}
+
+void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
+  const size_t n = batch.requests.size();
+  drafts.assign(n, {});
+  if (n == 0) return;
+  SPECULA_CHECK(!kv_.empty(), "internal error: mtp proposer used before allocate_kv_cache");
+
+  // 1. Every request's new MTP positions: those the target computed in this step (their hidden
+  // states are in this step's rows) whose next token is known.
+  std::vector<int> num_drafts(n, 0);
+  std::vector<Piece> pieces;
+  int total = 0;
+  contexts_.assign(n, {});
+  for (size_t i = 0; i < n; ++i) {
+    const ProposerRequest& r = batch.requests[i];
+    State& st = state_for(r.req_id);
+    const int len = static_cast<int>(r.tokens.size());
+    const int from = r.first_position;
+    const int to = std::min({r.num_target_computed, len - 1, r.first_position + r.num_rows});
+    // Positions before the step's first one that this request never ran (a prefix-cache hit): the
+    // shared blocks' entries stand in for them (see the header).
+    if (st.num_computed < from) st.num_inherited += from - st.num_computed;
+    st.num_computed = std::max(from, to);
+    if (to <= from) continue;
+    // A request that sampled drafts from its last accepted position, L - 2.
+    const bool drafting = r.sampled && batch.depth > 0 && r.max_drafts > 0 && to == len - 1;
+    if (drafting) {
+      num_drafts[i] = std::min(batch.depth, r.max_drafts);
+      contexts_[i].reserve(r.tokens.size() + static_cast<size_t>(num_drafts[i]));
+      contexts_[i].assign(r.tokens.begin(), r.tokens.end());
+    }
+    pieces.push_back(Piece{i, from, to, drafting});
+    total += to - from;
+  }
+  if (pieces.empty()) return;
+  SPECULA_CHECK(batch.target_hidden_states.defined(),
+                "mtp proposer: the target model returned no hidden states (ForwardOutput::hidden_states)");
+  SPECULA_CHECK(total <= config_.max_num_batched_tokens && static_cast<int>(pieces.size()) <= config_.max_num_seqs,
+                "internal error: MTP catch-up of {} positions / {} requests exceeds max_num_batched_tokens {} / "
+                "max_num_seqs {}", total, pieces.size(), config_.max_num_batched_tokens, config_.max_num_seqs);
+
+  // 2. One varlen forward (every position comes from this step's target rows, so it never needs
+  // more room than the target's step); the drafting rows sample draft 1.
+  std::vector<size_t> rows;  // requests with drafts 2..k, in batch order
+  int max_drafts = 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (num_drafts[i] >= 2) rows.push_back(i);
+    max_drafts = std::max(max_drafts, num_drafts[i]);
+  }
+  run_catch_up(batch, pieces, num_drafts, drafts);
+  if (rows.empty()) return;
+
+  // 3. Drafts 2..k: one chained step over every drafting request per draft (rows fixed for the
+  // whole loop; a row that has all its drafts idles: no K/V write, result ignored).
+  const int real = static_cast<int>(rows.size());
+  const int padded = config_.pad_batch ? config_.pad_batch(real) : real;
+  SPECULA_CHECK(padded >= real && padded <= config_.max_num_seqs,
+                "internal error: MTP draft step of {} rows padded to {} (max_num_seqs {})", real, padded,
+                config_.max_num_seqs);
+  for (int j = 2; j <= max_drafts; ++j) {
+    prepare_step(batch, rows, j, padded, drafts, num_drafts, /*upload_tables=*/j == 2);
+    Tensor logits = run_step(padded, layer_for_draft(j));
+    std::vector<DraftSampleRow> sample_rows;
+    std::vector<size_t> owners;
+    for (int row = 0; row < real; ++row) {
+      const size_t i = rows[static_cast<size_t>(row)];
+      if (num_drafts[i] < j) continue;
+      const ProposerRequest& r = batch.requests[i];
+      contexts_[i].push_back(drafts[i].back());
+      const int slot = states_.at(std::string(r.req_id)).slot;
+      const int position = static_cast<int>(r.tokens.size()) + j - 1;  // of the token drafted
+      sample_rows.push_back(DraftSampleRow{sampling_row(r, row, position, contexts_[i]), slot * config_.max_depth + j - 1});
+      owners.push_back(i);
+    }
+    std::vector<int32_t> tokens = sampler_->sample(logits, sample_rows, &q_store_);
+    for (size_t s = 0; s < owners.size(); ++s) drafts[owners[s]].push_back(tokens[s]);
+  }
+}
+
+void MtpProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
+                               const std::vector<int>& num_drafts, std::vector<std::vector<int32_t>>& drafts) {
+  const int bs = block_size_;
+  const int num_seqs = static_cast<int>(pieces.size());
+  const Tensor& target_hidden = batch.target_hidden_states;
+  int32_t* tokens = h_tokens_.data_as<int32_t>();
+  int32_t* positions = h_positions_.data_as<int32_t>();
+  int64_t* slots = h_slots_.data_as<int64_t>();
+  int32_t* hidden_rows = h_rows_.data_as<int32_t>();
+  int32_t* qsl = h_qsl_.data_as<int32_t>();
+  int32_t* seq_lens = h_seq_lens_.data_as<int32_t>();
+  int32_t* logits_idx = h_logits_idx_.data_as<int32_t>();
+  int32_t* step_rows = h_step_rows_.data_as<int32_t>();
+  int t = 0, num_logits = 0, num_step_rows = 0, max_query = 0, max_seq = 0, width = 1;
+  std::vector<int32_t> zero_rows;
+  std::vector<size_t> sampling;  // pieces whose last row samples draft 1
+  qsl[0] = 0;
+  for (int s = 0; s < num_seqs; ++s) {
+    const Piece& piece = pieces[static_cast<size_t>(s)];
+    const ProposerRequest& r = batch.requests[piece.req];
+    SPECULA_CHECK(r.first_row >= 0 && r.first_row + (piece.to - r.first_position) <= target_hidden.size(0),
+                  "internal error: request {} reads target rows [{}, {}) of {}", r.req_id, r.first_row,
+                  r.first_row + piece.to - r.first_position, target_hidden.size(0));
+    for (int pos = piece.from; pos < piece.to; ++pos, ++t) {
+      tokens[t] = r.tokens[static_cast<size_t>(pos) + 1];  // the NEXT token
+      positions[t] = pos;
+      slots[t] = slot_of(r, pos);
+      hidden_rows[t] = r.first_row + (pos - r.first_position);
+      if (pos == 0) zero_rows.push_back(t);
+    }
+    if (piece.drafts) {
+      logits_idx[num_logits++] = t - 1;
+      sampling.push_back(static_cast<size_t>(s));
+      if (num_drafts[piece.req] >= 2) step_rows[num_step_rows++] = t - 1;  // batch order, as propose's rows
+    }
+    qsl[s + 1] = t;
+    seq_lens[s] = piece.to;
+    max_query = std::max(max_query, piece.to - piece.from);
+    max_seq = std::max(max_seq, piece.to);
+    width = std::max(width, ceil_div(piece.to, bs));
+  }
+  int32_t* tables = h_tables_.data_as<int32_t>();
+  for (int s = 0; s < num_seqs; ++s) {
+    const ProposerRequest& r = batch.requests[pieces[static_cast<size_t>(s)].req];
+    const int used = ceil_div(seq_lens[s], bs);
+    int32_t* row = tables + static_cast<size_t>(s) * width;
+    std::copy(r.block_ids.begin(), r.block_ids.begin() + used, row);
+    std::fill(row + used, row + width, 0);
+  }
+  // The target's hidden rows into our own buffer first: they live in scratch memory that the
+  // MTP forward is about to reuse.
+  Tensor rows = upload(h_rows_, d_rows_, t);
+  Tensor hidden = d_hidden_.slice(0, t);
+  if (target_hidden.dtype() == backend_.compute_dtype()) {
+    backend_.gather_rows(target_hidden, rows, hidden);
+  } else {
+    Tensor gathered = backend_.scratch({t, hidden_}, target_hidden.dtype());
+    backend_.gather_rows(target_hidden, rows, gathered);
+    backend_.cast(gathered, hidden);
+  }
+  backend_.reset_scratch();
+
+  MtpForwardInput in;
+  ForwardInput& f = in.rows;
+  f.token_ids = upload(h_tokens_, d_tokens_, t);
+  f.positions = upload(h_positions_, d_positions_, t);
+  f.logits_indices = upload(h_logits_idx_, d_logits_idx_, num_logits);
+  AttentionMetadata& md = f.attn;
+  md.num_seqs = num_seqs;
+  md.num_tokens = t;
+  md.max_query_len = max_query;
+  md.max_seq_len = max_seq;
+  md.block_size = bs;
+  md.query_start_loc = upload(h_qsl_, d_qsl_, num_seqs + 1);
+  md.seq_lens = upload(h_seq_lens_, d_seq_lens_, num_seqs);
+  md.slot_mapping = upload(h_slots_, d_slots_, t);
+  md.block_tables = upload(h_tables_, d_tables_, static_cast<int64_t>(num_seqs) * width).reshape({num_seqs, width});
+  md.query_start_loc_host.assign(qsl, qsl + num_seqs + 1);
+  md.seq_lens_host.assign(seq_lens, seq_lens + num_seqs);
+  in.hidden = hidden;
+  in.zero_embedding_rows = std::move(zero_rows);
+  MtpForwardOutput out = mtp_->forward(0, in, kv_[0]);
+  ++num_forwards_;
+  if (num_step_rows > 0) {
+    // The chained steps start from y at each drafting request's last position.
+    Tensor y_rows = ds_hidden_.slice(0, num_step_rows);
+    backend_.gather_rows(out.y, upload(h_step_rows_, d_step_rows_, num_step_rows), y_rows);
+  }
+  if (sampling.empty()) return;
+
+  std::vector<DraftSampleRow> sample_rows;
+  for (size_t l = 0; l < sampling.size(); ++l) {
+    const Piece& piece = pieces[sampling[l]];
+    const ProposerRequest& r = batch.requests[piece.req];
+    const int slot = states_.at(std::string(r.req_id)).slot;
+    // Draft 1 is the token at position L = piece.to + 1.
+    sample_rows.push_back(DraftSampleRow{sampling_row(r, static_cast<int>(l), piece.to + 1, contexts_[piece.req]),
+                                         slot * config_.max_depth});
+  }
+  std::vector<int32_t> first = sampler_->sample(out.logits, sample_rows, &q_store_);
+  for (size_t l = 0; l < sampling.size(); ++l) drafts[pieces[sampling[l]].req].push_back(first[l]);
+}
+
+void MtpProposer::prepare_step(const ProposeBatch& batch, const std::vector<size_t>& rows, int step, int padded,
+                               const std::vector<std::vector<int32_t>>& drafts, const std::vector<int>& num_drafts,
+                               bool upload_tables) {
+  const int w = max_blocks_per_seq_;
+  int32_t* tokens = hs_tokens_.data_as<int32_t>();
+  int32_t* positions = hs_positions_.data_as<int32_t>();
+  int64_t* slots = hs_slots_.data_as<int64_t>();
+  int32_t* seq_lens = hs_seq_lens_.data_as<int32_t>();
+  int32_t* tables = hs_tables_.data_as<int32_t>();
+  step_max_seq_len_ = 1;
+  // Padding rows write nothing and attend to position 0 of the first real row's first block,
+  // which holds a valid entry: finite values for kernels that read before they mask.
+  const int32_t pad_block = batch.requests[rows.front()].block_ids.front();
+  for (int row = 0; row < padded; ++row) {
+    if (row >= static_cast<int>(rows.size())) {
+      tokens[row] = 0;
+      positions[row] = 0;
+      slots[row] = -1;
+      seq_lens[row] = 1;
+      if (upload_tables) {
+        int32_t* dst = tables + static_cast<size_t>(row) * w;
+        std::fill(dst, dst + w, 0);
+        dst[0] = pad_block;
+      }
+      continue;
+    }
+    const size_t i = rows[static_cast<size_t>(row)];
+    const ProposerRequest& r = batch.requests[i];
+    const int last = static_cast<int>(r.tokens.size()) - 2;  // the position draft 1 came from
+    if (num_drafts[i] >= step) {
+      // Draft `step` comes from draft step-1, one position further along the chain.
+      tokens[row] = drafts[i][static_cast<size_t>(step - 2)];
+      positions[row] = last + step - 1;
+      slots[row] = slot_of(r, positions[row]);
+    } else {  // done drafting: idle on its last real position without writing
+      tokens[row] = r.tokens.back();
+      positions[row] = last;
+      slots[row] = -1;
+    }
+    seq_lens[row] = positions[row] + 1;
+    step_max_seq_len_ = std::max(step_max_seq_len_, seq_lens[row]);
+    if (upload_tables) {
+      int32_t* dst = tables + static_cast<size_t>(row) * w;
+      const size_t used = std::min(r.block_ids.size(), static_cast<size_t>(w));
+      std::copy(r.block_ids.begin(), r.block_ids.begin() + used, dst);
+      std::fill(dst + used, dst + w, 0);
+    }
+  }
+  upload(hs_tokens_, ds_tokens_, padded);
+  upload(hs_positions_, ds_positions_, padded);
+  upload(hs_slots_, ds_slots_, padded);
+  upload(hs_seq_lens_, ds_seq_lens_, padded);
+  if (upload_tables) upload(hs_tables_, ds_tables_, static_cast<int64_t>(padded) * w);
+  std::copy(seq_lens, seq_lens + padded, step_seq_lens_host_.begin());
+}
+
+Tensor MtpProposer::run_step(int padded, int layer) {
+  SPECULA_CHECK(padded >= 1 && padded <= config_.max_num_seqs, "internal error: MTP draft step of {} rows", padded);
+  const int w = max_blocks_per_seq_;
+  backend_.reset_scratch();
+  MtpForwardInput in;
+  ForwardInput& f = in.rows;
+  f.token_ids = ds_tokens_.slice(0, padded);
+  f.positions = ds_positions_.slice(0, padded);
+  f.logits_indices = ds_logits_idx_.slice(0, padded);
+  AttentionMetadata& md = f.attn;
+  md.num_seqs = padded;
+  md.num_tokens = padded;
+  md.max_query_len = 1;
+  md.max_seq_len = step_max_seq_len_;
+  md.block_size = block_size_;
+  md.query_start_loc = ds_qsl_.slice(0, padded + 1);
+  md.seq_lens = ds_seq_lens_.slice(0, padded);
+  md.slot_mapping = ds_slots_.slice(0, padded);
+  md.block_tables = ds_tables_.slice(0, static_cast<int64_t>(padded) * w).reshape({padded, w});
+  md.query_start_loc_host.assign(step_qsl_host_.begin(), step_qsl_host_.begin() + padded + 1);
+  md.seq_lens_host.assign(step_seq_lens_host_.begin(), step_seq_lens_host_.begin() + padded);
+  Tensor hidden = ds_hidden_.slice(0, padded);
+  in.hidden = hidden;
+  MtpForwardOutput out = mtp_->forward(layer, in, kv_[static_cast<size_t>(layer)]);
+  ++num_forwards_;
+  backend_.copy(out.y, hidden);  // the next step's h: y, in place (its input was read already)
+  return out.logits;
+}
+
+}  // namespace specula

@@ -1,0 +1,137 @@
+// The mtp method (alias deepseek_mtp): DeepSeek-V3's MTP layer(s) (model/deepseek_mtp.h) draft
+// from the target's own final hidden states.
+//
+// The MTP layer at position i reads h_i (the target's hidden state) and t_{i+1}; draft 1 of a
+// request with tokens t_0..t_{L-1} is its prediction at i = L - 2. Draft j > 1 chains: the layer
+// min(j - 1, layers - 1) runs at position L - 3 + j on its own previous output y (in place of h)
+// and draft j - 1, as vLLM does; with one layer (DeepSeek-V3, specula-tiny-moe) only the first
+// draft is what it was trained for.
+//
+// KV cache: each MTP layer has its own latent cache on the target's blocks and block tables (the
+// one KVCacheManager allocates and frees both). Its entries must come from real hidden states, and
+// those exist only in the step that computed them, so propose() consumes EVERY step, depth 0 and
+// prefill chunks included (no logits then, only the cache):
+//   - after each step the MTP cache is valid for exactly the positions whose target K/V is valid
+//     (< num_target_computed): the rows of the step whose inputs the target accepted, each with
+//     its next token (for a prefill chunk, the next prompt token; for the last accepted position,
+//     the token just sampled);
+//   - draft steps 2..k write entries at positions L - 1 .. L + k - 3 from y, not from h: they
+//     never count as computed, and the next step overwrites them with the real ones (whatever was
+//     accepted), so rejection needs no bookkeeping;
+//   - a prefix-cache hit (also a preempted request coming back) starts at the first position the
+//     target computes: the earlier hidden states were never produced for this request. The MTP
+//     entries of those positions are then the ones already in the shared blocks, written by the
+//     request that computed the blocks (the MTP consumed its every step). They equal this
+//     request's own except at the last cached position, whose entry read the token after it in
+//     THAT request. Acceptance may move by a hair there; the output cannot (verification is
+//     lossless for any draft and q).
+// Drafts 2..k run from static device buffers at a padded batch size (run_step), as draft_model's.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/deepseek_mtp.h"
+#include "spec/draft_sampler.h"
+#include "spec/proposer.h"
+
+namespace specula {
+
+struct MtpProposerConfig {
+  int max_depth = 1;                   // k
+  int max_num_seqs = 256;
+  int max_num_batched_tokens = 2048;   // the largest target step (so the largest catch-up)
+  int max_model_len = 2048;            // the target's (sizes the block table rows)
+  double relative_step_cost = 0.1;     // an MTP step vs a target decode step (cost model prior)
+  std::function<int(int)> pad_batch;   // the padded size of a draft step of n rows; identity when unset
+};
+
+class MtpProposer : public Proposer {
+ public:
+  MtpProposer(std::unique_ptr<DeepseekMtp> mtp, Backend& backend, std::unique_ptr<DraftSampler> sampler,
+              const MtpProposerConfig& config);
+
+  std::string_view method() const override { return "mtp"; }
+  KVCacheSpec kv_cache_spec() const override { return mtp_->kv_cache_spec(); }
+  void allocate_kv_cache(int num_blocks, int block_size) override;
+  void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
+  void drop_request(std::string_view req_id) override;
+  const Tensor* draft_probs() const override { return &q_store_; }
+  int draft_probs_row(std::string_view req_id) const override;
+  double relative_step_cost() const override { return config_.relative_step_cost; }
+
+  DeepseekMtp& mtp() { return *mtp_; }
+  std::vector<KVCacheLayer>& kv_cache() { return kv_; }
+  // Positions whose MTP entries this request computed or took over (tests); -1 when untracked.
+  int num_computed(std::string_view req_id) const;
+  // Positions the request took from shared blocks without computing them (prefix-cache hits).
+  int num_inherited(std::string_view req_id) const;
+  int64_t num_forwards() const { return num_forwards_; }
+
+  // One chained draft step of MTP layer `layer` over the first `padded` rows of the static step
+  // buffers (prepare_step filled them; rows past the real ones are padding: slot -1, position 0).
+  // Its y replaces the step's hidden input in place, ready for the next step. Returns logits F32
+  // [padded, vocab] (backend scratch).
+  Tensor run_step(int padded, int layer);
+
+ private:
+  struct State {
+    int slot = 0;           // its rows of q_store_
+    int num_computed = 0;   // MTP entries valid for positions < this
+    int num_inherited = 0;
+  };
+  // A request's positions [from, to) in the catch-up forward.
+  struct Piece {
+    size_t req = 0;
+    int from = 0, to = 0;
+    bool drafts = false;    // its last row (position L - 2) samples draft 1
+  };
+
+  State& state_for(std::string_view req_id);
+  void run_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces, const std::vector<int>& num_drafts,
+                    std::vector<std::vector<int32_t>>& drafts);
+  void prepare_step(const ProposeBatch& batch, const std::vector<size_t>& rows, int step, int padded,
+                    const std::vector<std::vector<int32_t>>& drafts, const std::vector<int>& num_drafts,
+                    bool upload_tables);
+  SamplingRow sampling_row(const ProposerRequest& r, int logits_row, int position,
+                           const std::vector<int32_t>& context) const;
+  int64_t slot_of(const ProposerRequest& r, int pos) const;
+  Tensor upload(const Tensor& host, Tensor& device, int64_t n);
+  int layer_for_draft(int j) const { return std::min(j - 1, mtp_->num_layers() - 1); }
+
+  std::unique_ptr<DeepseekMtp> mtp_;
+  Backend& backend_;
+  std::unique_ptr<DraftSampler> sampler_;
+  MtpProposerConfig config_;
+  int64_t hidden_ = 0;
+  int block_size_ = 0;
+  int max_blocks_per_seq_ = 0;
+  std::vector<KVCacheLayer> kv_;  // one per MTP layer
+  Tensor q_store_;                // F32 [max_num_seqs * k, vocab]
+  std::unordered_map<std::string, State> states_;
+  std::vector<int> free_slots_;
+  int64_t num_forwards_ = 0;
+  std::vector<std::vector<int32_t>> contexts_;  // per request of a propose: tokens + drafts so far
+
+  // Catch-up inputs (host staging + device twins), [max_num_batched_tokens] rows.
+  Tensor h_tokens_, h_positions_, h_slots_, h_rows_, h_qsl_, h_seq_lens_, h_tables_, h_logits_idx_;
+  Tensor d_tokens_, d_positions_, d_slots_, d_rows_, d_qsl_, d_seq_lens_, d_tables_, d_logits_idx_;
+  Tensor d_hidden_;  // [max_num_batched_tokens, H]: the target's hidden rows the catch-up reads
+  // Static draft-step inputs, [max_num_seqs] rows.
+  Tensor hs_tokens_, hs_positions_, hs_slots_, hs_seq_lens_, hs_tables_, h_step_rows_;
+  Tensor ds_tokens_, ds_positions_, ds_slots_, ds_seq_lens_, ds_tables_, ds_qsl_, ds_logits_idx_, d_step_rows_;
+  Tensor ds_hidden_;  // [max_num_seqs, H]: y of the previous step (zeroed once: padding stays finite)
+  std::vector<int32_t> step_qsl_host_, step_seq_lens_host_;
+  int step_max_seq_len_ = 1;
+};
+
+struct ProposerContext;
+// Loads the target checkpoint's MTP layers (speculative_config.h: the target must have some).
+std::unique_ptr<Proposer> make_mtp_proposer(const ProposerContext& ctx);
+
+}  // namespace specula
