@@ -72,6 +72,20 @@ TEST(MtpEngine, GreedyIsTokenForTokenThePlainOutput) {
   }
 }
 
+// Shared-expert fusion (the target's MoE layers and the MTP block's) changes nothing either.
+TEST(MtpEngine, SharedExpertFusionKeepsTheOutput) {
+  if (!have_moe()) GTEST_SKIP() << "no specula-tiny-moe";
+  const Workload w = workload(24);
+  const auto plain = plain_outputs(w);
+  EngineConfig ec = moe_engine_config(mtp_spec(2));
+  ec.shared_expert_fusion = 2;
+  auto engine = LLMEngine::create(ec);
+  engine->start();
+  EXPECT_EQ(testing::run_all(*engine, w.prompts, w.params, "f"), plain);
+  EXPECT_GT(testing::settled(*engine).spec_num_accepted_tokens, 0);
+  engine->shutdown();
+}
+
 // A KV cache too small for the workload: requests are preempted and recomputed (the MTP layer
 // starts again from the first position the target recomputes), with adaptive depth on.
 TEST(MtpEngine, PreemptionAndAdaptiveDepthKeepTheOutput) {

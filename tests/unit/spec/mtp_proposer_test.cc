@@ -4,7 +4,8 @@
 // MTP layer computes when the target and the MTP layer are run over the whole sequence anew
 // (tests/unit/model/deepseek_mtp_reference.h). That holds only if the incremental MTP cache is
 // right after chunked prefill, accepted and rejected drafts, steps without drafts (the wrapper
-// forces depth 0 on every other step), preemption and prefix-cache hits.
+// forces depth 0 on every other step), preemption and prefix-cache hits, with draft steps run at
+// a padded batch size or not.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -77,11 +78,25 @@ class RecordingProposer : public Proposer {
   int calls_ = 0;
 };
 
+// make_mtp_proposer, but with draft steps padded to a multiple of 4 rows (CUDA-graph sizes).
+std::unique_ptr<Proposer> make_padded_mtp_proposer(const ProposerContext& ctx) {
+  auto weights = open_safetensors_checkpoint(ctx.engine.model);
+  auto mtp = std::make_unique<DeepseekMtp>(ctx.target_config, *weights, ctx.backend, ModelOptions{}, &ctx.target, false);
+  MtpProposerConfig c;
+  c.max_depth = ctx.spec.num_speculative_tokens;
+  c.max_num_seqs = ctx.max_num_seqs;
+  c.max_num_batched_tokens = ctx.max_num_batched_tokens;
+  c.max_model_len = ctx.max_model_len;
+  const int most = ctx.max_num_seqs;
+  c.pad_batch = [most](int n) { return std::min(most, (n + 3) / 4 * 4); };
+  return std::make_unique<MtpProposer>(std::move(mtp), ctx.backend, make_cpu_draft_sampler(ctx.backend), c);
+}
+
 // Registers the recording wrapper as `mtp` for the test's lifetime.
 struct RecordingRegistration {
-  explicit RecordingRegistration(std::vector<Proposal>* out) {
-    register_proposer("mtp", [out](const ProposerContext& ctx) {
-      return std::make_unique<RecordingProposer>(make_mtp_proposer(ctx), out);
+  RecordingRegistration(std::vector<Proposal>* out, bool padded) {
+    register_proposer("mtp", [out, padded](const ProposerContext& ctx) {
+      return std::make_unique<RecordingProposer>(padded ? make_padded_mtp_proposer(ctx) : make_mtp_proposer(ctx), out);
     });
   }
   ~RecordingRegistration() { register_proposer("mtp", make_mtp_proposer); }
@@ -105,16 +120,16 @@ TEST(MtpProposer, EveryProposalEqualsTheMtpLayerRecomputedFromScratch) {
     params.push_back(p);
   }
   std::vector<Proposal> proposals;
-  for (int k : {1, 3}) {
-    SCOPED_TRACE("k=" + std::to_string(k));
+  for (auto [k, padded] : {std::pair{1, false}, std::pair{3, false}, std::pair{3, true}}) {
+    SCOPED_TRACE("k=" + std::to_string(k) + (padded ? ", draft steps padded" : ""));
     proposals.clear();
     int64_t preemptions = 0, hits = 0;
     {
-      RecordingRegistration rec(&proposals);
+      RecordingRegistration rec(&proposals, padded);
       EngineConfig ec = testing::moe_engine_config(testing::mtp_spec(k));
       ec.num_gpu_blocks_override = 9;
       ec.max_model_len = 128;
-      ec.max_num_seqs = 4;
+      ec.max_num_seqs = padded ? 5 : 4;  // padded: steps of 1..4 rows run at 4, of 5 at 5
       auto engine = LLMEngine::create(ec);
       engine->start();
       testing::run_all(*engine, prompts, params, "q");
