@@ -88,6 +88,13 @@ class Backend {
   // same order with the same sizes get the same addresses, which is what CUDA-graph replay needs.
   virtual Tensor scratch(Shape shape, DType dtype) = 0;
   virtual void reset_scratch() = 0;
+  // Stack discipline within a step: scratch_release(scratch_mark()) hands back everything
+  // allocated after the mark, for the next requests to reuse (those tensors must not be used
+  // again). A model releases each block's temporaries, so that a step's scratch peak is one
+  // block's rather than the sum over its layers. Same requests, marks and releases in the same
+  // order still give the same addresses. The defaults reuse nothing.
+  virtual size_t scratch_mark() { return 0; }
+  virtual void scratch_release(size_t mark) {}
   // Copies between any two devices (host<->device included); same dtype and element count.
   virtual void copy(const Tensor& src, Tensor& dst) = 0;
   // Converts src into dst's dtype (F32/F16/BF16), same device and element count.

@@ -1,4 +1,6 @@
-# Sourced on the GPU machine before running packed binaries: finds the carried libraries.
+# Sourced on the GPU machine before running packed binaries: unpacks them (pack.sh carries them
+# compressed) and finds the carried libraries.
+if [ ! -d .gpu/bin ] && [ -f .gpu/bin.tar.xz ]; then xz -dc .gpu/bin.tar.xz | tar -C .gpu -xf -; fi
 export LD_LIBRARY_PATH="$(pwd)/.gpu/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export SPECULA_SOURCE_DIR="$(pwd)"
 export PATH="$(pwd)/.gpu/bin:$PATH"

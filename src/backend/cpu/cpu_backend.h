@@ -20,9 +20,10 @@
 
 namespace specula {
 
-// Bump allocator for per-step activations. Within one step, allocations are carved from one
-// chunk; what does not fit gets its own allocation and is remembered, so that the next reset
-// replaces the chunk with one large enough for the whole step. After one step of a given shape
+// Stack allocator for per-step activations. Within one step, allocations are carved from one
+// chunk in order (release(mark) pops what was carved after the mark, for reuse); what does not
+// fit gets its own allocation and is remembered, so that the next reset replaces the chunk with
+// one large enough for the step's highest point. After one step of a given shape
 // the same sequence of requests therefore gets the same addresses (what CUDA-graph replay relies
 // on; on the CPU it just avoids malloc in the hot loop). Chunks are reference counted by the
 // tensors carved from them, so a tensor kept past reset_scratch() reads stale data, never freed
@@ -32,12 +33,15 @@ class ScratchArena {
   Tensor allocate(const Shape& shape, DType dtype);
   void reset();
   size_t capacity() const { return capacity_; }
+  // Backend::scratch_mark / scratch_release: the position in the step's (virtual) stack.
+  size_t mark() const { return offset_; }
+  void release(size_t mark);
 
  private:
   std::shared_ptr<void> chunk_;
   size_t capacity_ = 0;
-  size_t offset_ = 0;
-  size_t overflow_bytes_ = 0;  // bytes asked for this step that did not fit in the chunk
+  size_t offset_ = 0;  // top of the stack; past capacity_, requests get their own allocation
+  size_t peak_ = 0;    // highest top this step: what the chunk must hold from the next reset
 };
 
 class CpuBackend final : public Backend {
@@ -52,6 +56,8 @@ class CpuBackend final : public Backend {
   Tensor empty(Shape shape, DType dtype) override;
   Tensor scratch(Shape shape, DType dtype) override;
   void reset_scratch() override;
+  size_t scratch_mark() override { return arena_.mark(); }
+  void scratch_release(size_t mark) override { arena_.release(mark); }
   void copy(const Tensor& src, Tensor& dst) override;
   void cast(const Tensor& src, Tensor& dst) override;
   void zero(Tensor& t) override;

@@ -27,19 +27,22 @@ Tensor ScratchArena::allocate(const Shape& shape, DType dtype) {
   }
   // At least one line, so that even an empty tensor has a distinct, non-null address.
   size_t bytes = align_up(std::max<size_t>(static_cast<size_t>(n) * dtype_size(dtype), 1));
-  if (offset_ + bytes <= capacity_) {
-    void* p = static_cast<char*>(chunk_.get()) + offset_;
-    offset_ += bytes;
-    return Tensor::from_blob(p, shape, dtype, Device::kCPU, chunk_);
-  }
+  const size_t at = offset_;
+  offset_ += bytes;
+  peak_ = std::max(peak_, offset_);
+  if (offset_ <= capacity_) return Tensor::from_blob(static_cast<char*>(chunk_.get()) + at, shape, dtype, Device::kCPU, chunk_);
   // Does not fit: serve it on its own this step and grow the chunk at the next reset.
-  overflow_bytes_ += bytes;
   return Tensor::empty(shape, dtype, Device::kCPU);
 }
 
+void ScratchArena::release(size_t mark) {
+  SPECULA_CHECK(mark <= offset_, "scratch_release: mark {} is above the arena's top {}", mark, offset_);
+  offset_ = mark;
+}
+
 void ScratchArena::reset() {
-  if (overflow_bytes_ > 0) {
-    size_t needed = offset_ + overflow_bytes_;
+  if (peak_ > capacity_) {
+    const size_t needed = peak_;
     capacity_ = align_up(needed + needed / 4);  // headroom so a slightly larger step still fits
     Tensor storage = Tensor::empty({static_cast<int64_t>(capacity_)}, DType::kU8, Device::kCPU);
     // Keep the storage alive through the chunk pointer (an aliasing shared_ptr to its bytes).
@@ -47,7 +50,7 @@ void ScratchArena::reset() {
     chunk_ = std::shared_ptr<void>(holder, storage.data());
   }
   offset_ = 0;
-  overflow_bytes_ = 0;
+  peak_ = 0;
 }
 
 // ---- backend basics ----

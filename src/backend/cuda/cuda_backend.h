@@ -51,6 +51,8 @@ class CudaBackend final : public Backend {
   Tensor empty(Shape shape, DType dtype) override;
   Tensor scratch(Shape shape, DType dtype) override;
   void reset_scratch() override;
+  size_t scratch_mark() override { return arena_.mark(); }
+  void scratch_release(size_t mark) override { arena_.release(mark); }
   void copy(const Tensor& src, Tensor& dst) override;
   void cast(const Tensor& src, Tensor& dst) override;
   void zero(Tensor& t) override;

@@ -22,29 +22,40 @@ Tensor CudaScratchArena::allocate(const Shape& shape, DType dtype) {
   }
   // At least one unit, so that even an empty tensor has a distinct, non-null address.
   const size_t bytes = align_up(std::max<size_t>(static_cast<size_t>(n) * dtype_size(dtype), 1));
-  if (offset_ + bytes <= capacity_) {
-    void* p = static_cast<char*>(chunk_.get()) + offset_;
-    offset_ += bytes;
-    return Tensor::from_blob(p, shape, dtype, Device::kCUDA, chunk_);
+  const size_t at = offset_;
+  if (at + bytes <= capacity_) {
+    offset_ = at + bytes;
+    peak_ = std::max(peak_, offset_);
+    return Tensor::from_blob(static_cast<char*>(chunk_.get()) + at, shape, dtype, Device::kCUDA, chunk_);
   }
   SPECULA_CHECK(!capturing(),
                 "scratch: {} bytes for {} {} do not fit the {}-byte arena during CUDA graph capture; run the "
                 "same step once without capture first so that the arena grows to fit it",
                 bytes, dtype_name(dtype), shape_str(shape), capacity_);
-  overflow_bytes_ += bytes;
+  offset_ = at + bytes;
+  peak_ = std::max(peak_, offset_);
   return Tensor::empty(shape, dtype, Device::kCUDA);
 }
 
+void CudaScratchArena::release(size_t mark) {
+  SPECULA_CHECK(mark <= offset_, "scratch_release: mark {} is above the arena's top {}", mark, offset_);
+  offset_ = mark;
+}
+
 void CudaScratchArena::reset() {
-  if (overflow_bytes_ > 0 && !capturing()) {
-    const size_t needed = offset_ + overflow_bytes_;
+  if (peak_ > capacity_ && capturing()) {  // no allocation during capture: grow at the next reset
+    offset_ = 0;
+    return;
+  }
+  if (peak_ > capacity_) {
+    const size_t needed = peak_;
     capacity_ = align_up(needed + needed / 4);  // headroom so that a slightly larger step fits too
     Tensor storage = Tensor::empty({static_cast<int64_t>(capacity_)}, DType::kU8, Device::kCUDA);
     auto holder = std::make_shared<Tensor>(storage);
     chunk_ = std::shared_ptr<void>(holder, storage.data());  // keeps the storage alive
-    overflow_bytes_ = 0;
   }
   offset_ = 0;
+  peak_ = 0;
 }
 
 }  // namespace specula
