@@ -66,6 +66,8 @@ void add_engine_flags(CLI::App* cmd, BenchArgs& a) {
                 "prefix caching (on by default)");
   cmd->add_option("--num-gpu-blocks-override", a.num_gpu_blocks_override, "use this many KV cache blocks");
   cmd->add_option("--speculative-config", a.engine.speculative_config, "speculative decoding as JSON");
+  cmd->add_option("--shared-expert-fusion", a.engine.shared_expert_fusion, kSharedExpertFusionHelp)
+      ->capture_default_str()->check(CLI::Range(-1, 64));
 }
 
 std::unique_ptr<LLMEngine> make_engine(BenchArgs& a) {
