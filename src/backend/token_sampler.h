@@ -1,5 +1,6 @@
 // Token sampling on the backend's device: logits rows in, one token per row out, with only the
-// tokens (and the logprobs a row asks for) coming back to the host, once per call.
+// tokens (and the logprobs a row asks for) coming back to the host, once per call. Rows may also
+// verify a speculative draft token against the draft's distribution (the rejection sampler).
 //
 // This is the device half of the engine's Sampler (engine/sampler.h): the engine turns its
 // per-request SamplingRows into TokenSamplingRows (computing each row's random draw `uniform`
@@ -40,6 +41,15 @@ struct TokenSamplingRow {
   std::span<const int32_t> output_ids;  // read when any penalty is on
   std::span<const int32_t> masked_ids;  // -> -inf
   int32_t top_logprobs = -1;            // -1: no logprobs; N >= 0: the sampled token's and the top N
+  // Speculative verification instead of a draw (non-greedy rows): accept draft_token x with
+  // probability min(1, p(x) / q(x)) (uniform_accept * q(x) < p(x)), else draw from max(0, p - q)
+  // normalised, with uniform_residual (from p when that has no mass). p is the row's final
+  // distribution (as above, normalised), q = row q_row of the draft probabilities given to
+  // sample(). The result's token is x when accepted, else the draw.
+  int32_t draft_token = -1;  // -1: sample as above
+  int32_t q_row = -1;
+  double uniform_accept = 0.0;
+  double uniform_residual = 0.0;
 };
 
 struct TokenLogprobEntry {
@@ -49,6 +59,7 @@ struct TokenLogprobEntry {
 
 struct TokenSamplingResult {
   int32_t token = 0;
+  bool accepted = false;  // verification rows: the draft token was accepted
   // When logprobs were asked for (or for logprobs_of): the target token's logprob and rank, and
   // the top N entries, most likely first.
   bool has_logprobs = false;
@@ -63,8 +74,10 @@ class TokenSampler {
   // The largest N of top logprobs computed on the device; rows asking for more are the caller's
   // to compute (the engine does them on the host).
   virtual int max_top_logprobs() const = 0;
-  // logits: F32 [L, V] on the device, rows.size() <= the max_rows the sampler was made for.
-  virtual std::vector<TokenSamplingResult> sample(const Tensor& logits, std::span<const TokenSamplingRow> rows) = 0;
+  // logits: F32 [L, V] on the device, rows.size() <= the max_rows the sampler was made for;
+  // draft_probs: F32 [R, V] on the device, needed only by verification rows.
+  virtual std::vector<TokenSamplingResult> sample(const Tensor& logits, std::span<const TokenSamplingRow> rows,
+                                                  const Tensor* draft_probs = nullptr) = 0;
   // log_softmax of raw logits rows[i] reporting targets[i] and the top top_n (<= max_top_logprobs).
   virtual std::vector<TokenSamplingResult> logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
                                                        std::span<const int32_t> targets, int top_n) = 0;

@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "model/shared_expert_fusion.h"
 #include "model/weight_source.h"
+#include "spec/device_rejection_sampler.h"
 #include "spec/proposer_registry.h"
 #include "spec/speculative_config.h"
 #include "spec/speculator.h"
@@ -193,6 +194,10 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
     parts.speculator = std::make_unique<Speculator>(std::move(proposer),
                                                     SpeculatorConfig{spec->num_speculative_tokens, spec->adaptive});
     runner->set_speculator(parts.speculator.get());
+    // Verification on the device where the backend samples there (the draft probabilities stay).
+    if (auto device = make_device_rejection_sampler(*parts.backend, cc.max_num_seqs * (1 + cc.num_spec_tokens),
+                                                    mc.vocab_size))
+      runner->set_rejection_sampler(std::move(device));
     LOG_INFO("Speculative decoding: method {}{}, num_speculative_tokens={}, adaptive depth {}", spec->method,
              spec->model.empty() ? "" : " (" + spec->model + ")", spec->num_speculative_tokens,
              spec->adaptive ? "on" : "off");

@@ -60,7 +60,11 @@ struct SamplingRowDesc {
   int32_t counts_row = -1;  // row of the counts buffer, -1: no penalties and no masks
   int32_t top_n = -1;       // logprobs: -1 none, else the top N (<= the sampler's max) besides the target
   int32_t target = -1;      // >= 0: do not sample, report logprobs of this token (prompt logprobs)
+  int32_t draft_token = -1; // >= 0: verify this draft token against q = row q_row of the draft probabilities
+  int32_t q_row = -1;
   double uniform = 0.0;
+  double uniform_accept = 0.0;    // verification: the min(1, p/q) test
+  double uniform_residual = 0.0;  // verification: the draw from max(0, p - q)
 };
 
 // Where a counts row's ids lie in the ids array: [prompt_begin, output_begin) prompt ids (seen
@@ -75,6 +79,7 @@ struct SamplingRowResult {
   float logprob = 0.0f;
   int32_t num_top = 0;   // entries written to the row's top list (unsorted; the host sorts)
   double lse = 0.0;      // log-sum-exp of the raw row: logprob of a top entry = logit - lse
+  int32_t accepted = 0;  // verification: the draft token was accepted (token == draft_token)
 };
 
 // A top-logprob candidate with its raw logit (the host orders by logit, as its own sampler does,
@@ -88,10 +93,11 @@ struct TopLogprob {
 cudaError_t launch_build_token_counts(const CountsDesc* descs, const int32_t* ids, int num_rows, uint32_t* counts,
                                       int64_t vocab, cudaStream_t stream);
 
-// One block per row: penalties, greedy argmax or the filtered draw, logprobs of the raw logits.
+// One block per row: penalties, greedy argmax, the filtered draw or the verification of a draft
+// token (draft_probs: F32 [R, V], may be null when no row verifies), logprobs of the raw logits.
 // top: [num_rows, max_top] entries.
 cudaError_t launch_sample_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
-                               const uint32_t* counts, SamplingRowResult* results, TopLogprob* top, int max_top,
-                               cudaStream_t stream);
+                               const uint32_t* counts, const float* draft_probs, SamplingRowResult* results,
+                               TopLogprob* top, int max_top, cudaStream_t stream);
 
 }  // namespace specula::cuda

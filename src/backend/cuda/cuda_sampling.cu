@@ -237,82 +237,26 @@ __device__ __forceinline__ void thread_chunk(int64_t vocab, int64_t& begin, int6
   end = begin + per < vocab ? begin + per : vocab;
 }
 
-// Returns the sampled token, or -1 when no logit is finite.
-__device__ int sample_row(const RowView& row, int64_t vocab, Shared& s) {
-  const SamplingRowDesc& d = row.d;
-  float m = -INFINITY;
-  int arg = INT_MAX;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-    const float v = row.processed(i);
-    if (better(v, static_cast<int>(i), m, arg)) {
-      m = v;
-      arg = static_cast<int>(i);
-    }
-  }
-  block_argmax(m, arg, s);
-  if (d.greedy) return arg;
-  if (!isfinite(m)) return -1;
-
-  const float inv_t = __fdiv_rn(1.0f, d.temperature);
-  auto prob = [&](int64_t i) { return expf(__fmul_rn(__fsub_rn(row.processed(i), m), inv_t)); };  // max: 1
-  auto minp_ok = [&](float p) { return !(d.min_p > 0.0f) || p >= d.min_p; };
-
-  uint32_t kth = 0;  // top_k: keep p >= the k-th largest p (ties kept)
-  if (d.top_k > 0 && d.top_k < vocab) {
-    kth = radix_select<true>(vocab, static_cast<u64>(d.top_k), [&](int64_t i, uint32_t& key, u64& w) {
-            const float p = prob(i);
-            key = minp_ok(p) ? __float_as_uint(p) : 0u;  // the host sorts the zeroed tokens too
-            w = 1;
-            return true;
-          }, s).key;
-  }
-  auto kept1 = [&](float p) { return minp_ok(p) && __float_as_uint(p) >= kth; };
-
-  // top_p: threshold tau with mass(p > tau) < P <= mass(p >= tau); tokens at tau are kept in id
-  // order while the mass before them is below P.
-  uint32_t tau = 0;
+// The row's final distribution before normalisation: which tokens min_p, top_k and top_p keep,
+// and their masses p = exp((l' - max) / T) as fixed-point integers. Found once per row; each
+// pass over the vocabulary recomputes p from the logits (cheaper than storing it).
+struct Filter {
+  const RowView* row;
+  float m = 0.0f, inv_t = 1.0f;
+  uint32_t kth = 0;        // top_k: keep p >= this (as bits; 0: everything min_p keeps)
+  bool top_p_on = false;
+  uint32_t tau = 0;        // top_p: keep p > tau, and the first keep_ties tokens at tau
   u64 keep_ties = 0;
   bool partial_ties = false;
-  if (d.top_p < 1.0f) {
-    u64 local = 0;
-    for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
-      const float p = prob(i);
-      if (kept1(p)) local += to_fixed(p);
-    }
-    const u64 total = block_sum_u64(local, s);
-    u64 target = static_cast<u64>(ceil(static_cast<double>(d.top_p) * static_cast<double>(total)));
-    target = target < 1 ? 1 : (target > total ? total : target);
-    const Selection sel = radix_select<false>(vocab, target, [&](int64_t i, uint32_t& key, u64& w) {
-      const float p = prob(i);
-      if (!kept1(p)) return false;
-      key = __float_as_uint(p);
-      w = to_fixed(p);
-      return true;
-    }, s);
-    tau = sel.key;
-    const u64 tau_mass = to_fixed(__uint_as_float(tau));
-    if (tau_mass > 0) {
-      const u64 ties = sel.equal / tau_mass;
-      const u64 need = (target - sel.above + tau_mass - 1) / tau_mass;
-      keep_ties = need < ties ? need : ties;
-      partial_ties = keep_ties < ties;
-    }
-  }
-  const bool top_p_on = d.top_p < 1.0f;
 
-  // The draw: the first token (in id order) whose cumulative kept mass exceeds u * total.
-  int64_t begin, end;
-  thread_chunk(vocab, begin, end);
-  u64 tie_rank = 0;
-  if (partial_ties) {
-    u64 local = 0, all = 0;
-    for (int64_t i = begin; i < end; ++i) {
-      const float p = prob(i);
-      local += kept1(p) && __float_as_uint(p) == tau ? 1 : 0;
-    }
-    tie_rank = block_exclusive_scan(local, &all, s);
+  __device__ __forceinline__ float prob(int64_t i) const {
+    return expf(__fmul_rn(__fsub_rn(row->processed(i), m), inv_t));
   }
-  auto kept_mass = [&](int64_t i, u64& rank) -> u64 {
+  __device__ __forceinline__ bool minp_ok(float p) const { return !(row->d.min_p > 0.0f) || p >= row->d.min_p; }
+  __device__ __forceinline__ bool kept1(float p) const { return minp_ok(p) && __float_as_uint(p) >= kth; }
+  // Fixed-point mass of token i after every filter; `rank` counts the tokens at tau seen so far
+  // (in id order) when only some of them are kept.
+  __device__ __forceinline__ u64 mass(int64_t i, u64& rank) const {
     const float p = prob(i);
     if (!kept1(p)) return 0;
     if (top_p_on) {
@@ -321,22 +265,102 @@ __device__ int sample_row(const RowView& row, int64_t vocab, Shared& s) {
       if (k == tau && partial_ties && rank++ >= keep_ties) return 0;
     }
     return to_fixed(p);
-  };
+  }
+};
+
+__device__ double block_exclusive_scan_double(double v, double* total, Shared& s) {
+  double inc = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const double n = __shfl_up_sync(kFull, inc, off);
+    if (lane_id() >= off) inc += n;
+  }
+  __syncthreads();
+  if (lane_id() == 31) s.dpart[warp_id()] = inc;
+  __syncthreads();
+  double base = 0, all = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp_id()) base += s.dpart[w];
+    all += s.dpart[w];
+  }
+  *total = all;
+  return base + inc - v;
+}
+
+// Builds the filter of a non-greedy row whose max processed logit is m (finite).
+__device__ void build_filter(Filter& f, int64_t vocab, Shared& s) {
+  const SamplingRowDesc& d = f.row->d;
+  f.inv_t = __fdiv_rn(1.0f, d.temperature);
+  if (d.top_k > 0 && d.top_k < vocab) {
+    f.kth = radix_select<true>(vocab, static_cast<u64>(d.top_k), [&](int64_t i, uint32_t& key, u64& w) {
+              const float p = f.prob(i);
+              key = f.minp_ok(p) ? __float_as_uint(p) : 0u;  // the host sorts the zeroed tokens too
+              w = 1;
+              return true;
+            }, s).key;
+  }
+  // top_p: threshold tau with mass(p > tau) < P <= mass(p >= tau); tokens at tau are kept in id
+  // order while the mass before them is below P.
+  if (d.top_p < 1.0f) {
+    f.top_p_on = true;
+    u64 local = 0;
+    for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+      const float p = f.prob(i);
+      if (f.kept1(p)) local += to_fixed(p);
+    }
+    const u64 total = block_sum_u64(local, s);
+    u64 target = static_cast<u64>(ceil(static_cast<double>(d.top_p) * static_cast<double>(total)));
+    target = target < 1 ? 1 : (target > total ? total : target);
+    const Selection sel = radix_select<false>(vocab, target, [&](int64_t i, uint32_t& key, u64& w) {
+      const float p = f.prob(i);
+      if (!f.kept1(p)) return false;
+      key = __float_as_uint(p);
+      w = to_fixed(p);
+      return true;
+    }, s);
+    f.tau = sel.key;
+    const u64 tau_mass = to_fixed(__uint_as_float(f.tau));
+    if (tau_mass > 0) {
+      const u64 ties = sel.equal / tau_mass;
+      const u64 need = (target - sel.above + tau_mass - 1) / tau_mass;
+      f.keep_ties = need < ties ? need : ties;
+      f.partial_ties = f.keep_ties < ties;
+    }
+  }
+}
+
+// Per thread: the rank (among the tokens at tau) of its chunk's first token, for Filter::mass.
+__device__ u64 tie_rank_base(const Filter& f, int64_t begin, int64_t end, Shared& s) {
+  if (!f.partial_ties) return 0;
+  u64 local = 0, all = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    const float p = f.prob(i);
+    local += f.kept1(p) && __float_as_uint(p) == f.tau ? 1 : 0;
+  }
+  return block_exclusive_scan(local, &all, s);
+}
+
+// The first token (in id order) whose cumulative kept mass exceeds u * total.
+__device__ int draw(const Filter& f, int64_t vocab, double u, Shared& s) {
+  int64_t begin, end;
+  thread_chunk(vocab, begin, end);
+  const u64 rank0 = tie_rank_base(f, begin, end, s);
   u64 local = 0;
   {
-    u64 rank = tie_rank;
-    for (int64_t i = begin; i < end; ++i) local += kept_mass(i, rank);
+    u64 rank = rank0;
+    for (int64_t i = begin; i < end; ++i) local += f.mass(i, rank);
   }
   u64 total = 0;
   const u64 before = block_exclusive_scan(local, &total, s);
   if (threadIdx.x == 0) s.bcast_int[1] = -1;
   __syncthreads();
-  u64 target = static_cast<u64>(d.uniform * static_cast<double>(total));
+  u64 target = static_cast<u64>(u * static_cast<double>(total));
   if (target >= total) target = total - 1;
   if (total > 0 && before <= target && target < before + local) {
-    u64 cum = before, rank = tie_rank;
+    u64 cum = before, rank = rank0;
     for (int64_t i = begin; i < end; ++i) {
-      cum += kept_mass(i, rank);
+      cum += f.mass(i, rank);
       if (cum > target) {
         s.bcast_int[1] = static_cast<int>(i);
         break;
@@ -344,6 +368,111 @@ __device__ int sample_row(const RowView& row, int64_t vocab, Shared& s) {
     }
   }
   __syncthreads();
+  return s.bcast_int[1];
+}
+
+// Max (and first argmax) of the processed logits.
+__device__ void processed_max(const RowView& row, int64_t vocab, float& m, int& arg, Shared& s) {
+  m = -INFINITY;
+  arg = INT_MAX;
+  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+    const float v = row.processed(i);
+    if (better(v, static_cast<int>(i), m, arg)) {
+      m = v;
+      arg = static_cast<int>(i);
+    }
+  }
+  block_argmax(m, arg, s);
+}
+
+// Returns the sampled token, or -1 when no logit is finite.
+__device__ int sample_row(const RowView& row, int64_t vocab, Shared& s) {
+  float m;
+  int arg;
+  processed_max(row, vocab, m, arg, s);
+  if (row.d.greedy) return arg;
+  if (!isfinite(m)) return -1;
+  Filter f;
+  f.row = &row;
+  f.m = m;
+  build_filter(f, vocab, s);
+  return draw(f, vocab, row.d.uniform, s);
+}
+
+// Speculative verification of draft token x drawn from q (the draft's final distribution):
+// accept with min(1, p(x) / q(x)) (u_accept * q(x) < p(x)), else draw from max(0, p - q)
+// normalised (p itself when that has no mass). p is the row's final distribution, normalised.
+__device__ int verify_row(const RowView& row, int64_t vocab, const float* q, bool& accepted, Shared& s) {
+  const SamplingRowDesc& d = row.d;
+  float m;
+  int arg;
+  processed_max(row, vocab, m, arg, s);
+  accepted = false;
+  if (!isfinite(m)) return -1;
+  Filter f;
+  f.row = &row;
+  f.m = m;
+  build_filter(f, vocab, s);
+  int64_t begin, end;
+  thread_chunk(vocab, begin, end);
+  const u64 rank0 = tie_rank_base(f, begin, end, s);
+  const int x = d.draft_token;
+  u64 local = 0;
+  if (threadIdx.x == 0) s.bcast_u64[1] = 0;
+  __syncthreads();
+  {
+    u64 rank = rank0;
+    for (int64_t i = begin; i < end; ++i) {
+      const u64 w = f.mass(i, rank);
+      if (i == x) s.bcast_u64[1] = w;
+      local += w;
+    }
+  }
+  const u64 total = block_sum_u64(local, s);  // its barriers publish bcast_u64[1] too
+  const double inv_total = 1.0 / static_cast<double>(total);
+  const double px = static_cast<double>(s.bcast_u64[1]) * inv_total, qx = q[x];
+  if (qx > 0.0 && d.uniform_accept * qx < px) {
+    accepted = true;
+    return x;
+  }
+  // The residual, in the host's float arithmetic: r = max(0, p - q) with p rounded to float.
+  auto residual = [&](int64_t i, u64& rank) {
+    const float p = static_cast<float>(static_cast<double>(f.mass(i, rank)) * inv_total);
+    return fmaxf(0.0f, p - q[i]);
+  };
+  double rl = 0.0;
+  {
+    u64 rank = rank0;
+    for (int64_t i = begin; i < end; ++i) rl += residual(i, rank);
+  }
+  double mass = 0.0;
+  const double before = block_exclusive_scan_double(rl, &mass, s);
+  if (!(mass > 0.0)) return draw(f, vocab, d.uniform_residual, s);
+  if (threadIdx.x == 0) s.bcast_int[1] = -1;
+  __syncthreads();
+  const double target = d.uniform_residual * mass;
+  if (before <= target && target < before + rl) {
+    double cum = before;
+    u64 rank = rank0;
+    int last = -1;
+    for (int64_t i = begin; i < end; ++i) {
+      const float r = residual(i, rank);
+      if (r <= 0.0f) continue;
+      last = static_cast<int>(i);
+      cum += r;
+      if (cum > target) break;
+    }
+    if (last >= 0) s.bcast_int[1] = last;
+  }
+  __syncthreads();
+  if (s.bcast_int[1] < 0) {  // rounding left the target at the very end: the last token with mass
+    if (threadIdx.x == 0) {
+      u64 rank = 0;
+      for (int64_t i = 0; i < vocab; ++i)
+        if (residual(i, rank) > 0.0f) s.bcast_int[1] = static_cast<int>(i);
+    }
+    __syncthreads();
+  }
   return s.bcast_int[1];
 }
 
@@ -409,6 +538,7 @@ __device__ void row_logprobs(const float* raw, int64_t vocab, int target, int n,
 __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __restrict__ logits, int64_t vocab,
                                                                const SamplingRowDesc* __restrict__ rows,
                                                                const uint32_t* __restrict__ counts,
+                                                               const float* __restrict__ draft_probs,
                                                                SamplingRowResult* __restrict__ results,
                                                                TopLogprob* __restrict__ top, int max_top) {
   __shared__ Shared s;
@@ -417,7 +547,15 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __re
   row.raw = logits + static_cast<int64_t>(row.d.logits_row) * vocab;
   row.counts = row.d.counts_row >= 0 ? counts + static_cast<int64_t>(row.d.counts_row) * vocab : nullptr;
   SamplingRowResult res;
-  res.token = row.d.target >= 0 ? row.d.target : sample_row(row, vocab, s);
+  bool accepted = false;
+  if (row.d.target >= 0) {
+    res.token = row.d.target;
+  } else if (row.d.draft_token >= 0) {
+    res.token = verify_row(row, vocab, draft_probs + static_cast<int64_t>(row.d.q_row) * vocab, accepted, s);
+  } else {
+    res.token = sample_row(row, vocab, s);
+  }
+  res.accepted = accepted ? 1 : 0;
   if (row.d.top_n >= 0 && res.token >= 0 && res.token < vocab) {
     row_logprobs(row.raw, vocab, res.token, min(row.d.top_n, max_top), res,
                  top + static_cast<int64_t>(blockIdx.x) * max_top, s);
@@ -453,11 +591,12 @@ cudaError_t launch_build_token_counts(const CountsDesc* descs, const int32_t* id
 }
 
 cudaError_t launch_sample_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
-                               const uint32_t* counts, SamplingRowResult* results, TopLogprob* top, int max_top,
-                               cudaStream_t stream) {
+                               const uint32_t* counts, const float* draft_probs, SamplingRowResult* results,
+                               TopLogprob* top, int max_top, cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
   if (vocab <= 0 || vocab > INT_MAX) return cudaErrorInvalidValue;
-  sample_rows_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, rows, counts, results, top, max_top);
+  sample_rows_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, rows, counts, draft_probs, results, top,
+                                                        max_top);
   return cudaGetLastError();
 }
 

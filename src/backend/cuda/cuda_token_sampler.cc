@@ -23,7 +23,10 @@ CudaTokenSampler::CudaTokenSampler(CudaBackend& backend, int max_rows, int64_t v
     : backend_(backend), stream_(backend.stream()), max_rows_(max_rows), vocab_(vocab) {
   SPECULA_CHECK(max_rows > 0 && vocab > 0 && vocab < (int64_t{1} << 31),
                 "CUDA sampler: needs positive max_rows ({}) and a vocabulary below 2^31 ({})", max_rows, vocab);
-  counts_ = backend.empty({max_rows, vocab}, DType::kI32);  // read as uint32 flags + counts
+  // Counts rows only for rows with penalties or masked ids; more such rows than this in one call
+  // run in several launches.
+  count_rows_ = std::min(max_rows, kMaxCountRows);
+  counts_ = backend.empty({count_rows_, vocab}, DType::kI32);  // read as uint32 flags + counts
   const size_t rbytes = results_bytes(max_rows) + top_bytes(max_rows);
   results_ = backend.empty({static_cast<int64_t>(rbytes)}, DType::kU8);
   check_cuda(cudaHostAlloc(&host_results_, rbytes, cudaHostAllocDefault), "CUDA sampler: pinned result buffer");
@@ -57,11 +60,28 @@ void CudaTokenSampler::check_logits(const Tensor& logits) const {
                 logits.describe(), logits.size(1), vocab_);
 }
 
-std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits,
-                                                          std::span<const TokenSamplingRow> rows) {
+namespace {
+bool needs_counts(const TokenSamplingRow& r) {
+  return r.repetition_penalty != 1.0f || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f ||
+         !r.masked_ids.empty();
+}
+}  // namespace
+
+std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits, std::span<const TokenSamplingRow> rows,
+                                                          const Tensor* draft_probs) {
   check_logits(logits);
   SPECULA_CHECK(static_cast<int>(rows.size()) <= max_rows_, "CUDA sampler: {} rows, made for at most {}",
                 rows.size(), max_rows_);
+  // Batches of at most count_rows_ rows that need token counts.
+  size_t with_counts = 0, cut = 0;
+  for (; cut < rows.size(); ++cut) {
+    if (needs_counts(rows[cut]) && ++with_counts > static_cast<size_t>(count_rows_)) break;
+  }
+  if (cut < rows.size()) {
+    std::vector<TokenSamplingResult> out = sample(logits, rows.first(cut), draft_probs);
+    for (TokenSamplingResult& r : sample(logits, rows.subspan(cut), draft_probs)) out.push_back(std::move(r));
+    return out;
+  }
   std::vector<cuda::SamplingRowDesc> descs(rows.size());
   std::vector<cuda::CountsDesc> counts;
   std::vector<int32_t> ids;
@@ -85,6 +105,20 @@ std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits,
     d.presence_penalty = r.presence_penalty;
     d.top_n = r.top_logprobs;
     d.uniform = r.uniform;
+    if (r.draft_token >= 0) {
+      SPECULA_CHECK(!r.greedy, "CUDA sampler: row {} verifies a draft token greedily (compare with the argmax)", i);
+      SPECULA_CHECK(r.draft_token < vocab_, "verification: draft token {} outside the vocab of {}", r.draft_token,
+                    vocab_);
+      SPECULA_CHECK(draft_probs != nullptr && draft_probs->device() == Device::kCUDA &&
+                        draft_probs->dtype() == DType::kF32 && draft_probs->ndim() == 2 &&
+                        draft_probs->size(1) == vocab_ && r.q_row >= 0 && r.q_row < draft_probs->size(0),
+                    "CUDA sampler: row {} verifies against draft probabilities row {} that are not there", i,
+                    r.q_row);
+      d.draft_token = r.draft_token;
+      d.q_row = r.q_row;
+      d.uniform_accept = r.uniform_accept;
+      d.uniform_residual = r.uniform_residual;
+    }
     const bool repetition = r.repetition_penalty != 1.0f;
     const bool penalties = repetition || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f;
     if (penalties || !r.masked_ids.empty()) {
@@ -100,7 +134,7 @@ std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits,
       counts.push_back(c);
     }
   }
-  std::vector<TokenSamplingResult> out = run(logits, descs, counts, ids);
+  std::vector<TokenSamplingResult> out = run(logits, descs, counts, ids, draft_probs);
   for (size_t i = 0; i < out.size(); ++i)
     SPECULA_CHECK(out[i].token >= 0, "sampling: every token is masked or the logits are not finite (row {})", i);
   return out;
@@ -134,7 +168,8 @@ std::vector<TokenSamplingResult> CudaTokenSampler::logprobs_of(const Tensor& log
 std::vector<TokenSamplingResult> CudaTokenSampler::run(const Tensor& logits,
                                                        const std::vector<cuda::SamplingRowDesc>& rows,
                                                        const std::vector<cuda::CountsDesc>& counts,
-                                                       const std::vector<int32_t>& ids) {
+                                                       const std::vector<int32_t>& ids,
+                                                       const Tensor* draft_probs) {
   const int n = static_cast<int>(rows.size());
   if (n == 0) return {};
   const size_t rows_at = 0, counts_at = align_up(sizeof(cuda::SamplingRowDesc) * rows.size());
@@ -162,8 +197,10 @@ std::vector<TokenSamplingResult> CudaTokenSampler::run(const Tensor& logits,
   auto* top_dev = reinterpret_cast<cuda::TopLogprob*>(res_dev + results_bytes(max_rows_));
   check_cuda(cuda::launch_sample_rows(logits.data_as<float>(), vocab_,
                                       reinterpret_cast<const cuda::SamplingRowDesc*>(dev + rows_at), n,
-                                      counts_.data_as<uint32_t>(), reinterpret_cast<cuda::SamplingRowResult*>(res_dev),
-                                      top_dev, kMaxTopLogprobs, stream_),
+                                      counts_.data_as<uint32_t>(),
+                                      draft_probs ? draft_probs->data_as<float>() : nullptr,
+                                      reinterpret_cast<cuda::SamplingRowResult*>(res_dev), top_dev, kMaxTopLogprobs,
+                                      stream_),
              "CUDA sampler: sampling");
   char* res_host = static_cast<char*>(host_results_);
   check_cuda(cudaMemcpyAsync(res_host, res_dev, sizeof(cuda::SamplingRowResult) * rows.size(), cudaMemcpyDeviceToHost,
@@ -183,6 +220,7 @@ std::vector<TokenSamplingResult> CudaTokenSampler::run(const Tensor& logits,
     const cuda::SamplingRowResult& r = results[i];
     TokenSamplingResult& o = out[static_cast<size_t>(i)];
     o.token = r.token;
+    o.accepted = r.accepted != 0;
     if (rows[i].top_n < 0 || r.token < 0) continue;
     o.has_logprobs = true;
     o.logprob = r.logprob;

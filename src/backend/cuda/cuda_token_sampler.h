@@ -23,6 +23,7 @@ class CudaBackend;
 class CudaTokenSampler final : public TokenSampler {
  public:
   static constexpr int kMaxTopLogprobs = 64;
+  static constexpr int kMaxCountRows = 64;  // rows with penalties / masked ids per launch
 
   CudaTokenSampler(CudaBackend& backend, int max_rows, int64_t vocab);
   ~CudaTokenSampler() override;
@@ -30,7 +31,8 @@ class CudaTokenSampler final : public TokenSampler {
   CudaTokenSampler& operator=(const CudaTokenSampler&) = delete;
 
   int max_top_logprobs() const override { return kMaxTopLogprobs; }
-  std::vector<TokenSamplingResult> sample(const Tensor& logits, std::span<const TokenSamplingRow> rows) override;
+  std::vector<TokenSamplingResult> sample(const Tensor& logits, std::span<const TokenSamplingRow> rows,
+                                          const Tensor* draft_probs = nullptr) override;
   std::vector<TokenSamplingResult> logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
                                                std::span<const int32_t> targets, int top_n) override;
   size_t device_bytes() const override;
@@ -39,15 +41,16 @@ class CudaTokenSampler final : public TokenSampler {
   // Uploads, launches and reads back one batch of at most max_rows_ rows.
   std::vector<TokenSamplingResult> run(const Tensor& logits, const std::vector<cuda::SamplingRowDesc>& rows,
                                        const std::vector<cuda::CountsDesc>& counts,
-                                       const std::vector<int32_t>& ids);
+                                       const std::vector<int32_t>& ids, const Tensor* draft_probs = nullptr);
   void check_logits(const Tensor& logits) const;
   void ensure_upload_capacity(size_t bytes);
 
   CudaBackend& backend_;
   cudaStream_t stream_;
   int max_rows_;
+  int count_rows_;
   int64_t vocab_;
-  Tensor counts_;       // [max_rows, V] of 32-bit flags + counts (stored as I32)
+  Tensor counts_;       // [count_rows, V] of 32-bit flags + counts (stored as I32)
   Tensor results_;      // SamplingRowResult [max_rows] then TopLogprob [max_rows, kMaxTopLogprobs]
   Tensor upload_;       // row descriptors, counts descriptors, ids
   void* host_results_ = nullptr;  // pinned mirror of results_
