@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/phase_profile.h"
 #include "core/logging.h"
 
 namespace specula {
@@ -116,7 +117,10 @@ void EngineCore::fail_all(const std::string& message) { fail_requests(outputs_.r
 
 bool EngineCore::step() {
   if (!scheduler_.has_unfinished_requests()) return false;
-  SchedulerOutput scheduled = scheduler_.schedule();
+  SchedulerOutput scheduled = [&] {
+    phase_profile::Scope p("engine.schedule");
+    return scheduler_.schedule();
+  }();
   if (scheduled.empty()) {
     // Nothing fits even though requests wait: cannot happen while the cache holds a whole
     // max_model_len sequence, but never spin on it.
@@ -138,6 +142,7 @@ bool EngineCore::step() {
     fail_requests(parents, std::string("engine step failed: ") + e.what());
     return true;
   }
+  phase_profile::Scope update_phase("engine.update+outputs");
   std::vector<EngineCoreOutput> outs = scheduler_.update(scheduled, result);
   // Drafts for the next step (finished requests are gone from the scheduler: ignored).
   for (size_t i = 0; i < result.draft_token_ids.size() && i < scheduled.scheduled.size(); ++i)

@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/phase_profile.h"
 #include "spec/rejection_sampler.h"
 #include "spec/speculator.h"
 
@@ -201,9 +202,17 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
 
   backend_.reset_scratch();
   std::vector<RequestPlan> plans;
-  ForwardInput input = prepare_inputs(scheduled, plans);
+  ForwardInput input = [&] {
+    phase_profile::Scope p("runner.prepare_inputs");
+    return prepare_inputs(scheduled, plans);
+  }();
   const auto t0 = std::chrono::steady_clock::now();
-  ForwardOutput fwd = forward_step(input);
+  ForwardOutput fwd;
+  {
+    phase_profile::Scope p(graph_size_ > 0 ? "runner.forward (graph)" : "runner.forward (eager)");
+    fwd = forward_step(input);
+    if (phase_profile::enabled()) backend_.synchronize();
+  }
 
   // Sampling rows. Drafts are appended to the request's tokens for the duration of sampling, so
   // that row j of a verification sees (and penalises) the j drafts before it.
@@ -249,9 +258,16 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
                                      drafts, speculator_ ? speculator_->draft_probs_row(plan.sched->req_id) : -1});
     }
   }
-  std::vector<SampledToken> sampled = plain.empty() ? std::vector<SampledToken>{} : sampler_.sample(fwd.logits, plain);
-  std::vector<VerifyResult> verified =
-      rejection_sampler_->verify(fwd.logits, speculator_ ? speculator_->draft_probs() : nullptr, verify);
+  std::vector<SampledToken> sampled;
+  if (!plain.empty()) {
+    phase_profile::Scope p("runner.sample");
+    sampled = sampler_.sample(fwd.logits, plain);
+  }
+  std::vector<VerifyResult> verified;
+  {
+    phase_profile::Scope p("runner.verify");
+    verified = rejection_sampler_->verify(fwd.logits, speculator_ ? speculator_->draft_probs() : nullptr, verify);
+  }
   const double target_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   for (size_t s = 0; s < num_seqs; ++s) {
@@ -289,7 +305,10 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
       for (PositionLogprobs& p : lp) chunk.entries.push_back(std::move(p));
     }
   }
-  if (speculator_) propose_drafts(plans, fwd, target_seconds, out);
+  if (speculator_) {
+    phase_profile::Scope p("runner.propose");
+    propose_drafts(plans, fwd, target_seconds, out);
+  }
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/phase_profile.h"
 #include "spec/rejection_math.h"
 
 namespace specula {
@@ -222,8 +223,17 @@ void DraftModelProposer::propose(const ProposeBatch& batch, std::vector<std::vec
                   "internal error: draft step of {} rows padded to {} (max_num_seqs {})", real, padded,
                   config_.max_num_seqs);
     for (int j = 2; j <= max_drafts; ++j) {
-      prepare_step(batch, rows, j, padded, drafts, num_drafts, /*upload_tables=*/j == 2);
-      Tensor logits = run_step(padded);
+      {
+        phase_profile::Scope p("draft.step_prepare");
+        prepare_step(batch, rows, j, padded, drafts, num_drafts, /*upload_tables=*/j == 2);
+      }
+      Tensor logits;
+      {
+        phase_profile::Scope p("draft.step_forward");
+        logits = run_step(padded);
+        if (phase_profile::enabled()) backend_.synchronize();
+      }
+      phase_profile::Scope sample_phase("draft.step_sample");
       std::vector<DraftSampleRow> sample_rows;
       std::vector<size_t> owners;
       for (int row = 0; row < real; ++row) {
@@ -304,9 +314,15 @@ void DraftModelProposer::run_catch_up(const ProposeBatch& batch, const std::vect
   md.block_tables = upload(h_tables_, d_tables_, static_cast<int64_t>(num_seqs) * width).reshape({num_seqs, width});
   md.query_start_loc_host.assign(qsl, qsl + num_seqs + 1);
   md.seq_lens_host.assign(seq_lens, seq_lens + num_seqs);
-  ForwardOutput out = draft_->forward(in, kv_);
+  ForwardOutput out;
+  {
+    phase_profile::Scope p("draft.catch_up_forward");
+    out = draft_->forward(in, kv_);
+    if (phase_profile::enabled()) backend_.synchronize();
+  }
   ++num_forwards_;
   if (sampling.empty()) return;
+  phase_profile::Scope sample_phase("draft.catch_up_sample");
 
   std::vector<DraftSampleRow> rows;
   for (size_t l = 0; l < sampling.size(); ++l) {

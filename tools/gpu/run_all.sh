@@ -31,28 +31,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi > "$WORK/nvidia-smi.txt" 2>&1
 if [ -f .gpu/extras.tar.xz ]; then tar -xJf .gpu/extras.tar.xz -C .gpu; fi
 if [ -d .gpu/node_modules ] && [ ! -d tests/e2e/node_modules ]; then ln -s "$(pwd)/.gpu/node_modules" tests/e2e/node_modules; fi
 
-elapsed() { echo $(( $(date +%s) - START )); }
-skipped() { [[ "$SKIP" == *" $1 "* ]]; }
-
-# stage NAME LIMIT CMD...: runs CMD with its output in NAME.log, within LIMIT and the budget left.
-stage() {
-  local name=$1 limit=$2
-  shift 2
-  local left=$(( BUDGET - $(elapsed) ))
-  if [ "$left" -le 10 ]; then
-    echo "== $name: not run (time budget spent)" | tee -a "$WORK/status.txt"
-    return 99
-  fi
-  [ "$limit" -gt "$left" ] && limit=$left
-  echo "== $name (up to ${limit}s, at $(elapsed)s)" >&2
-  local t0=$(date +%s)
-  timeout --kill-after=5 "$limit" "$@" > "$WORK/$name.log" 2>&1
-  local rc=$?
-  local note=""
-  [ $rc -eq 124 ] || [ $rc -eq 137 ] && note=" (timed out)"
-  echo "$name: exit $rc in $(( $(date +%s) - t0 ))s$note" | tee -a "$WORK/status.txt"
-  return $rc
-}
+source tools/gpu/stages.sh
 
 gtest_summary() {  # the pass/fail lines of a gtest log
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\] .* ran" "$WORK/$1.log" | head -40
@@ -101,25 +80,18 @@ tok_llama=()
 tok_qwen=()
 [ -f .gpu/tokenizers/llama3/tokenizer.json ] && tok_llama=(--tokenizer .gpu/tokenizers/llama3)
 [ -f .gpu/tokenizers/qwen3/tokenizer.json ] && tok_qwen=(--tokenizer .gpu/tokenizers/qwen3)
-bench() {  # bench NAME LIMIT ARGS...: `specula bench ARGS --output-json NAME.json`
-  local name=$1 limit=$2
-  shift 2
-  stage "$name" "$limit" specula bench "$@" --load-format dummy --output-json "$WORK/$name.json"
-  grep -E "^(TTFT|TPOT|batch latency|output tokens|requests/s|elapsed)|Graph capturing|GPU KV cache|Memory profiling|Model loading took|error" \
-    "$WORK/$name.log" | sed "s/^/  [$name] /" | cut -c1-220
-}
 if ! skipped bench; then
-  bench llama8b_b1 90 latency "$LLAMA" "${tok_llama[@]}" --batch-size 1 --input-len 128 --output-len 256 \
+  bench llama8b_b1 90 latency "$LLAMA" --load-format dummy "${tok_llama[@]}" --batch-size 1 --input-len 128 --output-len 256 \
     --num-iters 3 --num-iters-warmup 1 --max-model-len 4608 --max-num-seqs 8
-  bench llama8b_b64 100 latency "$LLAMA" "${tok_llama[@]}" --batch-size 64 --input-len 128 --output-len 256 \
+  bench llama8b_b64 100 latency "$LLAMA" --load-format dummy "${tok_llama[@]}" --batch-size 64 --input-len 128 --output-len 256 \
     --num-iters 2 --num-iters-warmup 1 --max-model-len 4608 --max-num-seqs 64
-  bench llama8b_prefill4096 75 latency "$LLAMA" "${tok_llama[@]}" --batch-size 1 --input-len 4096 --output-len 1 \
+  bench llama8b_prefill4096 75 latency "$LLAMA" --load-format dummy "${tok_llama[@]}" --batch-size 1 --input-len 4096 --output-len 1 \
     --num-iters 5 --num-iters-warmup 2 --max-model-len 4608 --max-num-seqs 1
-  bench qwen06b_b1 50 latency "$QWEN" "${tok_qwen[@]}" --batch-size 1 --input-len 128 --output-len 256 \
+  bench qwen06b_b1 50 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" --batch-size 1 --input-len 128 --output-len 256 \
     --num-iters 3 --num-iters-warmup 1 --max-model-len 4096 --max-num-seqs 8
-  bench qwen06b_b1_eager 50 latency "$QWEN" "${tok_qwen[@]}" --batch-size 1 --input-len 128 --output-len 256 \
+  bench qwen06b_b1_eager 50 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" --batch-size 1 --input-len 128 --output-len 256 \
     --num-iters 3 --num-iters-warmup 1 --max-model-len 4096 --max-num-seqs 8 --enforce-eager
-  bench qwen06b_throughput 60 throughput "$QWEN" "${tok_qwen[@]}" --num-prompts 256 --input-len 128 \
+  bench qwen06b_throughput 60 throughput "$QWEN" --load-format dummy "${tok_qwen[@]}" --num-prompts 256 --input-len 128 \
     --output-len 256 --max-model-len 4096
 fi
 
