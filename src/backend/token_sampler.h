@@ -50,6 +50,10 @@ struct TokenSamplingRow {
   int32_t q_row = -1;
   double uniform_accept = 0.0;
   double uniform_residual = 0.0;
+  // Non-greedy sampling rows (no draft_token): also write the row's final distribution p (as
+  // above, normalised; zeros where a filter dropped a token) into row probs_out_row of the
+  // probs_out given to sample(), on the device. The speculative draft keeps q this way.
+  int32_t probs_out_row = -1;  // -1: do not write it
 };
 
 struct TokenLogprobEntry {
@@ -75,9 +79,11 @@ class TokenSampler {
   // to compute (the engine does them on the host).
   virtual int max_top_logprobs() const = 0;
   // logits: F32 [L, V] on the device, rows.size() <= the max_rows the sampler was made for;
-  // draft_probs: F32 [R, V] on the device, needed only by verification rows.
+  // draft_probs: F32 [R, V] on the device, needed only by verification rows; probs_out: F32
+  // [R', V] on the device, needed only by rows with probs_out_row >= 0 (written in stream order:
+  // later work on the backend's stream sees it, the host does not need it).
   virtual std::vector<TokenSamplingResult> sample(const Tensor& logits, std::span<const TokenSamplingRow> rows,
-                                                  const Tensor* draft_probs = nullptr) = 0;
+                                                  const Tensor* draft_probs = nullptr, Tensor* probs_out = nullptr) = 0;
   // log_softmax of raw logits rows[i] reporting targets[i] and the top top_n (<= max_top_logprobs).
   virtual std::vector<TokenSamplingResult> logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
                                                        std::span<const int32_t> targets, int top_n) = 0;

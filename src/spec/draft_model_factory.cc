@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "model/weight_source.h"
+#include "spec/device_draft_sampler.h"
 #include "spec/draft_model_proposer.h"
 #include "spec/proposer_registry.h"
 #include "tokenizer/tokenizer.h"
@@ -61,7 +62,8 @@ std::unique_ptr<Proposer> make_draft_model_proposer(const ProposerContext& ctx) 
   c.draft_max_model_len = draft_len;
   c.relative_step_cost =
       std::clamp(approx_step_params(draft_config) / std::max(1.0, approx_step_params(ctx.target_config)), 0.02, 1.0);
-  return std::make_unique<DraftModelProposer>(std::move(draft), ctx.backend, make_cpu_draft_sampler(ctx.backend), c);
+  return std::make_unique<DraftModelProposer>(
+      std::move(draft), ctx.backend, make_draft_sampler(ctx.backend, ctx.max_num_seqs, draft_config.vocab_size), c);
 }
 
 }  // namespace specula

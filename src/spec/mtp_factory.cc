@@ -7,6 +7,7 @@
 #include "core/logging.h"
 #include "model/shared_expert_fusion.h"
 #include "model/weight_source.h"
+#include "spec/device_draft_sampler.h"
 #include "spec/mtp_proposer.h"
 #include "spec/proposer_registry.h"
 
@@ -63,7 +64,8 @@ std::unique_ptr<Proposer> make_mtp_proposer(const ProposerContext& ctx) {
   c.max_num_batched_tokens = ctx.max_num_batched_tokens;
   c.max_model_len = ctx.max_model_len;
   c.relative_step_cost = relative_cost(tc);
-  return std::make_unique<MtpProposer>(std::move(mtp), ctx.backend, make_cpu_draft_sampler(ctx.backend), c);
+  return std::make_unique<MtpProposer>(std::move(mtp), ctx.backend,
+                                       make_draft_sampler(ctx.backend, ctx.max_num_seqs, tc.vocab_size), c);
 }
 
 }  // namespace specula

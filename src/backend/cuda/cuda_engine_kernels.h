@@ -62,6 +62,7 @@ struct SamplingRowDesc {
   int32_t target = -1;      // >= 0: do not sample, report logprobs of this token (prompt logprobs)
   int32_t draft_token = -1; // >= 0: verify this draft token against q = row q_row of the draft probabilities
   int32_t q_row = -1;
+  int32_t probs_out_row = -1;  // >= 0: sampling rows write their final distribution to this row of probs_out
   double uniform = 0.0;
   double uniform_accept = 0.0;    // verification: the min(1, p/q) test
   double uniform_residual = 0.0;  // verification: the draw from max(0, p - q)
@@ -95,9 +96,10 @@ cudaError_t launch_build_token_counts(const CountsDesc* descs, const int32_t* id
 
 // One block per row: penalties, greedy argmax, the filtered draw or the verification of a draft
 // token (draft_probs: F32 [R, V], may be null when no row verifies), logprobs of the raw logits.
-// top: [num_rows, max_top] entries.
+// probs_out: F32 [R', V], may be null when no row has probs_out_row >= 0. top: [num_rows,
+// max_top] entries.
 cudaError_t launch_sample_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
-                               const uint32_t* counts, const float* draft_probs, SamplingRowResult* results,
-                               TopLogprob* top, int max_top, cudaStream_t stream);
+                               const uint32_t* counts, const float* draft_probs, float* probs_out,
+                               SamplingRowResult* results, TopLogprob* top, int max_top, cudaStream_t stream);
 
 }  // namespace specula::cuda

@@ -341,8 +341,26 @@ __device__ u64 tie_rank_base(const Filter& f, int64_t begin, int64_t end, Shared
   return block_exclusive_scan(local, &all, s);
 }
 
-// The first token (in id order) whose cumulative kept mass exceeds u * total.
-__device__ int draw(const Filter& f, int64_t vocab, double u, Shared& s) {
+// probs[i] = mass(i) / total for the whole row: the final distribution, normalised (the value
+// the host's logits_to_probs gives, up to float rounding).
+__device__ void write_probs(const Filter& f, int64_t vocab, int64_t begin, int64_t end, u64 rank0, u64 total,
+                            float* probs) {
+  const double inv_total = 1.0 / static_cast<double>(total);
+  if (!f.partial_ties) {
+    // No tie rank to carry: a strided pass, so that a warp's stores land in consecutive words.
+    for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+      u64 rank = 0;
+      probs[i] = static_cast<float>(static_cast<double>(f.mass(i, rank)) * inv_total);
+    }
+    return;
+  }
+  u64 rank = rank0;  // top_p keeps only some tokens at tau: their rank follows token-id order
+  for (int64_t i = begin; i < end; ++i) probs[i] = static_cast<float>(static_cast<double>(f.mass(i, rank)) * inv_total);
+}
+
+// The first token (in id order) whose cumulative kept mass exceeds u * total; probs (may be null)
+// receives the normalised distribution it is drawn from.
+__device__ int draw(const Filter& f, int64_t vocab, double u, Shared& s, float* probs = nullptr) {
   int64_t begin, end;
   thread_chunk(vocab, begin, end);
   const u64 rank0 = tie_rank_base(f, begin, end, s);
@@ -353,6 +371,7 @@ __device__ int draw(const Filter& f, int64_t vocab, double u, Shared& s) {
   }
   u64 total = 0;
   const u64 before = block_exclusive_scan(local, &total, s);
+  if (probs != nullptr && total > 0) write_probs(f, vocab, begin, end, rank0, total, probs);
   if (threadIdx.x == 0) s.bcast_int[1] = -1;
   __syncthreads();
   u64 target = static_cast<u64>(u * static_cast<double>(total));
@@ -385,8 +404,9 @@ __device__ void processed_max(const RowView& row, int64_t vocab, float& m, int& 
   block_argmax(m, arg, s);
 }
 
-// Returns the sampled token, or -1 when no logit is finite.
-__device__ int sample_row(const RowView& row, int64_t vocab, Shared& s) {
+// Returns the sampled token, or -1 when no logit is finite. probs (may be null): non-greedy rows
+// write their final distribution there.
+__device__ int sample_row(const RowView& row, int64_t vocab, float* probs, Shared& s) {
   float m;
   int arg;
   processed_max(row, vocab, m, arg, s);
@@ -396,7 +416,7 @@ __device__ int sample_row(const RowView& row, int64_t vocab, Shared& s) {
   f.row = &row;
   f.m = m;
   build_filter(f, vocab, s);
-  return draw(f, vocab, row.d.uniform, s);
+  return draw(f, vocab, row.d.uniform, s, probs);
 }
 
 // Speculative verification of draft token x drawn from q (the draft's final distribution):
@@ -539,6 +559,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __re
                                                                const SamplingRowDesc* __restrict__ rows,
                                                                const uint32_t* __restrict__ counts,
                                                                const float* __restrict__ draft_probs,
+                                                               float* __restrict__ probs_out,
                                                                SamplingRowResult* __restrict__ results,
                                                                TopLogprob* __restrict__ top, int max_top) {
   __shared__ Shared s;
@@ -553,7 +574,10 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __re
   } else if (row.d.draft_token >= 0) {
     res.token = verify_row(row, vocab, draft_probs + static_cast<int64_t>(row.d.q_row) * vocab, accepted, s);
   } else {
-    res.token = sample_row(row, vocab, s);
+    float* probs = probs_out != nullptr && row.d.probs_out_row >= 0
+                       ? probs_out + static_cast<int64_t>(row.d.probs_out_row) * vocab
+                       : nullptr;
+    res.token = sample_row(row, vocab, probs, s);
   }
   res.accepted = accepted ? 1 : 0;
   if (row.d.top_n >= 0 && res.token >= 0 && res.token < vocab) {
@@ -591,12 +615,12 @@ cudaError_t launch_build_token_counts(const CountsDesc* descs, const int32_t* id
 }
 
 cudaError_t launch_sample_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
-                               const uint32_t* counts, const float* draft_probs, SamplingRowResult* results,
-                               TopLogprob* top, int max_top, cudaStream_t stream) {
+                               const uint32_t* counts, const float* draft_probs, float* probs_out,
+                               SamplingRowResult* results, TopLogprob* top, int max_top, cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
   if (vocab <= 0 || vocab > INT_MAX) return cudaErrorInvalidValue;
-  sample_rows_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, rows, counts, draft_probs, results, top,
-                                                        max_top);
+  sample_rows_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, rows, counts, draft_probs, probs_out, results,
+                                                        top, max_top);
   return cudaGetLastError();
 }
 

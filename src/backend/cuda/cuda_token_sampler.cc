@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "core/error.h"
@@ -60,6 +61,14 @@ void CudaTokenSampler::check_logits(const Tensor& logits) const {
                 logits.describe(), logits.size(1), vocab_);
 }
 
+void CudaTokenSampler::check_probs(const Tensor* probs, int32_t row, const char* what, size_t row_index) const {
+  SPECULA_CHECK(probs != nullptr && probs->defined() && probs->device() == Device::kCUDA &&
+                    probs->dtype() == DType::kF32 && probs->ndim() == 2 && probs->size(1) == vocab_ && row >= 0 &&
+                    row < probs->size(0),
+                "CUDA sampler: row {} uses {} row {} that is not there (F32 [R, {}] on the GPU needed, got {})",
+                row_index, what, row, vocab_, probs ? probs->describe() : std::string("none"));
+}
+
 namespace {
 bool needs_counts(const TokenSamplingRow& r) {
   return r.repetition_penalty != 1.0f || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f ||
@@ -68,7 +77,7 @@ bool needs_counts(const TokenSamplingRow& r) {
 }  // namespace
 
 std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits, std::span<const TokenSamplingRow> rows,
-                                                          const Tensor* draft_probs) {
+                                                          const Tensor* draft_probs, Tensor* probs_out) {
   check_logits(logits);
   SPECULA_CHECK(static_cast<int>(rows.size()) <= max_rows_, "CUDA sampler: {} rows, made for at most {}",
                 rows.size(), max_rows_);
@@ -78,8 +87,8 @@ std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits, 
     if (needs_counts(rows[cut]) && ++with_counts > static_cast<size_t>(count_rows_)) break;
   }
   if (cut < rows.size()) {
-    std::vector<TokenSamplingResult> out = sample(logits, rows.first(cut), draft_probs);
-    for (TokenSamplingResult& r : sample(logits, rows.subspan(cut), draft_probs)) out.push_back(std::move(r));
+    std::vector<TokenSamplingResult> out = sample(logits, rows.first(cut), draft_probs, probs_out);
+    for (TokenSamplingResult& r : sample(logits, rows.subspan(cut), draft_probs, probs_out)) out.push_back(std::move(r));
     return out;
   }
   std::vector<cuda::SamplingRowDesc> descs(rows.size());
@@ -109,15 +118,19 @@ std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits, 
       SPECULA_CHECK(!r.greedy, "CUDA sampler: row {} verifies a draft token greedily (compare with the argmax)", i);
       SPECULA_CHECK(r.draft_token < vocab_, "verification: draft token {} outside the vocab of {}", r.draft_token,
                     vocab_);
-      SPECULA_CHECK(draft_probs != nullptr && draft_probs->device() == Device::kCUDA &&
-                        draft_probs->dtype() == DType::kF32 && draft_probs->ndim() == 2 &&
-                        draft_probs->size(1) == vocab_ && r.q_row >= 0 && r.q_row < draft_probs->size(0),
-                    "CUDA sampler: row {} verifies against draft probabilities row {} that are not there", i,
-                    r.q_row);
+      check_probs(draft_probs, r.q_row, "draft probabilities", i);
       d.draft_token = r.draft_token;
       d.q_row = r.q_row;
       d.uniform_accept = r.uniform_accept;
       d.uniform_residual = r.uniform_residual;
+    }
+    if (r.probs_out_row >= 0) {
+      // A greedy row's distribution is one-hot and a verification row has none of its own: the
+      // caller keeps neither.
+      SPECULA_CHECK(!r.greedy && r.draft_token < 0,
+                    "CUDA sampler: row {} asks for its distribution but is {}", i, r.greedy ? "greedy" : "a verification");
+      check_probs(probs_out, r.probs_out_row, "output probabilities", i);
+      d.probs_out_row = r.probs_out_row;
     }
     const bool repetition = r.repetition_penalty != 1.0f;
     const bool penalties = repetition || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f;
@@ -134,7 +147,7 @@ std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits, 
       counts.push_back(c);
     }
   }
-  std::vector<TokenSamplingResult> out = run(logits, descs, counts, ids, draft_probs);
+  std::vector<TokenSamplingResult> out = run(logits, descs, counts, ids, draft_probs, probs_out);
   for (size_t i = 0; i < out.size(); ++i)
     SPECULA_CHECK(out[i].token >= 0, "sampling: every token is masked or the logits are not finite (row {})", i);
   return out;
@@ -169,7 +182,7 @@ std::vector<TokenSamplingResult> CudaTokenSampler::run(const Tensor& logits,
                                                        const std::vector<cuda::SamplingRowDesc>& rows,
                                                        const std::vector<cuda::CountsDesc>& counts,
                                                        const std::vector<int32_t>& ids,
-                                                       const Tensor* draft_probs) {
+                                                       const Tensor* draft_probs, Tensor* probs_out) {
   const int n = static_cast<int>(rows.size());
   if (n == 0) return {};
   const size_t rows_at = 0, counts_at = align_up(sizeof(cuda::SamplingRowDesc) * rows.size());
@@ -199,6 +212,7 @@ std::vector<TokenSamplingResult> CudaTokenSampler::run(const Tensor& logits,
                                       reinterpret_cast<const cuda::SamplingRowDesc*>(dev + rows_at), n,
                                       counts_.data_as<uint32_t>(),
                                       draft_probs ? draft_probs->data_as<float>() : nullptr,
+                                      probs_out ? probs_out->data_as<float>() : nullptr,
                                       reinterpret_cast<cuda::SamplingRowResult*>(res_dev), top_dev, kMaxTopLogprobs,
                                       stream_),
              "CUDA sampler: sampling");

@@ -3,7 +3,8 @@
 // Per call: the rows' settings (and, for rows with penalties or masked ids, their id lists) go up
 // in ONE pinned host-to-device copy; the counts kernel and the sampling kernel run; the results
 // (token, and logprobs where asked for) come back in pinned memory and the call synchronises
-// once. The logits themselves never leave the device.
+// once. The logits themselves never leave the device, nor do the final distributions rows may
+// write (probs_out_row: the speculative draft's q).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,7 +33,7 @@ class CudaTokenSampler final : public TokenSampler {
 
   int max_top_logprobs() const override { return kMaxTopLogprobs; }
   std::vector<TokenSamplingResult> sample(const Tensor& logits, std::span<const TokenSamplingRow> rows,
-                                          const Tensor* draft_probs = nullptr) override;
+                                          const Tensor* draft_probs = nullptr, Tensor* probs_out = nullptr) override;
   std::vector<TokenSamplingResult> logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
                                                std::span<const int32_t> targets, int top_n) override;
   size_t device_bytes() const override;
@@ -41,8 +42,10 @@ class CudaTokenSampler final : public TokenSampler {
   // Uploads, launches and reads back one batch of at most max_rows_ rows.
   std::vector<TokenSamplingResult> run(const Tensor& logits, const std::vector<cuda::SamplingRowDesc>& rows,
                                        const std::vector<cuda::CountsDesc>& counts,
-                                       const std::vector<int32_t>& ids, const Tensor* draft_probs = nullptr);
+                                       const std::vector<int32_t>& ids, const Tensor* draft_probs = nullptr,
+                                       Tensor* probs_out = nullptr);
   void check_logits(const Tensor& logits) const;
+  void check_probs(const Tensor* probs, int32_t row, const char* what, size_t row_index) const;
   void ensure_upload_capacity(size_t bytes);
 
   CudaBackend& backend_;
