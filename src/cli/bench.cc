@@ -1,6 +1,8 @@
 // `specula bench latency|throughput MODEL ...`: vLLM's benchmark_latency / benchmark_throughput,
 // run through the same LLMEngine as `specula serve` (queue, scheduler, streams, detokenisation
-// when there is a tokenizer), on random token-id prompts. Flags carry vLLM's names.
+// when there is a tokenizer), on random token-id prompts or windows of a text file (--dataset).
+// Flags carry vLLM's names. With --speculative-config both report the acceptance of the
+// measured requests (rate, mean acceptance length, per position, mean adaptive depth).
 //
 //   latency:    --batch-size B requests of --input-len I tokens, --output-len O tokens each
 //               (ignore_eos), --num-iters-warmup W then --num-iters N batches: TTFT and TPOT
@@ -36,6 +38,8 @@ struct BenchArgs {
   int num_iters_warmup = 10;
   int num_prompts = 1000;
   std::string output_json;
+  std::string dataset;
+  float temperature = 1.0f;
   bool skip_tokenizer_init = false;
   int num_gpu_blocks_override = 0;
 };
@@ -48,6 +52,9 @@ void add_engine_flags(CLI::App* cmd, BenchArgs& a) {
   cmd->add_option("--output-len", a.output_len, "output tokens per request")->capture_default_str()
       ->check(CLI::PositiveNumber);
   cmd->add_option("--output-json", a.output_json, "write the results as JSON to this file");
+  cmd->add_option("--dataset", a.dataset, "plain-text file: prompts are windows of its tokens (default: random ids)");
+  cmd->add_option("--temperature", a.temperature, "sampling temperature of the requests (0: greedy)")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--device", a.engine.device, "auto | cuda | cpu")->capture_default_str()
       ->check(CLI::IsMember({"auto", "cuda", "cpu"}));
   cmd->add_option("--load-format", a.engine.load_format, "auto | safetensors | dummy")->capture_default_str()
@@ -80,10 +87,11 @@ std::unique_ptr<LLMEngine> make_engine(BenchArgs& a) {
   return LLMEngine::create(cfg);
 }
 
-// vLLM's benchmark requests: temperature 1, top_p 1, ignore_eos, exactly output_len tokens.
-SamplingParams bench_params(int output_len) {
+// vLLM's benchmark requests: temperature 1 (--temperature), top_p 1, ignore_eos, exactly
+// output_len tokens.
+SamplingParams bench_params(int output_len, float temperature) {
   SamplingParams p;
-  p.temperature = 1.0f;
+  p.temperature = temperature;
   p.top_p = 1.0f;
   p.ignore_eos = true;
   p.max_tokens = output_len;
@@ -94,6 +102,49 @@ void check_fits(const LLMEngine& engine, const BenchArgs& a) {
   SPECULA_CHECK(a.input_len + a.output_len <= engine.max_model_len(),
                 "--input-len {} + --output-len {} exceed max_model_len {}", a.input_len, a.output_len,
                 engine.max_model_len());
+}
+
+std::vector<std::vector<int32_t>> make_prompts(LLMEngine& engine, const BenchArgs& a, int count, uint64_t seed) {
+  if (a.dataset.empty()) return random_prompts(count, a.input_len, engine.model_config().vocab_size, seed);
+  SPECULA_CHECK(!a.engine.skip_tokenizer_init, "--dataset needs a tokenizer (the model's tokenizer.json or --tokenizer)");
+  return text_prompts(engine.tokenizer(), a.dataset, count, a.input_len, seed);
+}
+
+// Speculative decoding over the measured requests (counter differences), as vLLM's SpecDecoding
+// line reports it; null when speculation is off.
+nlohmann::json spec_summary(const EngineMetrics& before, const EngineMetrics& after) {
+  if (after.spec_num_speculative_tokens <= 0) return nullptr;
+  const double drafts = static_cast<double>(after.spec_num_drafts - before.spec_num_drafts);
+  const double drafted = static_cast<double>(after.spec_num_draft_tokens - before.spec_num_draft_tokens);
+  const double accepted = static_cast<double>(after.spec_num_accepted_tokens - before.spec_num_accepted_tokens);
+  const double steps = static_cast<double>(after.spec_depth_steps - before.spec_depth_steps);
+  nlohmann::json j;
+  j["num_speculative_tokens"] = after.spec_num_speculative_tokens;
+  j["adaptive"] = after.spec_adaptive;
+  j["drafts"] = drafts;
+  j["draft_tokens"] = drafted;
+  j["accepted_tokens"] = accepted;
+  j["acceptance_rate"] = drafted > 0 ? accepted / drafted : 0.0;
+  j["mean_acceptance_length"] = drafts > 0 ? 1.0 + accepted / drafts : 0.0;
+  j["mean_depth"] = steps > 0 ? static_cast<double>(after.spec_depth_sum - before.spec_depth_sum) / steps : 0.0;
+  std::vector<double> per_pos;
+  for (size_t i = 0; i < after.spec_accepted_per_pos.size(); ++i) {
+    const int64_t b = i < before.spec_accepted_per_pos.size() ? before.spec_accepted_per_pos[i] : 0;
+    per_pos.push_back(drafts > 0 ? static_cast<double>(after.spec_accepted_per_pos[i] - b) / drafts : 0.0);
+  }
+  j["per_position_acceptance"] = per_pos;
+  return j;
+}
+
+void print_spec_summary(const nlohmann::json& s) {
+  if (s.is_null()) return;
+  std::string per_pos;
+  for (const auto& v : s["per_position_acceptance"]) per_pos += fmt::format("{}{:.3f}", per_pos.empty() ? "" : ", ", v.get<double>());
+  std::printf("Speculative decoding: acceptance rate %.1f%%, mean acceptance length %.2f, drafted %.0f, accepted %.0f, "
+              "mean depth %.2f (%s, k=%d), per-position acceptance: %s\n",
+              100.0 * s["acceptance_rate"].get<double>(), s["mean_acceptance_length"].get<double>(),
+              s["draft_tokens"].get<double>(), s["accepted_tokens"].get<double>(), s["mean_depth"].get<double>(),
+              s["adaptive"].get<bool>() ? "adaptive" : "pinned", s["num_speculative_tokens"].get<int>(), per_pos.c_str());
 }
 
 void write_json(const std::string& path, const nlohmann::json& j) {
@@ -113,13 +164,14 @@ int run_latency(BenchArgs& a) {
   auto engine = make_engine(a);
   check_fits(*engine, a);
   engine->start();
-  const SamplingParams params = bench_params(a.output_len);
-  const int64_t vocab = engine->model_config().vocab_size;
+  const SamplingParams params = bench_params(a.output_len, a.temperature);
   std::vector<double> latencies, ttfts, tpots, e2es;
+  EngineMetrics before;
   int64_t output_tokens = 0;
   for (int iter = 0; iter < a.num_iters_warmup + a.num_iters; ++iter) {
     const bool warmup = iter < a.num_iters_warmup;
-    auto prompts = random_prompts(a.batch_size, a.input_len, vocab, a.engine.seed * 1000003 + iter);
+    auto prompts = make_prompts(*engine, a, a.batch_size, a.engine.seed * 1000003 + iter);
+    if (iter == a.num_iters_warmup) before = engine->metrics();
     BatchTiming b = run_batch(*engine, prompts, params, fmt::format("lat-{}-", iter));
     if (warmup) continue;
     latencies.push_back(b.seconds);
@@ -130,6 +182,7 @@ int run_latency(BenchArgs& a) {
       output_tokens += r.output_tokens;
     }
   }
+  const nlohmann::json spec = spec_summary(before, engine->metrics());
   engine->shutdown();
   const double total = std::accumulate(latencies.begin(), latencies.end(), 0.0);
   const double avg = latencies.empty() ? 0.0 : total / static_cast<double>(latencies.size());
@@ -145,6 +198,7 @@ int run_latency(BenchArgs& a) {
               percentile(ms(latencies), 90));
   std::printf("%-28s %12.1f\n", "output tokens/s", tok_s);
   std::printf("Avg latency: %.6f seconds\n", avg);
+  print_spec_summary(spec);
   std::fflush(stdout);
 
   nlohmann::json j;
@@ -155,6 +209,9 @@ int run_latency(BenchArgs& a) {
   j["num_iters"] = a.num_iters;
   j["enforce_eager"] = a.engine.enforce_eager;
   j["speculative_config"] = a.engine.speculative_config;
+  j["temperature"] = a.temperature;
+  j["dataset"] = a.dataset;
+  j["spec_decoding"] = spec;
   j["avg_latency"] = avg;
   j["latencies"] = latencies;
   nlohmann::json pct;
@@ -172,9 +229,10 @@ int run_throughput(BenchArgs& a) {
   auto engine = make_engine(a);
   check_fits(*engine, a);
   engine->start();
-  const int64_t vocab = engine->model_config().vocab_size;
-  auto prompts = random_prompts(a.num_prompts, a.input_len, vocab, a.engine.seed * 1000003 + 7);
-  BatchTiming b = run_batch(*engine, prompts, bench_params(a.output_len), "thr-");
+  auto prompts = make_prompts(*engine, a, a.num_prompts, a.engine.seed * 1000003 + 7);
+  const EngineMetrics before = engine->metrics();
+  BatchTiming b = run_batch(*engine, prompts, bench_params(a.output_len, a.temperature), "thr-");
+  const nlohmann::json spec = spec_summary(before, engine->metrics());
   engine->shutdown();
   int64_t out_tokens = 0, prompt_tokens = 0;
   for (const RequestTiming& r : b.requests) {
@@ -192,6 +250,7 @@ int run_throughput(BenchArgs& a) {
   std::printf("%-28s %12.1f\n", "output tokens/s", out_s);
   std::printf("%-28s %12.1f\n", "total tokens/s", tot_s);
   std::printf("Throughput: %.2f requests/s, %.2f total tokens/s, %.2f output tokens/s\n", req_s, tot_s, out_s);
+  print_spec_summary(spec);
   std::fflush(stdout);
 
   nlohmann::json j;
@@ -206,6 +265,9 @@ int run_throughput(BenchArgs& a) {
   j["requests_per_second"] = req_s;
   j["tokens_per_second"] = tot_s;
   j["output_tokens_per_second"] = out_s;
+  j["temperature"] = a.temperature;
+  j["dataset"] = a.dataset;
+  j["spec_decoding"] = spec;
   write_json(a.output_json, j);
   return 0;
 }

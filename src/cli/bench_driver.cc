@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <random>
 #include <thread>
@@ -21,6 +23,25 @@ std::vector<std::vector<int32_t>> random_prompts(int count, int input_len, int64
   for (auto& p : prompts) {
     p.resize(static_cast<size_t>(input_len));
     for (int32_t& t : p) t = id(rng);
+  }
+  return prompts;
+}
+
+std::vector<std::vector<int32_t>> text_prompts(const Tokenizer& tokenizer, const std::string& path, int count,
+                                               int input_len, uint64_t seed) {
+  std::ifstream in(path, std::ios::binary);
+  SPECULA_CHECK(in.good(), "--dataset {}: cannot read the file", path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::vector<int32_t> ids = tokenizer.encode(text.str(), /*add_special_tokens=*/false);
+  SPECULA_CHECK(static_cast<int64_t>(ids.size()) >= input_len,
+                "--dataset {}: {} tokens, fewer than --input-len {}", path, ids.size(), input_len);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<size_t> start(0, ids.size() - static_cast<size_t>(input_len));
+  std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(count));
+  for (auto& p : prompts) {
+    const size_t s = start(rng);
+    p.assign(ids.begin() + static_cast<std::ptrdiff_t>(s), ids.begin() + static_cast<std::ptrdiff_t>(s + input_len));
   }
   return prompts;
 }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "engine/llm_engine.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specula::cli {
 
@@ -28,6 +29,13 @@ struct BatchTiming {
 // `count` random prompts of input_len ids in [0, min(vocab, 10000)) (vLLM's dummy prompts),
 // reproducible from seed.
 std::vector<std::vector<int32_t>> random_prompts(int count, int input_len, int64_t vocab, uint64_t seed);
+
+// `count` prompts of input_len ids cut from a text file (vLLM's --dataset, here plain text): the
+// file is tokenized once and each prompt is a window starting at a seeded random token offset,
+// so speculative decoding is measured on real text rather than random ids. Throws
+// specula::Error when the file cannot be read or holds fewer than input_len tokens.
+std::vector<std::vector<int32_t>> text_prompts(const Tokenizer& tokenizer, const std::string& path, int count,
+                                               int input_len, uint64_t seed);
 
 // Submits every prompt at once with `params` and waits for all of them. Throws specula::Error when
 // a request fails.

@@ -78,15 +78,19 @@ if ! skipped dsv2; then
 fi
 
 if ! skipped cost; then
-  # Target and draft share a config (so vocabularies match); dummy weights make acceptance ~0,
-  # so every step drafts k and verifies k+1 rows: the cost model's measured times are the figures.
+  # The draft is the target's own config with other dummy weights (the draft is seeded apart), so
+  # acceptance is ~0 and every step drafts k and verifies k+1 rows. SPECULA_PROFILE=1 prints the
+  # wall time of each phase (synchronised): plain decode step, (k+1)-row verify, draft step.
   for m in Llama-3.1-8B-Instruct Qwen3-0.6B; do
     cfg=bench/configs/$m
-    bench "cost_${m}_plain" 60 latency "$cfg" --load-format dummy --batch-size 1 --input-len 128 \
-      --output-len 64 --num-iters 2 --num-iters-warmup 1 --max-model-len 1024 --max-num-seqs 8
-    bench "cost_${m}_k3" 60 latency "$cfg" --load-format dummy --batch-size 1 --input-len 128 \
-      --output-len 64 --num-iters 2 --num-iters-warmup 1 --max-model-len 1024 --max-num-seqs 8 \
-      --speculative-config "{\"method\":\"draft_model\",\"model\":\"$cfg\",\"num_speculative_tokens\":3,\"adaptive\":false}"
+    for b in 1 16; do
+      SPECULA_PROFILE=1 bench "cost_${m}_b${b}_plain" 60 latency "$cfg" --load-format dummy --batch-size "$b" \
+        --input-len 128 --output-len 64 --num-iters 2 --num-iters-warmup 1 --max-model-len 1024 --max-num-seqs 16
+      SPECULA_PROFILE=1 bench "cost_${m}_b${b}_k3" 60 latency "$cfg" --load-format dummy --batch-size "$b" \
+        --input-len 128 --output-len 64 --num-iters 2 --num-iters-warmup 1 --max-model-len 1024 --max-num-seqs 16 \
+        --speculative-config "{\"method\":\"draft_model\",\"model\":\"$cfg\",\"num_speculative_tokens\":3,\"adaptive\":false}"
+      grep -E "^(runner|draft)\." "$WORK/cost_${m}_b${b}_plain.log" "$WORK/cost_${m}_b${b}_k3.log" | sed "s|$WORK/||"
+    done
   done
 fi
 

@@ -86,6 +86,55 @@ TEST(BenchCli, ThroughputRunsEveryRequestWithoutATokenizer) {
   EXPECT_NEAR(j["requests_per_second"].get<double>(), 10 / secs, 1e-6 * 10 / secs);
 }
 
+TEST(BenchCli, DatasetPromptsAndSpeculativeAcceptance) {
+  const char* bin = std::getenv("SPECULA_BINARY");
+  if (!bin || !fs::exists(bin)) GTEST_SKIP() << "SPECULA_BINARY not set (run through ctest)";
+  // Real Python text as prompts, greedy, the embedded pair with k = 2 pinned: the JSON reports the
+  // acceptance of exactly the measured requests, consistent with itself.
+  const fs::path model = testing::models_dir() / "specula-tiny";
+  const fs::path draft = testing::models_dir() / "specula-tiny-draft";
+  const fs::path text = testing::source_dir() / "tools" / "train" / "main.py";
+  ASSERT_TRUE(fs::exists(text)) << text;
+  const std::string spec = "{\"method\":\"draft_model\",\"model\":\"" + draft.string() +
+                           "\",\"num_speculative_tokens\":2,\"adaptive\":false}";
+  const nlohmann::json j = run_bench("latency '" + model.string() + "' --dataset '" + text.string() +
+                                         "' --temperature 0 --batch-size 2 --input-len 24 --output-len 12 "
+                                         "--num-iters 1 --num-iters-warmup 1 --max-model-len 128 "
+                                         "--speculative-config '" + spec + "'",
+                                     "dataset");
+  ASSERT_FALSE(j.is_null());
+  EXPECT_EQ(j["temperature"], 0.0);
+  const auto& s = j["spec_decoding"];
+  ASSERT_TRUE(s.is_object());
+  EXPECT_EQ(s["num_speculative_tokens"], 2);
+  EXPECT_FALSE(s["adaptive"].get<bool>());
+  const double drafts = s["drafts"], drafted = s["draft_tokens"], accepted = s["accepted_tokens"];
+  EXPECT_GT(drafts, 0);
+  EXPECT_LE(drafted, 2 * drafts);
+  EXPECT_LE(accepted, drafted);
+  // Each request's 12 tokens come from its steps: one bonus/correction token per verification
+  // plus the accepted drafts (the first token comes from the prefill).
+  EXPECT_LE(accepted + drafts, 2 * 12.0);
+  EXPECT_NEAR(s["acceptance_rate"].get<double>(), drafted > 0 ? accepted / drafted : 0.0, 1e-9);
+  EXPECT_NEAR(s["mean_acceptance_length"].get<double>(), 1.0 + accepted / drafts, 1e-9);
+  ASSERT_EQ(s["per_position_acceptance"].size(), 2u);
+  EXPECT_GE(s["per_position_acceptance"][0].get<double>(), s["per_position_acceptance"][1].get<double>());
+  // The embedded draft agrees with the target on Python text most of the time.
+  EXPECT_GT(s["acceptance_rate"].get<double>(), 0.3);
+}
+
+TEST(BenchCli, DatasetShorterThanThePromptIsRefused) {
+  const char* bin = std::getenv("SPECULA_BINARY");
+  if (!bin || !fs::exists(bin)) GTEST_SKIP() << "SPECULA_BINARY not set (run through ctest)";
+  const fs::path model = testing::models_dir() / "specula-tiny";
+  const fs::path text = fs::temp_directory_path() / ("specula_bench_short_" + std::to_string(getpid()) + ".txt");
+  { std::ofstream(text) << "def f():\n    return 1\n"; }
+  const std::string cmd = std::string("'") + bin + "' bench latency '" + model.string() + "' --device cpu --dataset '" +
+                          text.string() + "' --input-len 40 --output-len 4 --max-model-len 64 > /dev/null 2>&1";
+  EXPECT_NE(std::system(cmd.c_str()), 0);
+  fs::remove(text);
+}
+
 TEST(BenchCli, PromptsLongerThanTheContextAreRefused) {
   const char* bin = std::getenv("SPECULA_BINARY");
   if (!bin || !fs::exists(bin)) GTEST_SKIP() << "SPECULA_BINARY not set (run through ctest)";
