@@ -9,8 +9,10 @@
 //
 // KV cache: each MTP layer has its own latent cache on the target's blocks and block tables (the
 // one KVCacheManager allocates and frees both). Its entries must come from real hidden states, and
-// those exist only in the step that computed them, so propose() consumes EVERY step, depth 0 and
-// prefill chunks included (no logits then, only the cache):
+// those exist only in the step that computed them, so propose() consumes every step, prefill
+// chunks included (no logits then, only the cache), except decode steps of depth 0 (load
+// shedding: the adaptive depth turned speculation off because the batch is large; the positions
+// skipped then are "inherited" like a prefix-cache hit's, below):
 //   - after each step the MTP cache is valid for exactly the positions whose target K/V is valid
 //     (< num_target_computed): the rows of the step whose inputs the target accepted, each with
 //     its next token (for a prefill chunk, the next prompt token; for the last accepted position,
@@ -30,12 +32,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/padded_graphs.h"
 #include "model/deepseek_mtp.h"
 #include "spec/draft_sampler.h"
 #include "spec/proposer.h"
@@ -78,6 +82,12 @@ class MtpProposer : public Proposer {
   // Its y replaces the step's hidden input in place, ready for the next step. Returns logits F32
   // [padded, vocab] (backend scratch).
   Tensor run_step(int padded, int layer);
+
+  // CUDA graphs of the chained draft step (run_step) per MTP layer the steps use and batch size;
+  // after allocate_kv_cache.
+  size_t capture_graphs(const std::vector<int>& batch_sizes) override;
+  size_t num_step_graphs() const;
+  int64_t num_step_graph_replays() const { return step_graph_replays_; }
 
  private:
   struct State {
@@ -128,6 +138,14 @@ class MtpProposer : public Proposer {
   Tensor ds_hidden_;  // [max_num_seqs, H]: y of the previous step (zeroed once: padding stays finite)
   std::vector<int32_t> step_qsl_host_, step_seq_lens_host_;
   int step_max_seq_len_ = 1;
+  // The padded size a draft step of n rows runs at: a captured graph's, else pad_batch's.
+  int step_batch_size(int n) const;
+  // The chained step's forward over the static buffers (y copied into ds_hidden_ inside it); at
+  // capture every row claims the longest length the block table allows.
+  Tensor step_forward(int padded, int layer, bool for_capture);
+  std::map<int, std::unique_ptr<PaddedGraphs>> step_graphs_;  // by MTP layer
+  std::map<std::pair<int, int>, Tensor> step_graph_logits_;   // by (layer, size): captured outputs
+  int64_t step_graph_replays_ = 0;
 };
 
 struct ProposerContext;
