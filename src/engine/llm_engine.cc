@@ -206,11 +206,17 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
     // CUDA graphs for decode steps of up to max_num_seqs sequences (vLLM caps captures at 512).
     const auto g0 = std::chrono::steady_clock::now();
     const std::optional<DeviceMemoryInfo> before = parts.backend->memory_info();
-    const size_t n = runner->capture_decode_graphs(PaddedGraphs::default_sizes(std::min(cc.max_num_seqs, 512)));
+    const std::vector<int> sizes = PaddedGraphs::default_sizes(std::min(cc.max_num_seqs, 512));
+    const size_t n = runner->capture_decode_graphs(sizes);
+    // The proposer's draft steps after the target's: both carve their scratch from the arena the
+    // target's largest graph sized (model_runner_graphs.cc says why sharing it is safe).
+    const size_t n_draft = parts.speculator ? parts.speculator->proposer().capture_graphs(sizes) : 0;
     const std::optional<DeviceMemoryInfo> after = parts.backend->memory_info();
     const size_t taken = before && after && before->free > after->free ? before->free - after->free : 0;
-    LOG_INFO("Graph capturing finished in {:.1f} secs, took {} ({} decode graphs)",
-             std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count(), gib(taken), n);
+    LOG_INFO("Graph capturing finished in {:.1f} secs, took {} ({} decode graphs, {} of them verification graphs; {} "
+             "proposer graphs)",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count(), gib(taken), n,
+             runner->num_verify_graphs(), n_draft);
   }
   parts.executor = std::move(runner);
   LOG_INFO("Engine ready: max_model_len={}, max_num_seqs={}, max_num_batched_tokens={}, prefix caching {}",

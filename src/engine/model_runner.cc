@@ -169,7 +169,9 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
     std::fill(row + used, row + max_blocks, 0);
   }
 
-  if (const int size = decode_graph_size(num_seqs, t, num_logits)) return decode_graph_inputs(size, num_seqs, max_blocks);
+  int graph_rows = 0;
+  if (const int size = uniform_graph_size(num_seqs, t, num_logits, graph_rows))
+    return graph_step_inputs(size, graph_rows, num_seqs, max_blocks);
 
   ForwardInput in;
   in.token_ids = upload(h_tokens_, d_tokens_, t);

@@ -59,12 +59,19 @@ class ModelRunner : public ModelExecutor {
   // Replaces the host rejection sampler (a device implementation).
   void set_rejection_sampler(std::unique_ptr<RejectionSampler> sampler);
 
-  // CUDA graphs of pure-decode steps (model_runner_graphs.cc): captures the forward of a decode
-  // batch for each padded batch size; execute() then replays the smallest graph that fits a
-  // decode step instead of launching the forward. Returns the number of graphs captured (0 on a
-  // backend without graphs). Call after construction, before the first step.
+  // CUDA graphs of uniform decode steps (model_runner_graphs.cc): captures the forward of a decode
+  // batch for each padded batch size, and with speculation (num_spec_tokens > 0) the forward of a
+  // verification batch of r = 2 .. 1 + num_spec_tokens rows per sequence for each padded size up
+  // to kMaxVerifyGraphBatch; execute() then replays the smallest graph that fits a step in which
+  // every sequence runs r rows that are all logits rows, instead of launching the forward.
+  // Returns the number of graphs captured (0 on a backend without graphs). Call after
+  // construction, before the first step.
   size_t capture_decode_graphs(const std::vector<int>& batch_sizes);
-  size_t num_decode_graphs() const;
+  size_t num_decode_graphs() const;   // all of them, verification graphs included
+  size_t num_verify_graphs() const;   // those of r > 1 rows per sequence
+  // Steps that replayed a graph of `rows` rows per sequence so far (tests, profiling).
+  int64_t num_graph_replays(int rows) const;
+  static constexpr int kMaxVerifyGraphBatch = 128;
 
   std::vector<KVCacheLayer>& kv_cache() { return kv_; }
   // Per-request state is dropped when a later SchedulerOutput lists the request as finished.
@@ -115,20 +122,27 @@ class ModelRunner : public ModelExecutor {
   Tensor h_tokens_, h_positions_, h_slots_, h_qsl_, h_seq_lens_, h_block_tables_, h_logits_idx_;
   Tensor d_tokens_, d_positions_, d_slots_, d_qsl_, d_seq_lens_, d_block_tables_, d_logits_idx_;
 
-  // ---- decode graphs (model_runner_graphs.cc) ----
-  // The graph size a step of num_seqs sequences and t tokens runs as (0: eager): pure decode, one
-  // token and one logits row per sequence, in order.
-  int decode_graph_size(int num_seqs, int t, int num_logits) const;
-  // Pads the host inputs already filled for num_seqs sequences to `size` harmless rows, uploads
-  // them into the graphs' static buffers and returns the step's input (block tables at full width).
-  ForwardInput decode_graph_inputs(int size, int num_seqs, int max_blocks);
+  // ---- decode and verification graphs (model_runner_graphs.cc) ----
+  // The graph size a step of num_seqs sequences and t tokens runs as (0: eager), and its rows per
+  // sequence: uniform, every sequence r rows, every row a logits row, in order.
+  int uniform_graph_size(int num_seqs, int t, int num_logits, int& rows) const;
+  // Pads the host inputs already filled for num_seqs sequences to `size` harmless sequences of
+  // `rows` rows, uploads them into the graphs' static buffers and returns the step's input (block
+  // tables at full width).
+  ForwardInput graph_step_inputs(int size, int rows, int num_seqs, int max_blocks);
+  // Fills sequences [first_padding_seq, size) of the host inputs with padding and uploads the
+  // first size sequences of `rows` rows into the static buffers.
+  void upload_padded_graph_inputs(int first_padding_seq, int size, int rows);
   // The forward of the step prepare_inputs built: a graph replay, or Model::forward.
   ForwardOutput forward_step(const ForwardInput& input);
-  ForwardInput static_decode_input(int size, bool for_capture);
-  std::unique_ptr<PaddedGraphs> graphs_;
-  std::map<int, ForwardOutput> graph_outputs_;  // keeps the captured outputs (and their arena) alive
-  Tensor d_graph_block_tables_;                 // I32 [max_num_seqs, max_blocks_per_seq]
-  int graph_size_ = 0;                          // the graph this step replays (0: eager)
+  ForwardInput static_decode_input(int size, int rows, bool for_capture);
+  std::map<int, std::unique_ptr<PaddedGraphs>> graphs_;  // by rows per sequence
+  // Keeps the captured outputs (and their arena) alive, by (rows per sequence, batch size).
+  std::map<std::pair<int, int>, ForwardOutput> graph_outputs_;
+  Tensor d_graph_block_tables_;  // I32 [max_num_seqs, max_blocks_per_seq]
+  int graph_size_ = 0;           // the graph this step replays (0: eager)
+  int graph_rows_ = 0;           // its rows per sequence
+  std::map<int, int64_t> graph_replays_;  // by rows per sequence
 };
 
 }  // namespace specula

@@ -1,18 +1,28 @@
-// ModelRunner: CUDA graphs of pure-decode steps (declared in model_runner.h).
+// ModelRunner: CUDA graphs of uniform decode steps (declared in model_runner.h).
 //
-// A decode step of n sequences runs as the captured graph of the smallest padded size B >= n.
-// The graph reads its inputs from the runner's static device buffers (the first B entries of the
-// token, position, slot, query-start, length and logits-index buffers, and a full-width block
-// table), which the step fills by ordinary pinned host-to-device copies before the replay. Rows
-// n..B-1 are padding that cannot disturb the real ones: token 0 at position 0, slot -1 (no K/V
-// write), a one-token sequence whose single key is entry 0 of whatever its block-table row holds
-// (a valid block id: the table starts zeroed and only ever receives real ids), logits row i.
+// A uniform step is one in which every scheduled sequence runs the same number r of query rows and
+// every row is a logits row, in order: pure decode (r = 1), and speculative verification where
+// every request verifies r - 1 drafts (r = 2 .. 1 + num_spec_tokens). A uniform step of n
+// sequences runs as the captured graph of (the smallest padded size B >= n, r). The graph reads
+// its inputs from the runner's static device buffers (the first B*r entries of the token,
+// position, slot and logits-index buffers, the first B+1 / B of the query-start and length
+// buffers, and a full-width block table), which the step fills by ordinary pinned host-to-device
+// copies before the replay. Sequences n..B-1 are padding that cannot disturb the real ones: r
+// tokens 0 at positions 0..r-1, slot -1 (no K/V write), a sequence of length r whose keys are the
+// first entries of whatever its block-table row holds (valid block ids: the table starts zeroed
+// and only ever receives real ids), and their own logits rows.
 //
-// Launch shapes baked into a graph come from host-side metadata at capture time; every captured
-// sequence claims the longest length the block table allows, so the decode attention picks the
-// split count it would for the longest sequence, and its kernels read the true lengths from the
-// device at replay. The outputs (logits, hidden states) live in the scratch arena at addresses the
-// capture fixed; the runner keeps those tensors, and with them the arena chunk, alive.
+// Launch shapes baked into a graph come from host-side metadata at capture time: the number of
+// sequences and r (which also decide split-KV decode vs flash attention in the CUDA backend, the
+// same way at capture as at any replay of that graph), and the longest sequence length: every
+// captured sequence claims the longest length the block table allows, so the decode attention
+// picks the split count it would for the longest sequence, and its kernels read the true lengths
+// from the device at replay. The outputs (logits, hidden states) live in the scratch arena at
+// addresses the capture fixed; the runner keeps those tensors, and with them the arena chunk,
+// alive. Graphs share that chunk with each other and with eager steps (and with a proposer's
+// graphs): a graph's outputs are valid until the next forward on the backend, as eager outputs
+// are, which is all execute() and the proposers rely on (logits are sampled and verified, and an
+// MTP proposer copies the hidden rows it needs, before any other forward runs).
 #include <algorithm>
 
 #include "core/error.h"
@@ -21,26 +31,43 @@
 
 namespace specula {
 
-size_t ModelRunner::num_decode_graphs() const { return graphs_ ? graphs_->size() : 0; }
+size_t ModelRunner::num_decode_graphs() const {
+  size_t n = 0;
+  for (const auto& [rows, graphs] : graphs_) n += graphs->size();
+  return n;
+}
 
-ForwardInput ModelRunner::static_decode_input(int size, bool for_capture) {
+size_t ModelRunner::num_verify_graphs() const {
+  size_t n = 0;
+  for (const auto& [rows, graphs] : graphs_)
+    if (rows > 1) n += graphs->size();
+  return n;
+}
+
+int64_t ModelRunner::num_graph_replays(int rows) const {
+  auto it = graph_replays_.find(rows);
+  return it == graph_replays_.end() ? 0 : it->second;
+}
+
+ForwardInput ModelRunner::static_decode_input(int size, int rows, bool for_capture) {
   const int bs = config_.block_size;
   const int width = static_cast<int>(d_graph_block_tables_.size(1));
+  const int t = size * rows;
   ForwardInput in;
-  in.token_ids = d_tokens_.slice(0, size);
-  in.positions = d_positions_.slice(0, size);
-  in.logits_indices = d_logits_idx_.slice(0, size);
+  in.token_ids = d_tokens_.slice(0, t);
+  in.positions = d_positions_.slice(0, t);
+  in.logits_indices = d_logits_idx_.slice(0, t);
   AttentionMetadata& md = in.attn;
   md.num_seqs = size;
-  md.num_tokens = size;
-  md.max_query_len = 1;
+  md.num_tokens = t;
+  md.max_query_len = rows;
   md.block_size = bs;
   md.query_start_loc = d_qsl_.slice(0, size + 1);
   md.seq_lens = d_seq_lens_.slice(0, size);
-  md.slot_mapping = d_slots_.slice(0, size);
+  md.slot_mapping = d_slots_.slice(0, t);
   md.block_tables = d_graph_block_tables_.slice(0, size);
   md.query_start_loc_host.resize(static_cast<size_t>(size) + 1);
-  for (int s = 0; s <= size; ++s) md.query_start_loc_host[s] = s;
+  for (int s = 0; s <= size; ++s) md.query_start_loc_host[s] = s * rows;
   if (for_capture) {
     md.seq_lens_host.assign(static_cast<size_t>(size), width * bs);
   } else {
@@ -52,102 +79,143 @@ ForwardInput ModelRunner::static_decode_input(int size, bool for_capture) {
   return in;
 }
 
-size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
-  if (batch_sizes.empty()) return 0;
-  graphs_ = std::make_unique<PaddedGraphs>(backend_);
-  graph_outputs_.clear();
-  const int64_t width = (config_.max_model_len + config_.num_spec_tokens + config_.block_size - 1) / config_.block_size;
-  d_graph_block_tables_ = backend_.empty({config_.max_num_seqs, width}, DType::kI32);
-  backend_.zero(d_graph_block_tables_);
-  std::vector<int> sizes;
-  for (int s : batch_sizes)
-    if (s > 0 && s <= config_.max_num_seqs) sizes.push_back(s);
-  try {
-    graphs_->capture(sizes, [&](int size) {
-      // Only outside capture: fill the static buffers with an all-padding batch (the capture
-      // itself must not copy from the host).
-      if (graph_outputs_.count(size) == 0 || !graph_outputs_[size].logits.defined()) {
-        backend_.synchronize();
-        int32_t* tokens = h_tokens_.data_as<int32_t>();
-        int32_t* positions = h_positions_.data_as<int32_t>();
-        int64_t* slots = h_slots_.data_as<int64_t>();
-        int32_t* qsl = h_qsl_.data_as<int32_t>();
-        int32_t* lens = h_seq_lens_.data_as<int32_t>();
-        int32_t* logits_idx = h_logits_idx_.data_as<int32_t>();
-        qsl[0] = 0;
-        for (int s = 0; s < size; ++s) {
-          tokens[s] = 0;
-          positions[s] = 0;
-          slots[s] = -1;
-          qsl[s + 1] = s + 1;
-          lens[s] = 1;
-          logits_idx[s] = s;
-        }
-        upload(h_tokens_, d_tokens_, size);
-        upload(h_positions_, d_positions_, size);
-        upload(h_slots_, d_slots_, size);
-        upload(h_qsl_, d_qsl_, size + 1);
-        upload(h_seq_lens_, d_seq_lens_, size);
-        upload(h_logits_idx_, d_logits_idx_, size);
-        backend_.synchronize();
-      }
-      graph_outputs_[size] = model_.forward(static_decode_input(size, /*for_capture=*/true), kv_);
-    });
-  } catch (const Error& e) {
-    LOG_WARN("CUDA graphs: {}; decode steps of more than {} sequences run eagerly", e.what(),
-             graphs_->empty() ? 0 : graphs_->sizes().back());
-  }
-  // Drop the warm-up outputs of sizes whose capture failed.
-  for (auto it = graph_outputs_.begin(); it != graph_outputs_.end();)
-    it = graphs_->padded_size(it->first) == it->first ? std::next(it) : graph_outputs_.erase(it);
-  return graphs_->size();
-}
-
-int ModelRunner::decode_graph_size(int num_seqs, int t, int num_logits) const {
-  if (!graphs_ || graphs_->empty() || t != num_seqs || num_logits != num_seqs) return 0;
-  const int32_t* idx = h_logits_idx_.data_as<int32_t>();
-  for (int s = 0; s < num_seqs; ++s)
-    if (idx[s] != s) return 0;
-  return graphs_->padded_size(num_seqs);
-}
-
-ForwardInput ModelRunner::decode_graph_inputs(int size, int num_seqs, int max_blocks) {
+void ModelRunner::upload_padded_graph_inputs(int first_padding_seq, int size, int rows) {
   int32_t* tokens = h_tokens_.data_as<int32_t>();
   int32_t* positions = h_positions_.data_as<int32_t>();
   int64_t* slots = h_slots_.data_as<int64_t>();
   int32_t* qsl = h_qsl_.data_as<int32_t>();
   int32_t* lens = h_seq_lens_.data_as<int32_t>();
   int32_t* logits_idx = h_logits_idx_.data_as<int32_t>();
-  for (int s = num_seqs; s < size; ++s) {
-    tokens[s] = 0;
-    positions[s] = 0;
-    slots[s] = -1;
-    qsl[s + 1] = s + 1;
-    lens[s] = 1;
-    logits_idx[s] = s;
+  qsl[0] = 0;
+  for (int s = first_padding_seq; s < size; ++s) {
+    for (int j = 0; j < rows; ++j) {
+      const int row = s * rows + j;
+      tokens[row] = 0;
+      positions[row] = j;
+      slots[row] = -1;
+      logits_idx[row] = row;
+    }
+    qsl[s + 1] = (s + 1) * rows;
+    lens[s] = rows;
   }
-  upload(h_tokens_, d_tokens_, size);
-  upload(h_positions_, d_positions_, size);
-  upload(h_slots_, d_slots_, size);
+  const int t = size * rows;
+  upload(h_tokens_, d_tokens_, t);
+  upload(h_positions_, d_positions_, t);
+  upload(h_slots_, d_slots_, t);
   upload(h_qsl_, d_qsl_, size + 1);
   upload(h_seq_lens_, d_seq_lens_, size);
-  upload(h_logits_idx_, d_logits_idx_, size);
+  upload(h_logits_idx_, d_logits_idx_, t);
+}
+
+size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
+  graphs_.clear();
+  graph_outputs_.clear();
+  if (batch_sizes.empty()) return 0;
+  const int64_t width = (config_.max_model_len + config_.num_spec_tokens + config_.block_size - 1) / config_.block_size;
+  d_graph_block_tables_ = backend_.empty({config_.max_num_seqs, width}, DType::kI32);
+  backend_.zero(d_graph_block_tables_);
+
+  // (rows, sizes) to capture: decode for every size; verification of r - 1 drafts per request
+  // only when speculating, for sizes whose step fits the token buffers and up to
+  // kMaxVerifyGraphBatch sequences (beyond that a step's GEMMs dominate its launch overhead, and
+  // each r would add as many graphs again).
+  std::vector<std::pair<int, std::vector<int>>> plan;
+  int max_tokens = 0;
+  std::pair<int, int> largest{0, 0};  // (size, rows) of the step with the most rows
+  for (int rows = 1; rows <= 1 + std::max(0, config_.num_spec_tokens); ++rows) {
+    std::vector<int> sizes;
+    for (int s : batch_sizes) {
+      if (s <= 0 || s > config_.max_num_seqs || s * rows > config_.max_num_batched_tokens) continue;
+      if (rows > 1 && s > kMaxVerifyGraphBatch) continue;
+      sizes.push_back(s);
+      if (s * rows > max_tokens) {
+        max_tokens = s * rows;
+        largest = {s, rows};
+      }
+    }
+    if (!sizes.empty()) plan.emplace_back(rows, std::move(sizes));
+  }
+  if (plan.empty()) return 0;
+
+  // One eager run of the largest step first: the scratch arena grows to fit it at the reset, so
+  // every capture after it carves from one chunk instead of leaving a chunk per growth behind.
+  backend_.synchronize();
+  upload_padded_graph_inputs(0, largest.first, largest.second);
+  model_.forward(static_decode_input(largest.first, largest.second, /*for_capture=*/true), kv_);
+  backend_.synchronize();
+  backend_.reset_scratch();
+
+  for (const auto& [rows, sizes] : plan) {
+    auto graphs = std::make_unique<PaddedGraphs>(backend_);
+    try {
+      graphs->capture(sizes, [&, r = rows](int size) {
+        // Only outside capture (the warm-up run): fill the static buffers with an all-padding
+        // batch (the capture itself must not copy from the host).
+        const std::pair<int, int> key{r, size};
+        if (graph_outputs_.count(key) == 0 || !graph_outputs_[key].logits.defined()) {
+          backend_.synchronize();
+          upload_padded_graph_inputs(0, size, r);
+          backend_.synchronize();
+        }
+        graph_outputs_[key] = model_.forward(static_decode_input(size, r, /*for_capture=*/true), kv_);
+      });
+    } catch (const Error& e) {
+      LOG_WARN("CUDA graphs: {}; steps of {} row(s) per sequence and more than {} sequences run eagerly", e.what(),
+               rows, graphs->empty() ? 0 : graphs->sizes().back());
+    }
+    // Drop the warm-up outputs of sizes whose capture failed.
+    for (auto it = graph_outputs_.begin(); it != graph_outputs_.end();)
+      it = it->first.first != rows || graphs->padded_size(it->first.second) == it->first.second
+               ? std::next(it)
+               : graph_outputs_.erase(it);
+    if (graphs->empty()) continue;
+    std::vector<int> got = graphs->sizes();
+    LOG_INFO("CUDA graphs of {} steps ({} row(s) per sequence): batch sizes {}..{} ({} graphs)",
+             rows == 1 ? "decode" : "verification", rows, got.front(), got.back(), got.size());
+    graphs_[rows] = std::move(graphs);
+  }
+  return num_decode_graphs();
+}
+
+int ModelRunner::uniform_graph_size(int num_seqs, int t, int num_logits, int& rows) const {
+  rows = 0;
+  if (graphs_.empty() || num_seqs <= 0 || t % num_seqs != 0 || num_logits != t) return 0;
+  const int r = t / num_seqs;
+  auto it = graphs_.find(r);
+  if (it == graphs_.end()) return 0;
+  const int32_t* qsl = h_qsl_.data_as<int32_t>();
+  for (int s = 1; s <= num_seqs; ++s)
+    if (qsl[s] != s * r) return 0;
+  const int32_t* idx = h_logits_idx_.data_as<int32_t>();
+  for (int i = 0; i < t; ++i)
+    if (idx[i] != i) return 0;
+  const int size = it->second->padded_size(num_seqs);
+  if (size > 0) rows = r;
+  return size;
+}
+
+ForwardInput ModelRunner::graph_step_inputs(int size, int rows, int num_seqs, int max_blocks) {
+  upload_padded_graph_inputs(num_seqs, size, rows);
   // The step's block-table rows go up as compactly as prepare_inputs laid them out, then into the
   // first columns of the static full-width table (one strided device copy).
   Tensor compact = upload(h_block_tables_, d_block_tables_, static_cast<int64_t>(num_seqs) * max_blocks)
                        .reshape({num_seqs, max_blocks});
-  Tensor rows = d_graph_block_tables_.slice(0, num_seqs);
-  backend_.copy_columns(compact, 0, rows, 0, max_blocks);
+  Tensor table_rows = d_graph_block_tables_.slice(0, num_seqs);
+  backend_.copy_columns(compact, 0, table_rows, 0, max_blocks);
   graph_size_ = size;
-  return static_decode_input(size, /*for_capture=*/false);
+  graph_rows_ = rows;
+  return static_decode_input(size, rows, /*for_capture=*/false);
 }
 
 ForwardOutput ModelRunner::forward_step(const ForwardInput& input) {
-  const int size = graph_size_;
+  const int size = graph_size_, rows = graph_rows_;
   graph_size_ = 0;
+  graph_rows_ = 0;
   if (size > 0) {
-    SPECULA_CHECK(graphs_->replay(size), "internal error: no decode graph of size {}", size);
-    return graph_outputs_.at(size);
+    SPECULA_CHECK(graphs_.count(rows) && graphs_.at(rows)->replay(size),
+                  "internal error: no graph of batch size {} with {} row(s) per sequence", size, rows);
+    ++graph_replays_[rows];
+    return graph_outputs_.at({rows, size});
   }
   return model_.forward(input, kv_);
 }

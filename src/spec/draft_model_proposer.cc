@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/logging.h"
 #include "core/phase_profile.h"
 #include "spec/rejection_math.h"
 
@@ -49,7 +50,7 @@ void DraftModelProposer::allocate_kv_cache(int num_blocks, int block_size) {
   max_blocks_per_seq_ = ceil_div(config_.max_model_len + config_.max_depth, block_size);
   const int64_t t = config_.max_num_batched_tokens, s = config_.max_num_seqs, w = max_blocks_per_seq_;
   auto pair = [&](Tensor& h, Tensor& d, int64_t n, DType type) {
-    h = Tensor::empty({n}, type, Device::kCPU);
+    h = backend_.empty_host({n}, type);  // pinned where the backend has it: asynchronous uploads
     d = backend_.empty({n}, type);
   };
   pair(h_tokens_, d_tokens_, t, DType::kI32);
@@ -218,7 +219,7 @@ void DraftModelProposer::propose(const ProposeBatch& batch, std::vector<std::vec
   }
   if (!rows.empty()) {
     const int real = static_cast<int>(rows.size());
-    const int padded = config_.pad_batch ? config_.pad_batch(real) : real;
+    const int padded = step_batch_size(real);
     SPECULA_CHECK(padded >= real && padded <= config_.max_num_seqs,
                   "internal error: draft step of {} rows padded to {} (max_num_seqs {})", real, padded,
                   config_.max_num_seqs);
@@ -260,6 +261,10 @@ void DraftModelProposer::propose(const ProposeBatch& batch, std::vector<std::vec
 
 void DraftModelProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                                       std::vector<std::vector<int32_t>>& drafts) {
+  // The staging buffers may be pinned (asynchronous copies): the previous forward's copies out of
+  // them must have run before they are rewritten.
+  backend_.synchronize();
+  if (run_catch_up_graph(batch, pieces, drafts)) return;
   const int bs = block_size_;
   const int num_seqs = static_cast<int>(pieces.size());
   int32_t* tokens = h_tokens_.data_as<int32_t>();
@@ -321,24 +326,133 @@ void DraftModelProposer::run_catch_up(const ProposeBatch& batch, const std::vect
     if (phase_profile::enabled()) backend_.synchronize();
   }
   ++num_forwards_;
-  if (sampling.empty()) return;
-  phase_profile::Scope sample_phase("draft.catch_up_sample");
+  // The logits rows are those of the drafting pieces, in order.
+  std::vector<int> row_of(pieces.size(), -1);
+  for (size_t l = 0; l < sampling.size(); ++l) row_of[sampling[l]] = static_cast<int>(l);
+  sample_first_drafts(batch, pieces, out.logits, [&](int s) { return row_of[static_cast<size_t>(s)]; }, drafts);
+}
 
+void DraftModelProposer::sample_first_drafts(const ProposeBatch& batch, const std::vector<Piece>& pieces,
+                                             const Tensor& logits, const std::function<int(int)>& row_of,
+                                             std::vector<std::vector<int32_t>>& drafts) {
   std::vector<DraftSampleRow> rows;
-  for (size_t l = 0; l < sampling.size(); ++l) {
-    const Piece& piece = pieces[sampling[l]];
+  std::vector<size_t> owners;
+  for (size_t s = 0; s < pieces.size(); ++s) {
+    const Piece& piece = pieces[s];
+    if (!piece.drafts) continue;
     const ProposerRequest& r = batch.requests[piece.req];
     const int slot = states_.at(std::string(r.req_id)).slot;
-    rows.push_back(DraftSampleRow{sampling_row(r, static_cast<int>(l), piece.to, contexts_[piece.req]),
+    rows.push_back(DraftSampleRow{sampling_row(r, row_of(static_cast<int>(s)), piece.to, contexts_[piece.req]),
                                   slot * config_.max_depth});
+    owners.push_back(piece.req);
   }
-  std::vector<int32_t> first = sampler_->sample(out.logits, rows, &q_store_);
-  for (size_t l = 0; l < sampling.size(); ++l) drafts[pieces[sampling[l]].req].push_back(first[l]);
+  if (rows.empty()) return;
+  phase_profile::Scope sample_phase("draft.catch_up_sample");
+  std::vector<int32_t> first = sampler_->sample(logits, rows, &q_store_);
+  for (size_t l = 0; l < owners.size(); ++l) drafts[owners[l]].push_back(first[l]);
+}
+
+// A catch-up forward in which every piece spans at most kCatchUpGraphRows positions runs as a
+// graph of r = the longest piece's length rows per request: each piece runs positions
+// [to - r, to), the ones before its `from` again. Those already have the draft's K/V of the same
+// tokens at the same positions (from = num_computed), so writing them once more changes nothing
+// the draft reads but bf16 rounding of another batch shape (drafts only; verification keeps the
+// output lossless whatever they are). Inputs go into the catch-up buffers at full table width,
+// every row a logits row (dc_logits_idx_); padding requests are as the runner's (r tokens 0 at
+// positions 0..r-1, slot -1, length r, block 0).
+bool DraftModelProposer::run_catch_up_graph(const ProposeBatch& batch, const std::vector<Piece>& pieces,
+                                            std::vector<std::vector<int32_t>>& drafts) {
+  if (catch_up_graphs_.empty() || pieces.empty()) return false;
+  int rows = 0;
+  for (const Piece& p : pieces) rows = std::max(rows, p.to - p.from);
+  auto it = catch_up_graphs_.find(rows);
+  if (it == catch_up_graphs_.end()) return false;
+  for (const Piece& p : pieces)
+    if (p.to < rows) return false;
+  const int n = static_cast<int>(pieces.size());
+  const int size = it->second->padded_size(n);
+  if (size == 0) return false;
+
+  const int w = max_blocks_per_seq_;
+  int32_t* tokens = h_tokens_.data_as<int32_t>();
+  int32_t* positions = h_positions_.data_as<int32_t>();
+  int64_t* slots = h_slots_.data_as<int64_t>();
+  int32_t* qsl = h_qsl_.data_as<int32_t>();
+  int32_t* seq_lens = h_seq_lens_.data_as<int32_t>();
+  int32_t* tables = h_tables_.data_as<int32_t>();
+  qsl[0] = 0;
+  for (int s = 0; s < size; ++s) {
+    int32_t* row = tables + static_cast<size_t>(s) * w;
+    std::fill(row, row + w, 0);
+    qsl[s + 1] = (s + 1) * rows;
+    if (s >= n) {
+      for (int j = 0; j < rows; ++j) {
+        tokens[s * rows + j] = 0;
+        positions[s * rows + j] = j;
+        slots[s * rows + j] = -1;
+      }
+      seq_lens[s] = rows;
+      continue;
+    }
+    const Piece& piece = pieces[static_cast<size_t>(s)];
+    const ProposerRequest& r = batch.requests[piece.req];
+    for (int j = 0; j < rows; ++j) {
+      const int pos = piece.to - rows + j;
+      tokens[s * rows + j] = r.tokens[static_cast<size_t>(pos)];
+      positions[s * rows + j] = pos;
+      slots[s * rows + j] = slot_of(r, pos);
+    }
+    seq_lens[s] = piece.to;
+    const size_t used = std::min(r.block_ids.size(), static_cast<size_t>(w));
+    std::copy(r.block_ids.begin(), r.block_ids.begin() + used, row);
+  }
+  upload(h_tokens_, d_tokens_, static_cast<int64_t>(size) * rows);
+  upload(h_positions_, d_positions_, static_cast<int64_t>(size) * rows);
+  upload(h_slots_, d_slots_, static_cast<int64_t>(size) * rows);
+  upload(h_qsl_, d_qsl_, size + 1);
+  upload(h_seq_lens_, d_seq_lens_, size);
+  upload(h_tables_, d_tables_, static_cast<int64_t>(size) * w);
+  {
+    phase_profile::Scope p("draft.catch_up_forward (graph)");
+    SPECULA_CHECK(it->second->replay(size), "internal error: no catch-up graph of {} x {} rows", size, rows);
+    if (phase_profile::enabled()) backend_.synchronize();
+  }
+  ++num_forwards_;
+  ++catch_up_graph_replays_;
+  sample_first_drafts(batch, pieces, catch_up_graph_logits_.at({rows, size}),
+                      [rows](int s) { return s * rows + rows - 1; }, drafts);
+  return true;
+}
+
+ForwardInput DraftModelProposer::catch_up_graph_input(int size, int rows) {
+  const int w = max_blocks_per_seq_;
+  const int t = size * rows;
+  ForwardInput in;
+  in.token_ids = d_tokens_.slice(0, t);
+  in.positions = d_positions_.slice(0, t);
+  in.logits_indices = dc_logits_idx_.slice(0, t);
+  AttentionMetadata& md = in.attn;
+  md.num_seqs = size;
+  md.num_tokens = t;
+  md.max_query_len = rows;
+  md.block_size = block_size_;
+  md.query_start_loc = d_qsl_.slice(0, size + 1);
+  md.seq_lens = d_seq_lens_.slice(0, size);
+  md.slot_mapping = d_slots_.slice(0, t);
+  md.block_tables = d_tables_.slice(0, static_cast<int64_t>(size) * w).reshape({size, w});
+  md.query_start_loc_host.resize(static_cast<size_t>(size) + 1);
+  for (int s = 0; s <= size; ++s) md.query_start_loc_host[static_cast<size_t>(s)] = s * rows;
+  // Launch shapes from the longest length any catch-up may have (kernels read the true ones).
+  const int longest = std::min(config_.draft_max_model_len, w * block_size_);
+  md.seq_lens_host.assign(static_cast<size_t>(size), longest);
+  md.max_seq_len = longest;
+  return in;
 }
 
 void DraftModelProposer::prepare_step(const ProposeBatch& batch, const std::vector<size_t>& rows, int step,
                                       int padded, const std::vector<std::vector<int32_t>>& drafts,
                                       const std::vector<int>& num_drafts, bool upload_tables) {
+  backend_.synchronize();  // pinned staging: the previous step's uploads must have run
   const int w = max_blocks_per_seq_;
   int32_t* tokens = hs_tokens_.data_as<int32_t>();
   int32_t* positions = hs_positions_.data_as<int32_t>();
@@ -392,8 +506,24 @@ void DraftModelProposer::prepare_step(const ProposeBatch& batch, const std::vect
   std::copy(seq_lens, seq_lens + padded, step_seq_lens_host_.begin());
 }
 
+int DraftModelProposer::step_batch_size(int n) const {
+  if (step_graphs_) {
+    if (const int size = step_graphs_->padded_size(n)) return size;
+  }
+  return config_.pad_batch ? config_.pad_batch(n) : n;
+}
+
 Tensor DraftModelProposer::run_step(int padded) {
   SPECULA_CHECK(padded >= 1 && padded <= config_.max_num_seqs, "internal error: draft step of {} rows", padded);
+  ++num_forwards_;
+  if (step_graphs_ && step_graphs_->replay(padded)) {
+    ++step_graph_replays_;
+    return step_graph_logits_.at(padded);
+  }
+  return step_forward(padded, /*for_capture=*/false);
+}
+
+Tensor DraftModelProposer::step_forward(int padded, bool for_capture) {
   const int w = max_blocks_per_seq_;
   ForwardInput in;
   in.token_ids = ds_tokens_.slice(0, padded);
@@ -403,17 +533,134 @@ Tensor DraftModelProposer::run_step(int padded) {
   md.num_seqs = padded;
   md.num_tokens = padded;
   md.max_query_len = 1;
-  md.max_seq_len = step_max_seq_len_;
   md.block_size = block_size_;
   md.query_start_loc = ds_qsl_.slice(0, padded + 1);
   md.seq_lens = ds_seq_lens_.slice(0, padded);
   md.slot_mapping = ds_slots_.slice(0, padded);
   md.block_tables = ds_tables_.slice(0, static_cast<int64_t>(padded) * w).reshape({padded, w});
   md.query_start_loc_host.assign(step_qsl_host_.begin(), step_qsl_host_.begin() + padded + 1);
-  md.seq_lens_host.assign(step_seq_lens_host_.begin(), step_seq_lens_host_.begin() + padded);
-  ForwardOutput out = draft_->forward(in, kv_);
-  ++num_forwards_;
-  return out.logits;
+  if (for_capture) {
+    // No draft input position reaches draft_max_model_len, so no step's sequence is longer.
+    const int longest = std::min(config_.draft_max_model_len, w * block_size_);
+    md.seq_lens_host.assign(static_cast<size_t>(padded), longest);
+    md.max_seq_len = longest;
+  } else {
+    md.seq_lens_host.assign(step_seq_lens_host_.begin(), step_seq_lens_host_.begin() + padded);
+    md.max_seq_len = step_max_seq_len_;
+  }
+  return draft_->forward(in, kv_).logits;
+}
+
+// Draft-step graphs. A replay reads only the static step buffers (ds_*, filled by prepare_step
+// with plain copies) and the draft's KV cache, and writes its K/V slots and the logits at the
+// scratch-arena addresses fixed at capture. Those addresses overlap whatever else the arena holds
+// during propose(), which is safe because nothing there is read after a replay: the target's
+// logits were sampled and verified (ModelRunner::execute) before propose, draft_model reads no
+// target hidden states, the catch-up forward's logits are sampled (the first drafts are on the
+// host) before the first draft step, and each step's logits are sampled (into q_store_, persistent,
+// and host tokens) before the next step is prepared. A device-side draft sampler must keep that
+// rule: whatever it carries from one step to the next (tokens, probabilities) lives in
+// persistent buffers, never in scratch memory allocated before a replay.
+size_t DraftModelProposer::num_catch_up_graphs() const {
+  size_t n = 0;
+  for (const auto& [rows, graphs] : catch_up_graphs_) n += graphs->size();
+  return n;
+}
+
+size_t DraftModelProposer::capture_graphs(const std::vector<int>& batch_sizes) {
+  SPECULA_CHECK(!kv_.empty(), "internal error: draft_model proposer graphs captured before allocate_kv_cache");
+  catch_up_graphs_.clear();
+  catch_up_graph_logits_.clear();
+  step_graphs_.reset();
+  step_graph_logits_.clear();
+  std::vector<int> sizes;
+  for (int s : batch_sizes)
+    if (s > 0 && s <= config_.max_num_seqs) sizes.push_back(s);
+  if (sizes.empty()) return 0;
+
+  // Catch-up graphs: r rows per request for sizes whose r * size rows fit the catch-up buffers.
+  const int w = max_blocks_per_seq_;
+  dc_logits_idx_ = backend_.empty({static_cast<int64_t>(kMaxCatchUpGraphBatch) * kCatchUpGraphRows}, DType::kI32);
+  {
+    std::vector<int32_t> iota(static_cast<size_t>(dc_logits_idx_.numel()));
+    std::iota(iota.begin(), iota.end(), 0);
+    backend_.copy(Tensor::from_i32(iota), dc_logits_idx_);
+  }
+  for (int rows = 1; rows <= kCatchUpGraphRows; ++rows) {
+    std::vector<int> fit;
+    for (int s : sizes)
+      if (s <= kMaxCatchUpGraphBatch && s * rows <= config_.max_num_batched_tokens) fit.push_back(s);
+    if (fit.empty()) continue;
+    const int most = fit.back();
+    backend_.synchronize();
+    int32_t* qsl = h_qsl_.data_as<int32_t>();
+    qsl[0] = 0;
+    for (int s = 0; s < most; ++s) {
+      for (int j = 0; j < rows; ++j) {
+        h_tokens_.data_as<int32_t>()[s * rows + j] = 0;
+        h_positions_.data_as<int32_t>()[s * rows + j] = j;
+        h_slots_.data_as<int64_t>()[s * rows + j] = -1;
+      }
+      qsl[s + 1] = (s + 1) * rows;
+      h_seq_lens_.data_as<int32_t>()[s] = rows;
+    }
+    std::fill_n(h_tables_.data_as<int32_t>(), static_cast<size_t>(most) * w, 0);
+    upload(h_tokens_, d_tokens_, static_cast<int64_t>(most) * rows);
+    upload(h_positions_, d_positions_, static_cast<int64_t>(most) * rows);
+    upload(h_slots_, d_slots_, static_cast<int64_t>(most) * rows);
+    upload(h_qsl_, d_qsl_, most + 1);
+    upload(h_seq_lens_, d_seq_lens_, most);
+    upload(h_tables_, d_tables_, static_cast<int64_t>(most) * w);
+    backend_.synchronize();
+    auto graphs = std::make_unique<PaddedGraphs>(backend_);
+    try {
+      graphs->capture(fit, [&](int size) {
+        catch_up_graph_logits_[{rows, size}] = draft_->forward(catch_up_graph_input(size, rows), kv_).logits;
+      });
+    } catch (const Error& e) {
+      LOG_WARN("CUDA graphs: {}; draft catch-up forwards of {} row(s) per request run eagerly", e.what(), rows);
+      graphs.reset();
+    }
+    if (!graphs || graphs->size() != fit.size()) {
+      for (int s : fit) catch_up_graph_logits_.erase({rows, s});
+      continue;
+    }
+    LOG_INFO("CUDA graphs of draft catch-up forwards ({} row(s) per request): batch sizes {}..{} ({} graphs)", rows,
+             fit.front(), fit.back(), fit.size());
+    catch_up_graphs_[rows] = std::move(graphs);
+  }
+
+  // Drafts 2..k only run when k >= 2.
+  if (config_.max_depth < 2) return num_catch_up_graphs();
+  // An all-padding batch in the static buffers: token 0 at position 0, no K/V write, one key in
+  // block 0 (zeroed or written K/V: finite).
+  const int most = sizes.back();
+  backend_.synchronize();
+  std::fill_n(hs_tokens_.data_as<int32_t>(), most, 0);
+  std::fill_n(hs_positions_.data_as<int32_t>(), most, 0);
+  std::fill_n(hs_slots_.data_as<int64_t>(), most, int64_t{-1});
+  std::fill_n(hs_seq_lens_.data_as<int32_t>(), most, 1);
+  std::fill_n(hs_tables_.data_as<int32_t>(), static_cast<size_t>(most) * w, 0);
+  upload(hs_tokens_, ds_tokens_, most);
+  upload(hs_positions_, ds_positions_, most);
+  upload(hs_slots_, ds_slots_, most);
+  upload(hs_seq_lens_, ds_seq_lens_, most);
+  upload(hs_tables_, ds_tables_, static_cast<int64_t>(most) * w);
+  backend_.synchronize();
+  auto graphs = std::make_unique<PaddedGraphs>(backend_);
+  try {
+    graphs->capture(sizes, [&](int size) { step_graph_logits_[size] = step_forward(size, /*for_capture=*/true); });
+  } catch (const Error& e) {
+    LOG_WARN("CUDA graphs: {}; draft steps of more than {} rows run eagerly", e.what(),
+             graphs->empty() ? 0 : graphs->sizes().back());
+  }
+  for (auto it = step_graph_logits_.begin(); it != step_graph_logits_.end();)
+    it = graphs->padded_size(it->first) == it->first ? std::next(it) : step_graph_logits_.erase(it);
+  if (graphs->empty()) return num_catch_up_graphs();
+  const std::vector<int> got = graphs->sizes();
+  LOG_INFO("CUDA graphs of draft steps: batch sizes {}..{} ({} graphs)", got.front(), got.back(), got.size());
+  step_graphs_ = std::move(graphs);
+  return num_catch_up_graphs() + step_graphs_->size();
 }
 
 }  // namespace specula

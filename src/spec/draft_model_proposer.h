@@ -24,12 +24,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/padded_graphs.h"
 #include "model/model.h"
 #include "spec/draft_sampler.h"
 #include "spec/proposer.h"
@@ -70,9 +72,22 @@ class DraftModelProposer : public Proposer {
   int64_t num_forwards() const { return num_forwards_; }
 
   // One autoregressive draft step over the first `padded` rows of the static step buffers, which
-  // prepare_step filled (rows past the real ones are padding: slot -1, attending to position 0).
+  // prepare_step filled (rows past the real ones are padding: slot -1, attending to position 0):
+  // the replay of its captured graph when there is one for `padded`, else an eager forward.
   // Returns logits F32 [padded, vocab] (backend scratch).
   Tensor run_step(int padded);
+
+  // CUDA graphs of the draft step (run_step) for each batch size; after allocate_kv_cache.
+  size_t capture_graphs(const std::vector<int>& batch_sizes) override;
+  size_t num_step_graphs() const { return step_graphs_ ? step_graphs_->size() : 0; }
+  int64_t num_step_graph_replays() const { return step_graph_replays_; }
+  size_t num_catch_up_graphs() const;
+  int64_t num_catch_up_graph_replays() const { return catch_up_graph_replays_; }
+  // Catch-up graphs are captured for forwards of 1..kCatchUpGraphRows rows per request: in steady
+  // state a drafting request catches up one token (some drafts rejected) or two (all accepted:
+  // the last draft and the bonus token).
+  static constexpr int kCatchUpGraphRows = 2;
+  static constexpr int kMaxCatchUpGraphBatch = 128;
 
  private:
   struct State {
@@ -122,6 +137,26 @@ class DraftModelProposer : public Proposer {
   Tensor ds_tokens_, ds_positions_, ds_slots_, ds_seq_lens_, ds_tables_, ds_qsl_, ds_logits_idx_;
   std::vector<int32_t> step_qsl_host_, step_seq_lens_host_;
   int step_max_seq_len_ = 1;
+  // The padded size a draft step of n rows runs at: a captured graph's, else pad_batch's.
+  int step_batch_size(int n) const;
+  // The draft step's forward over the static buffers; at capture every row claims the longest
+  // length the draft allows (launch shapes come from the host metadata).
+  Tensor step_forward(int padded, bool for_capture);
+  // Catch-up forwards as graphs: when every piece is short, each runs the last r positions of
+  // its range (run_catch_up_graph); false when the forward must run eagerly.
+  bool run_catch_up_graph(const ProposeBatch& batch, const std::vector<Piece>& pieces,
+                          std::vector<std::vector<int32_t>>& drafts);
+  ForwardInput catch_up_graph_input(int size, int rows);
+  // Samples the first draft of every drafting piece; piece s's row of `logits` is row_of(s).
+  void sample_first_drafts(const ProposeBatch& batch, const std::vector<Piece>& pieces, const Tensor& logits,
+                           const std::function<int(int)>& row_of, std::vector<std::vector<int32_t>>& drafts);
+  std::map<int, std::unique_ptr<PaddedGraphs>> catch_up_graphs_;  // by rows per request
+  std::map<std::pair<int, int>, Tensor> catch_up_graph_logits_;   // by (rows, size)
+  Tensor dc_logits_idx_;  // I32 0, 1, 2, ...: every row of a catch-up graph is a logits row
+  int64_t catch_up_graph_replays_ = 0;
+  std::unique_ptr<PaddedGraphs> step_graphs_;
+  std::map<int, Tensor> step_graph_logits_;  // the captured outputs (keep their arena chunk alive)
+  int64_t step_graph_replays_ = 0;
 };
 
 // Loads the draft checkpoint named by the speculative config (weights on `backend`), after

@@ -4,6 +4,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/logging.h"
 
 namespace specula {
 
@@ -190,7 +191,7 @@ void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int
   // 3. Drafts 2..k: one chained step over every drafting request per draft (rows fixed for the
   // whole loop; a row that has all its drafts idles: no K/V write, result ignored).
   const int real = static_cast<int>(rows.size());
-  const int padded = config_.pad_batch ? config_.pad_batch(real) : real;
+  const int padded = step_batch_size(real);
   SPECULA_CHECK(padded >= real && padded <= config_.max_num_seqs,
                 "internal error: MTP draft step of {} rows padded to {} (max_num_seqs {})", real, padded,
                 config_.max_num_seqs);
@@ -373,8 +374,32 @@ void MtpProposer::prepare_step(const ProposeBatch& batch, const std::vector<size
   std::copy(seq_lens, seq_lens + padded, step_seq_lens_host_.begin());
 }
 
+int MtpProposer::step_batch_size(int n) const {
+  // Every layer the steps use was captured at the same sizes (or none was).
+  if (!step_graphs_.empty()) {
+    if (const int size = step_graphs_.begin()->second->padded_size(n)) return size;
+  }
+  return config_.pad_batch ? config_.pad_batch(n) : n;
+}
+
+size_t MtpProposer::num_step_graphs() const {
+  size_t n = 0;
+  for (const auto& [layer, graphs] : step_graphs_) n += graphs->size();
+  return n;
+}
+
 Tensor MtpProposer::run_step(int padded, int layer) {
   SPECULA_CHECK(padded >= 1 && padded <= config_.max_num_seqs, "internal error: MTP draft step of {} rows", padded);
+  ++num_forwards_;
+  auto it = step_graphs_.find(layer);
+  if (it != step_graphs_.end() && it->second->replay(padded)) {
+    ++step_graph_replays_;
+    return step_graph_logits_.at({layer, padded});
+  }
+  return step_forward(padded, layer, /*for_capture=*/false);
+}
+
+Tensor MtpProposer::step_forward(int padded, int layer, bool for_capture) {
   const int w = max_blocks_per_seq_;
   backend_.reset_scratch();
   MtpForwardInput in;
@@ -386,20 +411,85 @@ Tensor MtpProposer::run_step(int padded, int layer) {
   md.num_seqs = padded;
   md.num_tokens = padded;
   md.max_query_len = 1;
-  md.max_seq_len = step_max_seq_len_;
   md.block_size = block_size_;
   md.query_start_loc = ds_qsl_.slice(0, padded + 1);
   md.seq_lens = ds_seq_lens_.slice(0, padded);
   md.slot_mapping = ds_slots_.slice(0, padded);
   md.block_tables = ds_tables_.slice(0, static_cast<int64_t>(padded) * w).reshape({padded, w});
   md.query_start_loc_host.assign(step_qsl_host_.begin(), step_qsl_host_.begin() + padded + 1);
-  md.seq_lens_host.assign(step_seq_lens_host_.begin(), step_seq_lens_host_.begin() + padded);
+  if (for_capture) {
+    md.seq_lens_host.assign(static_cast<size_t>(padded), w * block_size_);
+    md.max_seq_len = w * block_size_;
+  } else {
+    md.seq_lens_host.assign(step_seq_lens_host_.begin(), step_seq_lens_host_.begin() + padded);
+    md.max_seq_len = step_max_seq_len_;
+  }
   Tensor hidden = ds_hidden_.slice(0, padded);
   in.hidden = hidden;
   MtpForwardOutput out = mtp_->forward(layer, in, kv_[static_cast<size_t>(layer)]);
-  ++num_forwards_;
   backend_.copy(out.y, hidden);  // the next step's h: y, in place (its input was read already)
   return out.logits;
+}
+
+// Chained-step graphs. A replay reads only static buffers: the step inputs (ds_*, filled by
+// prepare_step with plain copies), ds_hidden_ (the chained h, which the step itself overwrites
+// with its y by a device copy captured in the graph) and the MTP KV cache; it writes K/V slots,
+// ds_hidden_ and the logits at scratch-arena addresses fixed at capture. Nothing else in the arena
+// is read after a replay: the target's hidden rows were gathered into d_hidden_ and the
+// catch-up's y into ds_hidden_ (persistent) before the first step, the catch-up's logits were
+// sampled (first drafts on the host) before it, and each step's logits are sampled (q_store_ and
+// host tokens) before the next step is prepared. A device-side draft sampler must keep that rule:
+// what it carries between steps lives in persistent buffers.
+size_t MtpProposer::capture_graphs(const std::vector<int>& batch_sizes) {
+  SPECULA_CHECK(!kv_.empty(), "internal error: MTP proposer graphs captured before allocate_kv_cache");
+  step_graphs_.clear();
+  step_graph_logits_.clear();
+  std::vector<int> layers;  // the layers drafts 2..k run
+  for (int j = 2; j <= config_.max_depth; ++j)
+    if (std::find(layers.begin(), layers.end(), layer_for_draft(j)) == layers.end()) layers.push_back(layer_for_draft(j));
+  std::vector<int> sizes;
+  for (int s : batch_sizes)
+    if (s > 0 && s <= config_.max_num_seqs) sizes.push_back(s);
+  if (layers.empty() || sizes.empty()) return 0;
+  // An all-padding batch in the static buffers: token 0 at position 0, no K/V write, one key in
+  // block 0 (zeroed or written entries: finite).
+  const int w = max_blocks_per_seq_;
+  const int most = sizes.back();
+  backend_.synchronize();
+  std::fill_n(hs_tokens_.data_as<int32_t>(), most, 0);
+  std::fill_n(hs_positions_.data_as<int32_t>(), most, 0);
+  std::fill_n(hs_slots_.data_as<int64_t>(), most, int64_t{-1});
+  std::fill_n(hs_seq_lens_.data_as<int32_t>(), most, 1);
+  std::fill_n(hs_tables_.data_as<int32_t>(), static_cast<size_t>(most) * w, 0);
+  upload(hs_tokens_, ds_tokens_, most);
+  upload(hs_positions_, ds_positions_, most);
+  upload(hs_slots_, ds_slots_, most);
+  upload(hs_seq_lens_, ds_seq_lens_, most);
+  upload(hs_tables_, ds_tables_, static_cast<int64_t>(most) * w);
+  backend_.synchronize();
+  for (int layer : layers) {
+    auto graphs = std::make_unique<PaddedGraphs>(backend_);
+    try {
+      graphs->capture(sizes, [&](int size) {
+        step_graph_logits_[{layer, size}] = step_forward(size, layer, /*for_capture=*/true);
+      });
+    } catch (const Error& e) {
+      LOG_WARN("CUDA graphs: {}; MTP draft steps run eagerly", e.what());
+      graphs.reset();
+    }
+    // All layers or none: step_batch_size pads to one set of sizes.
+    if (!graphs || graphs->size() != sizes.size()) {
+      step_graphs_.clear();
+      step_graph_logits_.clear();
+      return 0;
+    }
+    step_graphs_[layer] = std::move(graphs);
+  }
+  // The captures ran padding through ds_hidden_: keep its rows finite and deterministic.
+  backend_.zero(ds_hidden_);
+  LOG_INFO("CUDA graphs of MTP draft steps: batch sizes {}..{} ({} graphs over {} layer(s))", sizes.front(),
+           sizes.back(), num_step_graphs(), layers.size());
+  return num_step_graphs();
 }
 
 }  // namespace specula

@@ -65,6 +65,10 @@ class Proposer {
   virtual KVCacheSpec kv_cache_spec() const { return {}; }
   // Called once the engine knows how many blocks the cache has (before the first propose).
   virtual void allocate_kv_cache(int num_blocks, int block_size) {}
+  // CUDA graphs of the proposer's own fixed-shape work (a draft model's decode steps), one per
+  // padded batch size; called once after allocate_kv_cache and the target's graph capture, never
+  // with --enforce-eager. Returns the number of graphs captured (0: none, e.g. on the CPU).
+  virtual size_t capture_graphs(const std::vector<int>& batch_sizes) { return 0; }
 
   // drafts is resized to batch.requests.size(); drafts[i] gets at most min(depth, max_drafts)
   // tokens for requests[i] (none for requests that did not sample).
