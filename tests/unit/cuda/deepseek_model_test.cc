@@ -4,8 +4,13 @@
 // head_linear, the MLA form of write_kv_cache / paged_attention), moe_route and fused_moe — with
 // shared-expert fusion off, 1 and 2 replicas:
 //  - prefill logits and the engine's schedule (chunked prefill in shared batches, padding rows)
-//    against the transformers references, and teacher-forced batched decode against the CPU
-//    backend's fp32 forward;
+//    against the transformers references, with the MoE routing of the GPU and of the emulation
+//    pinned to the fp32 CPU forward's (deepseek_routing_pin.h says why: a bf16 near tie in the
+//    router may go either way, and then the logits jump); every row routed differently is
+//    printed, and on the GPU it must be a near tie within twice the emulation's router-logit
+//    deviation;
+//  - teacher-forced batched decode against the CPU backend's fp32 forward, routing pinned the
+//    same way;
 //  - fusion 1 and 2 against fusion 0 on the GPU: logits at every step of a greedy decode, and the
 //    same greedy tokens.
 //
@@ -22,6 +27,7 @@
 #include "backend/backend.h"
 #include "bf16_emulated_backend.h"
 #include "cuda_test_util.h"
+#include "deepseek_routing_pin.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "test_paths.h"
@@ -32,6 +38,7 @@ namespace {
 
 using testing::DeepseekReference;
 using testing::PagedRunner;
+using testing::RoutingPin;
 
 struct Case {
   std::string name;
@@ -95,8 +102,13 @@ class CudaDeepseek : public ::testing::TestWithParam<Case> {
     ASSERT_TRUE(std::filesystem::exists(c.reference)) << c.reference;
     config_ = load_model_config(c.model);
     gpu_ = make_cuda_backend(0);
-    gpu_model_ = load(config_, c.model, *gpu_, c.fusion);
-    emu_model_ = load(config_, c.model, emu_, c.fusion);
+    cpu_ = make_cpu_backend(2);
+    gpu_pin_ = std::make_unique<RoutingPin>(*gpu_);
+    emu_pin_ = std::make_unique<RoutingPin>(emu_);
+    cpu_record_ = std::make_unique<RoutingPin>(*cpu_);
+    gpu_model_ = load(config_, c.model, *gpu_pin_, c.fusion);
+    emu_model_ = load(config_, c.model, *emu_pin_, c.fusion);
+    cpu_model_ = load(config_, c.model, *cpu_record_, c.fusion);
     refs_ = testing::load_deepseek_reference(c.reference);
     ASSERT_FALSE(refs_.empty());
   }
@@ -105,58 +117,96 @@ class CudaDeepseek : public ::testing::TestWithParam<Case> {
     return ref.logits_pos.empty() ? all : testing::select_rows(all, config_.vocab_size, ref.logits_pos);
   }
 
+  // run(model, backend) on the fp32 CPU, recording its routing, then on the emulation and on the
+  // GPU with that routing pinned; returns {cpu, emulation, gpu}. Every row routed differently is
+  // printed; the GPU's must be near ties within twice the emulation's router-logit deviation in
+  // that moe_route call (the emulation's are bf16 rounding by construction).
+  template <typename Run>
+  auto run_pinned(const std::string& what, Run run) {
+    cpu_record_->record();
+    auto cpu = run(*cpu_model_.model, *cpu_record_);
+    emu_pin_->pin(cpu_record_->calls(), {});
+    auto emu = run(*emu_model_.model, *emu_pin_);
+    std::vector<double> bounds;
+    for (double d : emu_pin_->deviations()) bounds.push_back(2 * d);
+    gpu_pin_->pin(cpu_record_->calls(), bounds);
+    auto gpu = run(*gpu_model_.model, *gpu_pin_);
+    const std::string name = GetParam().name + " " + what;
+    for (const auto& p : emu_pin_->pinned())
+      std::cout << "[ cuda-deepseek ] " << name << ": bf16 emulation pinned at " << p.describe() << "\n";
+    for (const auto& p : gpu_pin_->pinned()) {
+      std::cout << "[ cuda-deepseek ] " << name << ": gpu pinned at " << p.describe() << "\n";
+      EXPECT_TRUE(p.near_tie) << name << ": the GPU routes " << p.describe();
+    }
+    for (RoutingPin* r : {cpu_record_.get(), emu_pin_.get(), gpu_pin_.get()}) r->pass_through();
+    return std::make_tuple(std::move(cpu), std::move(emu), std::move(gpu));
+  }
+
+  // The fp32 CPU forward, whose routing the others follow, must be transformers' (as in
+  // test_model's deepseek_fixtures_test); the GPU is held to the emulation's deviation.
   void check(const std::string& what, const std::vector<float>& gpu, const std::vector<float>& emu,
-             const std::vector<float>& ref) {
+             const std::vector<float>& cpu, const std::vector<float>& ref) {
     ASSERT_EQ(gpu.size(), ref.size()) << what;
     ASSERT_EQ(emu.size(), ref.size()) << what;
-    const double e_gpu = relative_error(gpu, ref), e_emu = relative_error(emu, ref);
+    ASSERT_EQ(cpu.size(), ref.size()) << what;
+    const double e_gpu = relative_error(gpu, ref), e_emu = relative_error(emu, ref), e_cpu = relative_error(cpu, ref);
     std::cout << "[ cuda-deepseek ] " << GetParam().name << " " << what << ": gpu " << e_gpu << ", bf16 emulation "
-              << e_emu << "\n";
+              << e_emu << ", fp32 cpu " << e_cpu << "\n";
+    EXPECT_LE(e_cpu, 1e-3) << GetParam().name << " " << what << ": the fp32 CPU forward is not transformers'";
     EXPECT_LE(e_gpu, 2 * e_emu + 0.01) << GetParam().name << " " << what << " (bf16 emulation: " << e_emu << ")";
   }
 
   ModelConfig config_;
-  std::unique_ptr<Backend> gpu_;
+  std::unique_ptr<Backend> gpu_, cpu_;
   testing::Bf16EmulatedBackend emu_;
-  Loaded gpu_model_, emu_model_;
+  std::unique_ptr<RoutingPin> gpu_pin_, emu_pin_, cpu_record_;
+  Loaded gpu_model_, emu_model_, cpu_model_;
   std::vector<DeepseekReference> refs_;
 };
 
 TEST_P(CudaDeepseek, PrefillLogitsMatchTransformers) {
   for (size_t i = 0; i < refs_.size(); ++i) {
     const auto& ref = refs_[i];
-    auto gpu = testing::run_prompt(*gpu_model_.model, *gpu_, ref.prompt, 0, static_cast<unsigned>(i));
-    auto emu = testing::run_prompt(*emu_model_.model, emu_, ref.prompt, 0, static_cast<unsigned>(i));
-    check("prefill prompt " + std::to_string(i), referenced(ref, gpu.prompt_logits), referenced(ref, emu.prompt_logits),
-          ref.logits);
+    const std::string what = "prefill prompt " + std::to_string(i);
+    auto [cpu, emu, gpu] = run_pinned(what, [&](Model& model, Backend& backend) {
+      return testing::run_prompt(model, backend, ref.prompt, 0, static_cast<unsigned>(i));
+    });
+    check(what, referenced(ref, gpu.prompt_logits), referenced(ref, emu.prompt_logits),
+          referenced(ref, cpu.prompt_logits), ref.logits);
   }
 }
 
 TEST_P(CudaDeepseek, ChunkedBatchedScheduleMatchesTransformers) {
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& r : refs_) prompts.push_back(r.prompt);
-  auto gpu = testing::run_schedule(*gpu_model_.model, *gpu_, prompts, 0);
-  auto emu = testing::run_schedule(*emu_model_.model, emu_, prompts, 0);
+  auto [cpu, emu, gpu] = run_pinned("chunked schedule", [&](Model& model, Backend& backend) {
+    return testing::run_schedule(model, backend, prompts, 0);
+  });
   for (size_t s = 0; s < refs_.size(); ++s) {
     check("chunked prompt " + std::to_string(s), referenced(refs_[s], gpu[s].prompt_logits),
-          referenced(refs_[s], emu[s].prompt_logits), refs_[s].logits);
+          referenced(refs_[s], emu[s].prompt_logits), referenced(refs_[s], cpu[s].prompt_logits), refs_[s].logits);
   }
 }
 
 // Decode steps of all prompts in one batch, fed the reference greedy tokens: the GPU and the bf16
-// emulation against the CPU backend's fp32 forward, worst step of each sequence.
+// emulation against the CPU backend's fp32 forward, worst step of each sequence. Each step runs
+// the CPU first and pins the others' routing to it; the GPU's steps carry padding rows.
 TEST_P(CudaDeepseek, TeacherForcedDecodeMatchesCpu) {
-  auto cpu = make_cpu_backend(2);
-  Loaded cpu_model = load(config_, GetParam().model, *cpu, GetParam().fusion);
   const int n = static_cast<int>(refs_.size());
-  PagedRunner gpu_runner(*gpu_model_.model, *gpu_, 48, 16, 7), emu_runner(*emu_model_.model, emu_, 48, 16, 8),
-      cpu_runner(*cpu_model.model, *cpu, 48, 16, 9);
+  PagedRunner gpu_runner(*gpu_model_.model, *gpu_pin_, 48, 16, 7), emu_runner(*emu_model_.model, *emu_pin_, 48, 16, 8),
+      cpu_runner(*cpu_model_.model, *cpu_record_, 48, 16, 9);
+  auto pinned_step = [&](const std::vector<PagedRunner::Work>& work, int gpu_padding, const std::string& what) {
+    return run_pinned(what, [&](Model&, Backend& backend) {
+      if (&backend == gpu_pin_.get()) return gpu_runner.step(work, gpu_padding);
+      return (&backend == emu_pin_.get() ? emu_runner : cpu_runner).step(work);
+    });
+  };
   std::vector<PagedRunner::Work> prefill;
   for (int s = 0; s < n; ++s) {
     for (PagedRunner* r : {&gpu_runner, &emu_runner, &cpu_runner}) r->feed(s, refs_[s].prompt);
     prefill.push_back({s, static_cast<int64_t>(refs_[s].prompt.size()), false});
   }
-  for (PagedRunner* r : {&gpu_runner, &emu_runner, &cpu_runner}) r->step(prefill);
+  pinned_step(prefill, 0, "decode prefill");
   std::vector<double> worst_gpu(n, 0.0), worst_emu(n, 0.0);
   size_t steps = 0;
   for (const auto& r : refs_) steps = std::max(steps, r.greedy.size());
@@ -167,9 +217,7 @@ TEST_P(CudaDeepseek, TeacherForcedDecodeMatchesCpu) {
       for (PagedRunner* r : {&gpu_runner, &emu_runner, &cpu_runner}) r->feed(s, {refs_[s].greedy[step]});
       work.push_back({s, 1, false});
     }
-    auto got = gpu_runner.step(work, static_cast<int>(step % 3));
-    auto emu = emu_runner.step(work);
-    auto want = cpu_runner.step(work);
+    auto [want, emu, got] = pinned_step(work, static_cast<int>(step % 3), "decode step " + std::to_string(step));
     for (size_t w = 0; w < work.size(); ++w) {
       const int s = work[w].seq;
       worst_gpu[s] = std::max(worst_gpu[s], relative_error(got[w], want[w]));

@@ -4,7 +4,10 @@
 // and fused shared slots with replicas. The ids must be EQUAL (the GPU picks exactly the experts
 // the CPU picks, ties to the lower id), the weights equal within fp32 rounding (the softmax sum
 // runs in a different order: relative 1e-6). Logits are random, and in the tie cases drawn from a
-// handful of values so that many scores tie exactly.
+// handful of values so that many scores tie exactly; in the near-tie cases (V2 softmax, group
+// max) those values are moved by multiples of 1e-3, so that many scores are nearly tied — the
+// bf16-sized router-logit gaps of the whole-model tests (deepseek_routing_pin.h), scaled down to
+// a thousandth but still far wider than the few ulps expf may differ by.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -24,7 +27,8 @@ struct RouteCase {
   int experts;
   MoeRouting routing;
   bool bias = false;
-  bool ties = false;  // logits (and bias) from a few values: many exact ties
+  bool ties = false;       // logits (and bias) from a few values: many exact ties
+  bool near_ties = false;  // those values moved by -2e-3 ... 2e-3: near ties (softmax cases only)
 };
 
 MoeRouting routing(MoeRouting::Scoring scoring, int top_k, int groups, int topk_groups, MoeRouting::GroupScore gs,
@@ -75,6 +79,11 @@ std::vector<RouteCase> route_cases() {
       // (No bias here: with a bias, different (logit, bias) pairs can have mathematically equal
       // sums that fp32 rounds apart differently on each side; equal logits tie exactly on both.)
       {"ties_v3", 256, routing(kSigmoid, 8, 8, 4, kTopTwo, true, 2.5f), false, true},
+      // Near ties for V2's group-limited routing (issue 7's fixture shape, and DeepSeek-V2's).
+      // (Softmax with group max only: a top-two sum can bring two pairs' sums within an ulp.)
+      {"near_ties_tiny_v2_groups2", 8, routing(kSoftmax, 2, 2, 1, kMax, false, 1.0f), false, false, true},
+      {"near_ties_v2_group_limited", 160, routing(kSoftmax, 6, 8, 3, kMax, false, 16.0f), false, false, true},
+      {"near_ties_v2_lite_greedy", 64, routing(kSoftmax, 6, 1, 1, kMax, false, 1.0f), false, false, true},
   };
 }
 
@@ -94,8 +103,14 @@ TEST_P(CudaMoeRoute, SameExpertsAndWeightsAsCpu) {
   for (int64_t t : {1, 7, 64, 300}) {
     std::vector<float> logits(static_cast<size_t>(t * c.experts)), bias(static_cast<size_t>(c.experts));
     std::normal_distribution<float> normal(0.0f, 2.0f);
-    std::uniform_int_distribution<int> few(-3, 3);
-    for (float& l : logits) l = c.ties ? few(rng) * 0.5f : normal(rng);
+    std::uniform_int_distribution<int> few(-3, 3), nudge(-2, 2);
+    for (float& l : logits) {
+      if (c.near_ties) {
+        l = few(rng) * 0.5f + nudge(rng) * 1e-3f;
+      } else {
+        l = c.ties ? few(rng) * 0.5f : normal(rng);
+      }
+    }
     for (float& b : bias) b = c.ties ? few(rng) * 0.125f : normal(rng) * 0.05f;
     Tensor logits_cpu = Tensor::from_f32(logits, {t, c.experts}), bias_cpu = Tensor::from_f32(bias);
     const int64_t cols = c.routing.columns();
