@@ -20,6 +20,11 @@
 // Per step: one varlen forward (catch-up + the first draft, chunked if needed), then k-1 decode
 // steps over the drafting requests. Those run from static device buffers at a padded batch size
 // (prepare_step fills them, run_step reads nothing else), which is what a CUDA graph needs.
+// CUDA graphs (capture_graphs, unless --enforce-eager): the draft steps replay a graph per padded
+// size; so does the catch-up forward when every piece is short (steady state: 1 or 2 tokens per
+// request, run as r rows each by re-running earlier positions, see run_catch_up_graph); other
+// catch-ups (prefill, after depth-0 steps) run eagerly. Measured on the H100 (batch 1,
+// specula-tiny + specula-tiny-draft): a draft step 229 -> 62 us, a catch-up 183 -> 63 us.
 #pragma once
 
 #include <cstdint>

@@ -6,6 +6,8 @@
 // prompts, graphs give the eager engine's tokens.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "engine/device_sampler.h"
 #include "engine/engine_core.h"
 #include "engine/llm_engine.h"
@@ -54,7 +56,7 @@ EngineConfig engine_config(const fs::path& model, const std::string& spec, bool 
 }
 
 std::vector<std::vector<int32_t>> greedy(const EngineConfig& c, const std::vector<std::vector<int32_t>>& prompts,
-                                         int tokens) {
+                                         int tokens, EngineMetrics* metrics = nullptr) {
   auto engine = LLMEngine::create(c);
   engine->start();
   std::vector<std::shared_ptr<RequestStream>> streams;
@@ -72,6 +74,13 @@ std::vector<std::vector<int32_t>> greedy(const EngineConfig& c, const std::vecto
       EXPECT_FALSE(o.error.has_value()) << *o.error;
       for (const ChoiceDelta& d : o.choices) out[i].insert(out[i].end(), d.token_ids.begin(), d.token_ids.end());
       if (o.finished) break;
+    }
+  }
+  if (metrics) {  // once the loop has published its last step
+    *metrics = engine->metrics();
+    for (int i = 0; i < 500 && metrics->num_requests_running + metrics->num_requests_waiting > 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      *metrics = engine->metrics();
     }
   }
   engine->shutdown();
@@ -105,19 +114,29 @@ TEST(SpecGraphs, MtpGreedyIsTransformersWithAndWithoutGraphs) {
   for (int k : {1, 3}) expect_reference_greedy("specula-tiny-moe", tiny_moe(), mtp_spec(k));
 }
 
-// Any prompts (no reference margin): graphs give exactly the eager engine's tokens.
-TEST(SpecGraphs, GraphsGiveTheEagerSpeculativeEnginesTokens) {
+// Any prompts (no reference margin): graphs give exactly the eager engine's tokens, and the
+// drafts are as good: a draft graph reading a wrong input or cache entry would lower acceptance
+// (greedy drafts of the same contexts differ only where bf16 rounding flips a near tie).
+TEST(SpecGraphs, GraphsGiveTheEagerSpeculativeEnginesTokensAndAcceptance) {
   SKIP_WITHOUT_GPU();
   auto tok = Tokenizer::from_dir(tiny());
   const std::vector<std::string> texts{"The quick brown fox", "Once upon a time,", "def main():", "A B C D E F",
                                        "In 1492"};
   std::vector<std::vector<int32_t>> prompts;
   for (const std::string& t : texts) prompts.push_back(tok->encode(t));
-  const auto eager = greedy(engine_config(tiny(), draft_spec(3), true), prompts, 48);
-  const auto graphs = greedy(engine_config(tiny(), draft_spec(3), false), prompts, 48);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(eager[i].size(), 48u);
-    EXPECT_EQ(graphs[i], eager[i]) << "prompt " << i;
+  for (int k : {1, 3}) {
+    SCOPED_TRACE("k=" + std::to_string(k));
+    EngineMetrics me, mg;
+    const auto eager = greedy(engine_config(tiny(), draft_spec(k), true), prompts, 64, &me);
+    const auto graphs = greedy(engine_config(tiny(), draft_spec(k), false), prompts, 64, &mg);
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      EXPECT_EQ(eager[i].size(), 64u);
+      EXPECT_EQ(graphs[i], eager[i]) << "prompt " << i;
+    }
+    ASSERT_GT(me.spec_num_draft_tokens, 100);
+    const double rate_e = static_cast<double>(me.spec_num_accepted_tokens) / me.spec_num_draft_tokens;
+    const double rate_g = static_cast<double>(mg.spec_num_accepted_tokens) / mg.spec_num_draft_tokens;
+    EXPECT_NEAR(rate_g, rate_e, 0.03) << "acceptance eager " << rate_e << ", graphs " << rate_g;
   }
 }
 
