@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "core/phase_profile.h"
 
 namespace specula {
 
@@ -44,7 +45,9 @@ void MtpProposer::allocate_kv_cache(int num_blocks, int block_size) {
   max_blocks_per_seq_ = ceil_div(config_.max_model_len + config_.max_depth, block_size);
   const int64_t t = config_.max_num_batched_tokens, s = config_.max_num_seqs, w = max_blocks_per_seq_;
   auto pair = [&](Tensor& h, Tensor& d, int64_t n, DType type) {
-    h = Tensor::empty({n}, type, Device::kCPU);  // pageable: a copy out of it is done when copy() returns
+    // Pinned where the backend has it: asynchronous uploads (a pageable one waits for the stream,
+    // some fifteen of them a step). Rewriting one waits for the copies out of it (synchronize).
+    h = backend_.empty_host({n}, type);
     d = backend_.empty({n}, type);
   };
   pair(h_tokens_, d_tokens_, t, DType::kI32);
@@ -62,6 +65,7 @@ void MtpProposer::allocate_kv_cache(int num_blocks, int block_size) {
   pair(hs_tables_, ds_tables_, s * w, DType::kI32);
   pair(h_step_rows_, d_step_rows_, s, DType::kI32);
   d_hidden_ = backend_.empty({t, hidden_}, dtype);
+  backend_.zero(d_hidden_);  // read by graph captures before any real row: finite, so routing stays in range
   ds_hidden_ = backend_.empty({s, hidden_}, dtype);
   backend_.zero(ds_hidden_);  // padding rows read it: never uninitialised (NaN) memory
   // A draft step has one query row per sequence: query_start_loc and the logits rows are 0, 1, 2, ...
@@ -196,8 +200,17 @@ void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int
                 "internal error: MTP draft step of {} rows padded to {} (max_num_seqs {})", real, padded,
                 config_.max_num_seqs);
   for (int j = 2; j <= max_drafts; ++j) {
-    prepare_step(batch, rows, j, padded, drafts, num_drafts, /*upload_tables=*/j == 2);
-    Tensor logits = run_step(padded, layer_for_draft(j));
+    {
+      phase_profile::Scope p("mtp.step_prepare");
+      prepare_step(batch, rows, j, padded, drafts, num_drafts, /*upload_tables=*/j == 2);
+    }
+    Tensor logits;
+    {
+      phase_profile::Scope p("mtp.step_forward");
+      logits = run_step(padded, layer_for_draft(j));
+      if (phase_profile::enabled()) backend_.synchronize();
+    }
+    phase_profile::Scope sample_phase("mtp.step_sample");
     std::vector<DraftSampleRow> sample_rows;
     std::vector<size_t> owners;
     for (int row = 0; row < real; ++row) {
@@ -217,6 +230,10 @@ void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int
 
 void MtpProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                                const std::vector<int>& num_drafts, std::vector<std::vector<int32_t>>& drafts) {
+  // Pinned staging: the previous forward's copies out of it must have run before it is rewritten.
+  backend_.synchronize();
+  if (run_uniform_catch_up(batch, pieces, num_drafts, drafts)) return;
+  phase_profile::Scope eager_phase("mtp.catch_up (eager)");
   const int bs = block_size_;
   const int num_seqs = static_cast<int>(pieces.size());
   const Tensor& target_hidden = batch.target_hidden_states;
@@ -266,15 +283,8 @@ void MtpProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piec
   }
   // The target's hidden rows into our own buffer first: they live in scratch memory that the
   // MTP forward is about to reuse.
-  Tensor rows = upload(h_rows_, d_rows_, t);
+  gather_target_rows(target_hidden, t);
   Tensor hidden = d_hidden_.slice(0, t);
-  if (target_hidden.dtype() == backend_.compute_dtype()) {
-    backend_.gather_rows(target_hidden, rows, hidden);
-  } else {
-    Tensor gathered = backend_.scratch({t, hidden_}, target_hidden.dtype());
-    backend_.gather_rows(target_hidden, rows, gathered);
-    backend_.cast(gathered, hidden);
-  }
   backend_.reset_scratch();
 
   MtpForwardInput in;
@@ -304,23 +314,209 @@ void MtpProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piec
     backend_.gather_rows(out.y, upload(h_step_rows_, d_step_rows_, num_step_rows), y_rows);
   }
   if (sampling.empty()) return;
+  // Logits row l is the l-th drafting piece's.
+  std::vector<int> row_of(pieces.size(), -1);
+  for (size_t l = 0; l < sampling.size(); ++l) row_of[sampling[l]] = static_cast<int>(l);
+  sample_first_drafts(batch, pieces, out.logits, [&row_of](int s) { return row_of[static_cast<size_t>(s)]; }, drafts);
+}
 
+void MtpProposer::gather_target_rows(const Tensor& target_hidden, int t) {
+  Tensor rows = upload(h_rows_, d_rows_, t);
+  Tensor hidden = d_hidden_.slice(0, t);
+  if (target_hidden.dtype() == backend_.compute_dtype()) {
+    backend_.gather_rows(target_hidden, rows, hidden);
+  } else {
+    Tensor gathered = backend_.scratch({t, hidden_}, target_hidden.dtype());
+    backend_.gather_rows(target_hidden, rows, gathered);
+    backend_.cast(gathered, hidden);
+  }
+}
+
+void MtpProposer::sample_first_drafts(const ProposeBatch& batch, const std::vector<Piece>& pieces,
+                                      const Tensor& logits, const std::function<int(int)>& row_of,
+                                      std::vector<std::vector<int32_t>>& drafts) {
+  phase_profile::Scope sample_phase("mtp.catch_up_sample");
   std::vector<DraftSampleRow> sample_rows;
-  for (size_t l = 0; l < sampling.size(); ++l) {
-    const Piece& piece = pieces[sampling[l]];
+  std::vector<size_t> owners;
+  for (size_t s = 0; s < pieces.size(); ++s) {
+    const Piece& piece = pieces[s];
+    if (!piece.drafts) continue;
     const ProposerRequest& r = batch.requests[piece.req];
     const int slot = states_.at(std::string(r.req_id)).slot;
     // Draft 1 is the token at position L = piece.to + 1.
-    sample_rows.push_back(DraftSampleRow{sampling_row(r, static_cast<int>(l), piece.to + 1, contexts_[piece.req]),
-                                         slot * config_.max_depth});
+    sample_rows.push_back(DraftSampleRow{
+        sampling_row(r, row_of(static_cast<int>(s)), piece.to + 1, contexts_[piece.req]), slot * config_.max_depth});
+    owners.push_back(piece.req);
   }
-  std::vector<int32_t> first = sampler_->sample(out.logits, sample_rows, &q_store_);
-  for (size_t l = 0; l < sampling.size(); ++l) drafts[pieces[sampling[l]].req].push_back(first[l]);
+  if (sample_rows.empty()) return;
+  std::vector<int32_t> first = sampler_->sample(logits, sample_rows, &q_store_);
+  for (size_t l = 0; l < owners.size(); ++l) drafts[owners[l]].push_back(first[l]);
+}
+
+// The catch-up as `rows` rows per request at a padded batch size (header: why real rows come
+// first and the rest write nothing). Request s's rows are s * rows .. s * rows + rows - 1: its
+// positions from, from + 1, ..., its sequence length from + rows (the causal offset of its
+// query rows), its logits row its last real one. A row past a piece's end reads the piece's last
+// hidden row and token 0 (finite, unused); padding requests are rows tokens 0 at positions
+// 0..rows-1, slot -1, length rows, block 0, hidden row 0.
+bool MtpProposer::run_uniform_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
+                                       const std::vector<int>& num_drafts, std::vector<std::vector<int32_t>>& drafts) {
+  const bool have_graphs = !catch_up_graphs_.empty();
+  if (pieces.empty() || (!have_graphs && !config_.pad_batch)) return false;
+  int longest = 0;
+  for (const Piece& p : pieces) {
+    if (p.from < 1) return false;  // position 0 zeroes its embedding: a host-side choice, not in a graph
+    longest = std::max(longest, p.to - p.from);
+  }
+  // Rows past a piece's end must still lie within the block table's width.
+  for (const Piece& p : pieces)
+    if (p.from + 1 + config_.max_depth > max_blocks_per_seq_ * block_size_) return false;
+  const int n = static_cast<int>(pieces.size());
+  int rows = 0, size = 0;
+  PaddedGraphs* graphs = nullptr;
+  if (have_graphs) {
+    auto it = catch_up_graphs_.lower_bound(longest);
+    if (it == catch_up_graphs_.end()) return false;
+    rows = it->first;
+    graphs = it->second.get();
+    size = graphs->padded_size(n);
+  } else {
+    if (longest > 1 + config_.max_depth) return false;
+    rows = longest;
+    size = std::min(config_.max_num_seqs, std::max(n, config_.pad_batch(n)));
+  }
+  if (size == 0 || size < n || size * rows > config_.max_num_batched_tokens) return false;
+
+  const Tensor& target_hidden = batch.target_hidden_states;
+  const int w = max_blocks_per_seq_;
+  const int t = size * rows;
+  {
+    phase_profile::Scope prepare_phase("mtp.catch_up_prepare");
+    int32_t* tokens = h_tokens_.data_as<int32_t>();
+    int32_t* positions = h_positions_.data_as<int32_t>();
+    int64_t* slots = h_slots_.data_as<int64_t>();
+    int32_t* hidden_rows = h_rows_.data_as<int32_t>();
+    int32_t* qsl = h_qsl_.data_as<int32_t>();
+    int32_t* seq_lens = h_seq_lens_.data_as<int32_t>();
+    int32_t* tables = h_tables_.data_as<int32_t>();
+    int32_t* logits_idx = h_logits_idx_.data_as<int32_t>();
+    int32_t* step_rows = h_step_rows_.data_as<int32_t>();
+    int num_step_rows = 0;
+    qsl[0] = 0;
+    for (int s = 0; s < size; ++s) {
+      const int base = s * rows;
+      int32_t* table = tables + static_cast<size_t>(s) * w;
+      std::fill(table, table + w, 0);
+      qsl[s + 1] = base + rows;
+      if (s >= n) {
+        for (int j = 0; j < rows; ++j) {
+          tokens[base + j] = 0;
+          positions[base + j] = j;
+          slots[base + j] = -1;
+          hidden_rows[base + j] = 0;
+        }
+        seq_lens[s] = rows;
+        logits_idx[s] = base + rows - 1;
+        continue;
+      }
+      const Piece& piece = pieces[static_cast<size_t>(s)];
+      const ProposerRequest& r = batch.requests[piece.req];
+      const int real = piece.to - piece.from;
+      SPECULA_CHECK(r.first_row >= 0 && r.first_row + (piece.to - r.first_position) <= target_hidden.size(0),
+                    "internal error: request {} reads target rows [{}, {}) of {}", r.req_id, r.first_row,
+                    r.first_row + piece.to - r.first_position, target_hidden.size(0));
+      const int last_row = r.first_row + (piece.to - 1 - r.first_position);
+      for (int j = 0; j < rows; ++j) {
+        const int pos = piece.from + j;
+        positions[base + j] = pos;
+        if (j < real) {
+          tokens[base + j] = r.tokens[static_cast<size_t>(pos) + 1];  // the NEXT token
+          slots[base + j] = slot_of(r, pos);
+          hidden_rows[base + j] = r.first_row + (pos - r.first_position);
+        } else {
+          tokens[base + j] = 0;
+          slots[base + j] = -1;
+          hidden_rows[base + j] = last_row;
+        }
+      }
+      seq_lens[s] = piece.from + rows;
+      logits_idx[s] = base + real - 1;
+      if (piece.drafts && num_drafts[piece.req] >= 2) step_rows[num_step_rows++] = base + real - 1;  // propose's order
+      const size_t used = std::min(r.block_ids.size(), static_cast<size_t>(w));
+      std::copy(r.block_ids.begin(), r.block_ids.begin() + used, table);
+    }
+    std::fill(step_rows + num_step_rows, step_rows + size, 0);
+    upload(h_tokens_, d_tokens_, t);
+    upload(h_positions_, d_positions_, t);
+    upload(h_slots_, d_slots_, t);
+    upload(h_qsl_, d_qsl_, size + 1);
+    upload(h_seq_lens_, d_seq_lens_, size);
+    upload(h_tables_, d_tables_, static_cast<int64_t>(size) * w);
+    upload(h_logits_idx_, d_logits_idx_, size);
+    if (config_.max_depth >= 2) upload(h_step_rows_, d_step_rows_, size);
+    // Into the static d_hidden_ before the replay, which writes the arena from offset 0, where
+    // the target's rows may lie.
+    gather_target_rows(target_hidden, t);
+  }
+  ++num_forwards_;
+  ++uniform_catch_ups_;
+  Tensor logits;
+  if (graphs) {
+    phase_profile::Scope p("mtp.catch_up_forward (graph)");
+    SPECULA_CHECK(graphs->replay(size), "internal error: no MTP catch-up graph of {} x {} rows", size, rows);
+    ++catch_up_graph_replays_;
+    logits = catch_up_graph_logits_.at({rows, size});
+    if (phase_profile::enabled()) backend_.synchronize();
+  } else {
+    phase_profile::Scope p("mtp.catch_up_forward (padded, eager)");
+    logits = uniform_catch_up_forward(size, rows, /*for_capture=*/false);
+  }
+  sample_first_drafts(batch, pieces, logits, [](int s) { return s; }, drafts);
+  return true;
+}
+
+Tensor MtpProposer::uniform_catch_up_forward(int size, int rows, bool for_capture) {
+  const int w = max_blocks_per_seq_;
+  const int t = size * rows;
+  backend_.reset_scratch();  // the same arena offsets at the warm-up, the capture and eager runs
+  MtpForwardInput in;
+  ForwardInput& f = in.rows;
+  f.token_ids = d_tokens_.slice(0, t);
+  f.positions = d_positions_.slice(0, t);
+  f.logits_indices = d_logits_idx_.slice(0, size);
+  AttentionMetadata& md = f.attn;
+  md.num_seqs = size;
+  md.num_tokens = t;
+  md.max_query_len = rows;
+  md.block_size = block_size_;
+  md.query_start_loc = d_qsl_.slice(0, size + 1);
+  md.seq_lens = d_seq_lens_.slice(0, size);
+  md.slot_mapping = d_slots_.slice(0, t);
+  md.block_tables = d_tables_.slice(0, static_cast<int64_t>(size) * w).reshape({size, w});
+  md.query_start_loc_host.resize(static_cast<size_t>(size) + 1);
+  for (int s = 0; s <= size; ++s) md.query_start_loc_host[static_cast<size_t>(s)] = s * rows;
+  if (for_capture) {
+    // Launch shapes from the longest length any catch-up may have (kernels read the true ones).
+    md.seq_lens_host.assign(static_cast<size_t>(size), w * block_size_);
+  } else {
+    const int32_t* lens = h_seq_lens_.data_as<int32_t>();
+    md.seq_lens_host.assign(lens, lens + size);
+  }
+  md.max_seq_len = *std::max_element(md.seq_lens_host.begin(), md.seq_lens_host.end());
+  in.hidden = d_hidden_.slice(0, t);
+  MtpForwardOutput out = mtp_->forward(0, in, kv_[0]);
+  if (config_.max_depth >= 2) {
+    // The chained steps start from y at each drafting request's last real row.
+    Tensor y_rows = ds_hidden_.slice(0, size);
+    backend_.gather_rows(out.y, d_step_rows_.slice(0, size), y_rows);
+  }
+  return out.logits;
 }
 
 void MtpProposer::prepare_step(const ProposeBatch& batch, const std::vector<size_t>& rows, int step, int padded,
                                const std::vector<std::vector<int32_t>>& drafts, const std::vector<int>& num_drafts,
                                bool upload_tables) {
+  backend_.synchronize();  // pinned staging: the previous step's uploads must have run
   const int w = max_blocks_per_seq_;
   int32_t* tokens = hs_tokens_.data_as<int32_t>();
   int32_t* positions = hs_positions_.data_as<int32_t>();
@@ -431,29 +627,93 @@ Tensor MtpProposer::step_forward(int padded, int layer, bool for_capture) {
   return out.logits;
 }
 
-// Chained-step graphs. A replay reads only static buffers: the step inputs (ds_*, filled by
+// Graphs. A chained-step replay reads only static buffers: the step inputs (ds_*, filled by
 // prepare_step with plain copies), ds_hidden_ (the chained h, which the step itself overwrites
-// with its y by a device copy captured in the graph) and the MTP KV cache; it writes K/V slots,
-// ds_hidden_ and the logits at scratch-arena addresses fixed at capture. Nothing else in the arena
-// is read after a replay: the target's hidden rows were gathered into d_hidden_ and the
-// catch-up's y into ds_hidden_ (persistent) before the first step, the catch-up's logits were
-// sampled (first drafts on the host) before it, and each step's logits are sampled (q_store_ and
-// host tokens) before the next step is prepared. A device-side draft sampler must keep that rule:
-// what it carries between steps lives in persistent buffers.
+// with its y by a device copy captured in the graph) and the MTP KV cache; a catch-up replay reads
+// the catch-up buffers (d_*, d_hidden_ included) and the cache, and writes y rows into ds_hidden_.
+// Both write K/V slots and their logits at scratch-arena addresses fixed at capture. Nothing else
+// in the arena is read after a replay: the target's hidden rows were gathered into d_hidden_ before
+// the catch-up, its logits are sampled (first drafts on the host) before the first step, and each
+// step's logits are sampled (q_store_ and host tokens) before the next step is prepared. A
+// device-side draft sampler must keep that rule: what it carries between steps lives in persistent
+// buffers.
+size_t MtpProposer::num_catch_up_graphs() const {
+  size_t n = 0;
+  for (const auto& [rows, graphs] : catch_up_graphs_) n += graphs->size();
+  return n;
+}
+
 size_t MtpProposer::capture_graphs(const std::vector<int>& batch_sizes) {
   SPECULA_CHECK(!kv_.empty(), "internal error: MTP proposer graphs captured before allocate_kv_cache");
   step_graphs_.clear();
   step_graph_logits_.clear();
-  std::vector<int> layers;  // the layers drafts 2..k run
-  for (int j = 2; j <= config_.max_depth; ++j)
-    if (std::find(layers.begin(), layers.end(), layer_for_draft(j)) == layers.end()) layers.push_back(layer_for_draft(j));
+  catch_up_graphs_.clear();
+  catch_up_graph_logits_.clear();
   std::vector<int> sizes;
   for (int s : batch_sizes)
     if (s > 0 && s <= config_.max_num_seqs) sizes.push_back(s);
-  if (layers.empty() || sizes.empty()) return 0;
+  if (sizes.empty()) return 0;
+  const int w = max_blocks_per_seq_;
+
+  // Catch-up graphs: r = 1..1+k rows per request (steady state: 1 + the accepted drafts), for
+  // sizes up to kMaxCatchUpGraphBatch whose r * size rows fit the catch-up buffers. Captured over
+  // an all-padding batch (d_hidden_ zeroed: finite inputs whatever the router does with them).
+  for (int rows = 1; rows <= 1 + config_.max_depth; ++rows) {
+    std::vector<int> fit;
+    for (int s : sizes)
+      if (s <= kMaxCatchUpGraphBatch && s * rows <= config_.max_num_batched_tokens) fit.push_back(s);
+    if (fit.empty()) continue;
+    const int most = fit.back();
+    backend_.synchronize();
+    int32_t* qsl = h_qsl_.data_as<int32_t>();
+    qsl[0] = 0;
+    for (int s = 0; s < most; ++s) {
+      for (int j = 0; j < rows; ++j) {
+        h_tokens_.data_as<int32_t>()[s * rows + j] = 0;
+        h_positions_.data_as<int32_t>()[s * rows + j] = j;
+        h_slots_.data_as<int64_t>()[s * rows + j] = -1;
+      }
+      qsl[s + 1] = (s + 1) * rows;
+      h_seq_lens_.data_as<int32_t>()[s] = rows;
+      h_logits_idx_.data_as<int32_t>()[s] = s * rows + rows - 1;
+      h_step_rows_.data_as<int32_t>()[s] = 0;
+    }
+    std::fill_n(h_tables_.data_as<int32_t>(), static_cast<size_t>(most) * w, 0);
+    upload(h_tokens_, d_tokens_, static_cast<int64_t>(most) * rows);
+    upload(h_positions_, d_positions_, static_cast<int64_t>(most) * rows);
+    upload(h_slots_, d_slots_, static_cast<int64_t>(most) * rows);
+    upload(h_qsl_, d_qsl_, most + 1);
+    upload(h_seq_lens_, d_seq_lens_, most);
+    upload(h_tables_, d_tables_, static_cast<int64_t>(most) * w);
+    upload(h_logits_idx_, d_logits_idx_, most);
+    upload(h_step_rows_, d_step_rows_, most);
+    backend_.zero(d_hidden_);
+    backend_.synchronize();
+    auto graphs = std::make_unique<PaddedGraphs>(backend_);
+    try {
+      graphs->capture(fit, [&](int size) {
+        catch_up_graph_logits_[{rows, size}] = uniform_catch_up_forward(size, rows, /*for_capture=*/true);
+      });
+    } catch (const Error& e) {
+      LOG_WARN("CUDA graphs: {}; MTP catch-ups of {} row(s) per request run eagerly", e.what(), rows);
+      graphs.reset();
+    }
+    if (!graphs || graphs->size() != fit.size()) {  // the backend has none, or a capture failed
+      for (int s : fit) catch_up_graph_logits_.erase({rows, s});
+      continue;
+    }
+    LOG_INFO("CUDA graphs of MTP catch-ups ({} row(s) per request): batch sizes {}..{} ({} graphs)", rows,
+             fit.front(), fit.back(), fit.size());
+    catch_up_graphs_[rows] = std::move(graphs);
+  }
+  backend_.zero(ds_hidden_);  // the captures gathered padding rows' y into it
+
+  std::vector<int> layers;  // the layers drafts 2..k run
+  for (int j = 2; j <= config_.max_depth; ++j)
+    if (std::find(layers.begin(), layers.end(), layer_for_draft(j)) == layers.end()) layers.push_back(layer_for_draft(j));
+  if (layers.empty()) return num_catch_up_graphs();
   // An all-padding batch in the static buffers: token 0 at position 0, no K/V write, one key in
   // block 0 (zeroed or written entries: finite).
-  const int w = max_blocks_per_seq_;
   const int most = sizes.back();
   backend_.synchronize();
   std::fill_n(hs_tokens_.data_as<int32_t>(), most, 0);
@@ -481,15 +741,16 @@ size_t MtpProposer::capture_graphs(const std::vector<int>& batch_sizes) {
     if (!graphs || graphs->size() != sizes.size()) {
       step_graphs_.clear();
       step_graph_logits_.clear();
-      return 0;
+      break;
     }
     step_graphs_[layer] = std::move(graphs);
   }
   // The captures ran padding through ds_hidden_: keep its rows finite and deterministic.
   backend_.zero(ds_hidden_);
-  LOG_INFO("CUDA graphs of MTP draft steps: batch sizes {}..{} ({} graphs over {} layer(s))", sizes.front(),
-           sizes.back(), num_step_graphs(), layers.size());
-  return num_step_graphs();
+  if (!step_graphs_.empty())
+    LOG_INFO("CUDA graphs of MTP draft steps: batch sizes {}..{} ({} graphs over {} layer(s))", sizes.front(),
+             sizes.back(), num_step_graphs(), layers.size());
+  return num_catch_up_graphs() + num_step_graphs();
 }
 
 }  // namespace specula

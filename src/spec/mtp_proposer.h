@@ -28,6 +28,19 @@
 //     THAT request. Acceptance may move by a hair there; the output cannot (verification is
 //     lossless for any draft and q).
 // Drafts 2..k run from static device buffers at a padded batch size (run_step), as draft_model's.
+//
+// CUDA graphs (capture_graphs, unless --enforce-eager): the chained steps replay a graph per MTP
+// layer and padded size; so does the catch-up when it is short (steady-state decode: every piece
+// spans 1..1+k positions, none at position 0), as r rows per request (r: the smallest captured
+// count >= the longest piece). A piece of n < r positions runs its n real rows followed by r - n
+// rows that write no K/V (slot -1) and that no real row attends to (they come after it); an MTP
+// row reads h of its own position, which exists only in this step's target rows, so re-running
+// earlier positions, as draft_model's catch-up graphs do, is not possible here. The graph reads the
+// target's hidden rows from the static d_hidden_, gathered there from the scratch arena BEFORE the
+// replay (the target's rows live at an address that differs between its eager steps and its
+// graphs; the replay writes the arena from offset 0, over them). Other catch-ups (prefill chunks,
+// position 0, after depth-0 steps, pieces of more than 1+k positions) run eagerly. With
+// pad_batch set and no graphs (the CPU tests), short catch-ups run the same padded layout eagerly.
 #pragma once
 
 #include <cstdint>
@@ -88,6 +101,12 @@ class MtpProposer : public Proposer {
   size_t capture_graphs(const std::vector<int>& batch_sizes) override;
   size_t num_step_graphs() const;
   int64_t num_step_graph_replays() const { return step_graph_replays_; }
+  // Catch-up graphs: r = 1..1+k rows per request, batch sizes up to kMaxCatchUpGraphBatch.
+  size_t num_catch_up_graphs() const;
+  int64_t num_catch_up_graph_replays() const { return catch_up_graph_replays_; }
+  // Catch-ups that ran the padded r-rows-per-request layout (replayed or, without graphs, eagerly).
+  int64_t num_uniform_catch_ups() const { return uniform_catch_ups_; }
+  static constexpr int kMaxCatchUpGraphBatch = 128;
 
  private:
   struct State {
@@ -105,6 +124,19 @@ class MtpProposer : public Proposer {
   State& state_for(std::string_view req_id);
   void run_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces, const std::vector<int>& num_drafts,
                     std::vector<std::vector<int32_t>>& drafts);
+  // The catch-up as r rows per request (a graph's layout, see the header); false when it must
+  // run eagerly as a varlen forward.
+  bool run_uniform_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
+                            const std::vector<int>& num_drafts, std::vector<std::vector<int32_t>>& drafts);
+  // The MTP layer over the static catch-up buffers at `size` requests of `rows` rows (the graph's
+  // work): logits of one row per request (d_logits_idx_), and with k >= 2 the chained steps' y
+  // gathered into ds_hidden_ (d_step_rows_). At capture every request claims the longest length.
+  Tensor uniform_catch_up_forward(int size, int rows, bool for_capture);
+  // The target's hidden rows h_rows_[0, t) into d_hidden_ (a cast where the dtypes differ).
+  void gather_target_rows(const Tensor& target_hidden, int t);
+  // Samples draft 1 of every drafting piece from row row_of(s) of `logits` (s: the piece's index).
+  void sample_first_drafts(const ProposeBatch& batch, const std::vector<Piece>& pieces, const Tensor& logits,
+                           const std::function<int(int)>& row_of, std::vector<std::vector<int32_t>>& drafts);
   void prepare_step(const ProposeBatch& batch, const std::vector<size_t>& rows, int step, int padded,
                     const std::vector<std::vector<int32_t>>& drafts, const std::vector<int>& num_drafts,
                     bool upload_tables);
@@ -128,7 +160,9 @@ class MtpProposer : public Proposer {
   int64_t num_forwards_ = 0;
   std::vector<std::vector<int32_t>> contexts_;  // per request of a propose: tokens + drafts so far
 
-  // Catch-up inputs (host staging + device twins), [max_num_batched_tokens] rows.
+  // Catch-up inputs (host staging, pinned where the backend has it, + device twins),
+  // [max_num_batched_tokens] rows; also the static inputs of the catch-up graphs (tables at full
+  // width max_blocks_per_seq_ then, logits and step rows one per request).
   Tensor h_tokens_, h_positions_, h_slots_, h_rows_, h_qsl_, h_seq_lens_, h_tables_, h_logits_idx_;
   Tensor d_tokens_, d_positions_, d_slots_, d_rows_, d_qsl_, d_seq_lens_, d_tables_, d_logits_idx_;
   Tensor d_hidden_;  // [max_num_batched_tokens, H]: the target's hidden rows the catch-up reads
@@ -146,6 +180,10 @@ class MtpProposer : public Proposer {
   std::map<int, std::unique_ptr<PaddedGraphs>> step_graphs_;  // by MTP layer
   std::map<std::pair<int, int>, Tensor> step_graph_logits_;   // by (layer, size): captured outputs
   int64_t step_graph_replays_ = 0;
+  std::map<int, std::unique_ptr<PaddedGraphs>> catch_up_graphs_;  // by rows per request
+  std::map<std::pair<int, int>, Tensor> catch_up_graph_logits_;   // by (rows, size): captured outputs
+  int64_t catch_up_graph_replays_ = 0;
+  int64_t uniform_catch_ups_ = 0;
 };
 
 struct ProposerContext;

@@ -11,11 +11,14 @@
 #include "engine/device_sampler.h"
 #include "engine/engine_core.h"
 #include "engine/llm_engine.h"
+#include "model/deepseek_mtp.h"
 #include "model/model.h"
 #include "model/weight_source.h"
 #include "spec/device_rejection_sampler.h"
+#include "spec/device_draft_sampler.h"
 #include "spec/draft_model_proposer.h"
 #include "spec/draft_sampler.h"
+#include "spec/mtp_proposer.h"
 #include "spec/speculator.h"
 #include "test_paths.h"
 #include "tokenizer/tokenizer.h"
@@ -117,18 +120,17 @@ TEST(SpecGraphs, MtpGreedyIsTransformersWithAndWithoutGraphs) {
 // Any prompts (no reference margin): graphs give exactly the eager engine's tokens, and the
 // drafts are as good: a draft graph reading a wrong input or cache entry would lower acceptance
 // (greedy drafts of the same contexts differ only where bf16 rounding flips a near tie).
-TEST(SpecGraphs, GraphsGiveTheEagerSpeculativeEnginesTokensAndAcceptance) {
-  SKIP_WITHOUT_GPU();
-  auto tok = Tokenizer::from_dir(tiny());
+void expect_graphs_give_eager_tokens_and_acceptance(const fs::path& model, std::string (*spec)(int)) {
+  auto tok = Tokenizer::from_dir(model);
   const std::vector<std::string> texts{"The quick brown fox", "Once upon a time,", "def main():", "A B C D E F",
                                        "In 1492"};
   std::vector<std::vector<int32_t>> prompts;
   for (const std::string& t : texts) prompts.push_back(tok->encode(t));
   for (int k : {1, 3}) {
-    SCOPED_TRACE("k=" + std::to_string(k));
+    SCOPED_TRACE(spec(k));
     EngineMetrics me, mg;
-    const auto eager = greedy(engine_config(tiny(), draft_spec(k), true), prompts, 64, &me);
-    const auto graphs = greedy(engine_config(tiny(), draft_spec(k), false), prompts, 64, &mg);
+    const auto eager = greedy(engine_config(model, spec(k), true), prompts, 64, &me);
+    const auto graphs = greedy(engine_config(model, spec(k), false), prompts, 64, &mg);
     for (size_t i = 0; i < prompts.size(); ++i) {
       EXPECT_EQ(eager[i].size(), 64u);
       EXPECT_EQ(graphs[i], eager[i]) << "prompt " << i;
@@ -138,6 +140,18 @@ TEST(SpecGraphs, GraphsGiveTheEagerSpeculativeEnginesTokensAndAcceptance) {
     const double rate_g = static_cast<double>(mg.spec_num_accepted_tokens) / mg.spec_num_draft_tokens;
     EXPECT_NEAR(rate_g, rate_e, 0.03) << "acceptance eager " << rate_e << ", graphs " << rate_g;
   }
+}
+
+TEST(SpecGraphs, GraphsGiveTheEagerSpeculativeEnginesTokensAndAcceptance) {
+  SKIP_WITHOUT_GPU();
+  expect_graphs_give_eager_tokens_and_acceptance(tiny(), draft_spec);
+}
+
+// MTP's catch-up graphs read the target's hidden rows gathered into a static buffer: a wrong or
+// stale row would show as lower acceptance, a wrong K/V entry too.
+TEST(SpecGraphs, MtpGraphsGiveTheEagerEnginesTokensAndAcceptance) {
+  SKIP_WITHOUT_GPU();
+  expect_graphs_give_eager_tokens_and_acceptance(tiny_moe(), mtp_spec);
 }
 
 // The graphs are really used: the engine's pieces put together by hand (as LLMEngine::create
@@ -212,6 +226,82 @@ TEST(SpecGraphs, VerificationAndDraftStepsReplayGraphs) {
   EXPECT_GT(runner.num_graph_replays(1 + k), 0) << "no verification step of " << k << " drafts replayed a graph";
   EXPECT_GT(dp.num_step_graph_replays(), 0) << "no draft step replayed a graph";
   EXPECT_GT(dp.num_catch_up_graph_replays(), 0) << "no draft catch-up replayed a graph";
+}
+
+// MTP's graphs are really used: catch-up forwards (r = 1..1+k rows per request) and chained
+// draft steps replay, with the device draft sampler, and greedy stays transformers'.
+TEST(SpecGraphs, MtpCatchUpAndDraftStepsReplayGraphs) {
+  SKIP_WITHOUT_GPU();
+  const int k = 3;
+  const testing::GreedyReference ref = reference("specula-tiny-moe");
+  auto gpu = make_cuda_backend(0);
+  const ModelConfig config = load_model_config(tiny_moe());
+  auto weights = open_safetensors_checkpoint(tiny_moe());
+  auto model = create_model(config, *weights, *gpu);
+  auto tok = Tokenizer::from_dir(tiny_moe());
+  EngineCoreConfig c;
+  c.max_model_len = 256;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 64;
+  c.block_size = 16;
+  c.num_blocks = 256;
+  c.vocab_size = config.vocab_size;
+  c.num_spec_tokens = k;
+  auto sampler = make_sampler(*gpu, c.max_num_seqs * (1 + k), c.vocab_size);
+  ModelRunnerConfig rc;
+  rc.max_num_seqs = c.max_num_seqs;
+  rc.max_num_batched_tokens = c.max_num_batched_tokens;
+  rc.max_model_len = c.max_model_len;
+  rc.block_size = c.block_size;
+  rc.num_blocks = c.num_blocks;
+  rc.num_spec_tokens = k;
+  ModelRunner runner(*model, *gpu, *sampler, rc);
+  runner.set_rejection_sampler(make_device_rejection_sampler(*gpu, c.max_num_seqs * (1 + k), c.vocab_size));
+  auto mtp = std::make_unique<DeepseekMtp>(config, *weights, *gpu, ModelOptions{}, model.get(), false);
+  MtpProposerConfig mc;
+  mc.max_depth = k;
+  mc.max_num_seqs = c.max_num_seqs;
+  mc.max_num_batched_tokens = c.max_num_batched_tokens;
+  mc.max_model_len = c.max_model_len;
+  auto proposer = std::make_unique<MtpProposer>(std::move(mtp), *gpu,
+                                                make_draft_sampler(*gpu, c.max_num_seqs, c.vocab_size), mc);
+  MtpProposer& mp = *proposer;
+  mp.allocate_kv_cache(c.num_blocks, c.block_size);
+  Speculator speculator(std::move(proposer), SpeculatorConfig{k, false});
+  runner.set_speculator(&speculator);
+  const std::vector<int> sizes = PaddedGraphs::default_sizes(c.max_num_seqs);  // 1, 2, 4, 8
+  EXPECT_EQ(runner.capture_decode_graphs(sizes), 4u * (1 + k));
+  // Catch-ups of 1..1+k rows per request (all four sizes fit 64 tokens), one MTP layer's steps.
+  EXPECT_EQ(mp.capture_graphs(sizes), 4u * (1 + k) + 4u);
+  EXPECT_EQ(mp.num_catch_up_graphs(), 4u * (1 + k));
+  EXPECT_EQ(mp.num_step_graphs(), 4u);
+
+  EngineCore core(c, runner, *tok);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < 3; ++i) {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.max_tokens = static_cast<int>(ref.greedy[i % 2].size());
+    p.ignore_eos = true;
+    streams.push_back(std::make_shared<RequestStream>());
+    core.add_request(NewRequest{"m" + std::to_string(i), ref.prompts[i % 2], p}, streams.back());
+  }
+  while (core.step()) {
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::vector<int32_t> got;
+    RequestOutput o;
+    while (streams[i]->pop(&o, std::chrono::milliseconds(0))) {
+      EXPECT_FALSE(o.error.has_value()) << *o.error;
+      for (const ChoiceDelta& d : o.choices) got.insert(got.end(), d.token_ids.begin(), d.token_ids.end());
+    }
+    EXPECT_EQ(got, ref.greedy[i % 2]) << i;
+  }
+  EXPECT_GT(runner.num_graph_replays(1 + k), 0) << "no verification step of " << k << " drafts replayed a graph";
+  EXPECT_GT(mp.num_catch_up_graph_replays(), 0) << "no MTP catch-up replayed a graph";
+  EXPECT_GT(mp.num_step_graph_replays(), 0) << "no MTP draft step replayed a graph";
+  // With graphs, every catch-up in the padded layout is a replay.
+  EXPECT_EQ(mp.num_uniform_catch_ups(), mp.num_catch_up_graph_replays());
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // (tests/unit/model/deepseek_mtp_reference.h). That holds only if the incremental MTP cache is
 // right after chunked prefill, accepted and rejected drafts, steps without drafts (the wrapper
 // forces depth 0 on every other step), preemption and prefix-cache hits, with draft steps run at
-// a padded batch size or not.
+// a padded batch size or not; padded, short catch-ups also run the CUDA graphs' layout (r rows
+// per request, rows past a piece's end writing nothing) eagerly.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,8 +36,9 @@ struct Proposal {
 
 class RecordingProposer : public Proposer {
  public:
-  RecordingProposer(std::unique_ptr<Proposer> inner, std::vector<Proposal>* out)
-      : inner_(std::move(inner)), mtp_(dynamic_cast<MtpProposer*>(inner_.get())), out_(out) {
+  RecordingProposer(std::unique_ptr<Proposer> inner, std::vector<Proposal>* out, int64_t* uniform_catch_ups)
+      : inner_(std::move(inner)), mtp_(dynamic_cast<MtpProposer*>(inner_.get())), out_(out),
+        uniform_catch_ups_(uniform_catch_ups) {
     EXPECT_NE(mtp_, nullptr);
   }
   std::string_view method() const override { return inner_->method(); }
@@ -51,6 +53,7 @@ class RecordingProposer : public Proposer {
     ProposeBatch b = batch;
     if (++calls_ % 2 == 0) b.depth = 0;  // a step without drafts must still be consumed
     inner_->propose(b, drafts);
+    *uniform_catch_ups_ = mtp_->num_uniform_catch_ups();
     for (size_t i = 0; i < b.requests.size(); ++i) {
       const ProposerRequest& r = b.requests[i];
       // After every step the MTP cache covers exactly the positions the target's does.
@@ -75,10 +78,12 @@ class RecordingProposer : public Proposer {
   std::unique_ptr<Proposer> inner_;
   MtpProposer* mtp_;
   std::vector<Proposal>* out_;
+  int64_t* uniform_catch_ups_;
   int calls_ = 0;
 };
 
-// make_mtp_proposer, but with draft steps padded to a multiple of 4 rows (CUDA-graph sizes).
+// make_mtp_proposer, but with draft steps and short catch-ups padded to a multiple of 4 requests
+// (CUDA-graph sizes).
 std::unique_ptr<Proposer> make_padded_mtp_proposer(const ProposerContext& ctx) {
   auto weights = open_safetensors_checkpoint(ctx.engine.model);
   auto mtp = std::make_unique<DeepseekMtp>(ctx.target_config, *weights, ctx.backend, ModelOptions{}, &ctx.target, false);
@@ -94,9 +99,10 @@ std::unique_ptr<Proposer> make_padded_mtp_proposer(const ProposerContext& ctx) {
 
 // Registers the recording wrapper as `mtp` for the test's lifetime.
 struct RecordingRegistration {
-  RecordingRegistration(std::vector<Proposal>* out, bool padded) {
-    register_proposer("mtp", [out, padded](const ProposerContext& ctx) {
-      return std::make_unique<RecordingProposer>(padded ? make_padded_mtp_proposer(ctx) : make_mtp_proposer(ctx), out);
+  RecordingRegistration(std::vector<Proposal>* out, bool padded, int64_t* uniform_catch_ups) {
+    register_proposer("mtp", [out, padded, uniform_catch_ups](const ProposerContext& ctx) {
+      return std::make_unique<RecordingProposer>(padded ? make_padded_mtp_proposer(ctx) : make_mtp_proposer(ctx), out,
+                                                 uniform_catch_ups);
     });
   }
   ~RecordingRegistration() { register_proposer("mtp", make_mtp_proposer); }
@@ -123,9 +129,9 @@ TEST(MtpProposer, EveryProposalEqualsTheMtpLayerRecomputedFromScratch) {
   for (auto [k, padded] : {std::pair{1, false}, std::pair{3, false}, std::pair{3, true}}) {
     SCOPED_TRACE("k=" + std::to_string(k) + (padded ? ", draft steps padded" : ""));
     proposals.clear();
-    int64_t preemptions = 0, hits = 0;
+    int64_t preemptions = 0, hits = 0, uniform_catch_ups = 0;
     {
-      RecordingRegistration rec(&proposals, padded);
+      RecordingRegistration rec(&proposals, padded, &uniform_catch_ups);
       EngineConfig ec = testing::moe_engine_config(testing::mtp_spec(k));
       ec.num_gpu_blocks_override = 9;
       ec.max_model_len = 128;
@@ -140,6 +146,8 @@ TEST(MtpProposer, EveryProposalEqualsTheMtpLayerRecomputedFromScratch) {
     }
     EXPECT_GT(preemptions, 0);
     EXPECT_GT(hits, 0);
+    if (padded) EXPECT_GT(uniform_catch_ups, 10) << "no catch-up ran the graphs' padded layout";
+    else EXPECT_EQ(uniform_catch_ups, 0);
     ASSERT_GT(proposals.size(), 30u);
 
     auto backend = make_cpu_backend(2);
