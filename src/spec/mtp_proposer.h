@@ -96,8 +96,9 @@ class MtpProposer : public Proposer {
   // [padded, vocab] (backend scratch).
   Tensor run_step(int padded, int layer);
 
-  // CUDA graphs of the chained draft step (run_step) per MTP layer the steps use and batch size;
-  // after allocate_kv_cache.
+  // CUDA graphs of the short catch-up (r = 1..1+k rows per request, per batch size up to
+  // kMaxCatchUpGraphBatch) and of the chained draft step (run_step) per MTP layer the steps use
+  // and batch size; after allocate_kv_cache.
   size_t capture_graphs(const std::vector<int>& batch_sizes) override;
   size_t num_step_graphs() const;
   int64_t num_step_graph_replays() const { return step_graph_replays_; }
