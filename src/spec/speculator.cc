@@ -44,18 +44,25 @@ int Speculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& 
   // lower acceptance and never change the output.
   if (batch.depth == 0 && num_decoding > 0) {
     drafts.assign(batch.requests.size(), {});
+    drafted_last_step_.clear();
     return 0;
   }
+  bool steady = true;
+  for (const ProposerRequest& r : batch.requests)
+    steady = steady && r.sampled && drafted_last_step_.count(std::string(r.req_id)) > 0;
   const auto t0 = std::chrono::steady_clock::now();
   proposer_->propose(batch, drafts);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int drafting = 0, most = 0;
-  for (const std::vector<int32_t>& d : drafts) {
-    drafting += d.empty() ? 0 : 1;
-    most = std::max(most, static_cast<int>(d.size()));
+  drafted_last_step_.clear();
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    if (drafts[i].empty()) continue;
+    drafting += 1;
+    most = std::max(most, static_cast<int>(drafts[i].size()));
+    drafted_last_step_.insert(std::string(batch.requests[i].req_id));
   }
-  // A draft step's cost: the proposer's time (its catch-up included) per draft produced.
-  if (drafting > 0) depth_.cost().record_draft(drafting, seconds / most);
+  // A draft step's cost: the proposer's time (its steady catch-up included) per draft produced.
+  if (drafting > 0 && steady) depth_.cost().record_draft(drafting, seconds / most);
   return batch.depth;
 }
 

@@ -1,0 +1,91 @@
+// Speculator: which proposer calls teach the cost model a draft step's cost, and load shedding.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <unordered_set>
+
+#include "spec/speculator.h"
+
+namespace specula {
+namespace {
+
+// A proposer whose first call for a request is slow (it runs the prompt through the draft) and
+// whose later calls are fast; it drafts `depth` copies of token 7.
+class CatchUpProposer : public Proposer {
+ public:
+  std::string_view method() const override { return "fake"; }
+  double relative_step_cost() const override { return 0.2; }
+  void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
+    ++calls;
+    drafts.assign(batch.requests.size(), {});
+    for (size_t i = 0; i < batch.requests.size(); ++i) {
+      const ProposerRequest& r = batch.requests[i];
+      if (seen_.insert(std::string(r.req_id)).second)
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the prompt's catch-up
+      if (r.sampled) drafts[i].assign(static_cast<size_t>(std::min(batch.depth, r.max_drafts)), 7);
+    }
+  }
+  void drop_request(std::string_view id) override { seen_.erase(std::string(id)); }
+  int calls = 0;
+
+ private:
+  std::unordered_set<std::string> seen_;
+};
+
+ProposeBatch decode_batch(const std::vector<std::string>& ids) {
+  ProposeBatch b;
+  for (const std::string& id : ids) {
+    ProposerRequest r;
+    r.req_id = id;
+    r.sampled = true;
+    r.max_drafts = 3;
+    b.requests.push_back(r);
+  }
+  return b;
+}
+
+TEST(Speculator, OnlySteadyStepsTeachTheDraftCost) {
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  Speculator spec(std::move(proposer), SpeculatorConfig{3, true});
+  // A target decode step of 1 ms measured, as the runner records it.
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(1, r, 0.001 * (1.0 + 0.05 * (r - 1)));
+  const std::vector<std::string> ids = {"a"};
+  std::vector<std::vector<int32_t>> drafts;
+  ProposeBatch b = decode_batch(ids);
+  const int first = spec.propose(b, drafts);
+  ASSERT_GT(first, 0);  // priors: drafting pays
+  ASSERT_EQ(drafts[0].size(), static_cast<size_t>(first));
+  // The first call ran the 30 ms catch-up of the prompt: not a draft step's cost. Had it been
+  // recorded (10 ms per draft against a 1 ms target step) the depth would drop to 0 for good.
+  for (int step = 0; step < 20; ++step) {
+    b = decode_batch(ids);
+    for (int i = 0; i < 3; ++i) spec.record_verification(3, 3);
+    EXPECT_GT(spec.propose(b, drafts), 0) << "step " << step;
+  }
+  EXPECT_LT(spec.depth().cost().draft_seconds(1), 0.005);
+  EXPECT_EQ(p->calls, 21);
+}
+
+TEST(Speculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  Speculator spec(std::move(proposer), SpeculatorConfig{3, true});
+  // Drafts never accepted and a draft step as costly as the target: speculation cannot pay.
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001 * r);
+  spec.depth().cost().record_draft(64, 0.001);
+  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 64; ++i) ids.push_back("r" + std::to_string(i));
+  std::vector<std::vector<int32_t>> drafts;
+  ProposeBatch b = decode_batch(ids);
+  EXPECT_EQ(spec.propose(b, drafts), 0);
+  EXPECT_EQ(p->calls, 0);
+  ASSERT_EQ(drafts.size(), 64u);
+  for (const auto& d : drafts) EXPECT_TRUE(d.empty());
+}
+
+}  // namespace
+}  // namespace specula
