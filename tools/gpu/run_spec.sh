@@ -12,7 +12,7 @@
 # never trained on), at temperature SPEC_TEMPERATURE (default 0: greedy, as speculative-decoding
 # benchmarks usually run; 1 shows sampled acceptance).
 # $OUT receives spec_summary.txt, every log and JSON (spec_logs.tar.gz).
-#   RUN_SPEC_SKIP="tiny mtp dsv2 cost"   skip sections by name; RUN_SPEC_BUDGET seconds (default 420)
+#   RUN_SPEC_SKIP="tiny sampled mtp dsv2 cost"   skip sections by name; RUN_SPEC_BUDGET seconds (default 420)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -31,10 +31,6 @@ find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"
 TEMP=${SPEC_TEMPERATURE:-0}
 ITERS=${SPEC_ITERS:-3}
 OUTLEN=${SPEC_OUTPUT_LEN:-128}
-dataset_args=()
-specula bench latency --help 2>/dev/null | grep -q -- "--dataset" && dataset_args=(--dataset "$DATASET")
-temp_args=()
-specula bench latency --help 2>/dev/null | grep -q -- "--temperature" && temp_args=(--temperature "$TEMP")
 
 TINY=models/specula-tiny
 DRAFT=models/specula-tiny-draft
@@ -42,7 +38,7 @@ MOE=models/specula-tiny-moe
 lat() {  # lat NAME LIMIT MODEL CONCURRENCY [ARGS...]: a latency run on real weights and prompts
   local name=$1 limit=$2 model=$3 c=$4
   shift 4
-  bench "$name" "$limit" latency "$model" "${dataset_args[@]}" "${temp_args[@]}" --batch-size "$c" \
+  bench "$name" "$limit" latency "$model" --dataset "$DATASET" --temperature "${LAT_TEMP:-$TEMP}" --batch-size "$c" \
     --input-len 128 --output-len "$OUTLEN" --num-iters "$ITERS" --num-iters-warmup 1 --max-model-len 1024 \
     --max-num-seqs "$(( c < 8 ? 8 : c ))" "$@"
 }
@@ -53,16 +49,27 @@ draft_cfg() {  # draft_cfg K ADAPTIVE
 if ! skipped tiny; then
   for c in 1 16 64 256; do
     lat "tiny_c${c}_nospec" 40 "$TINY" "$c"
-    if [ "$c" = 1 ] || [ "$c" = 16 ]; then ks="1 2 3 4 5"; else ks="1 3 5"; fi
-    for k in $ks; do lat "tiny_c${c}_k${k}_pinned" 40 "$TINY" "$c" --speculative-config "$(draft_cfg "$k" false)"; done
+    for k in 1 2 3 4 5; do lat "tiny_c${c}_k${k}_pinned" 40 "$TINY" "$c" --speculative-config "$(draft_cfg "$k" false)"; done
     for k in 3 5; do lat "tiny_c${c}_k${k}_adaptive" 40 "$TINY" "$c" --speculative-config "$(draft_cfg "$k" true)"; done
   done
 fi
 
-if ! skipped mtp; then
+if ! skipped sampled; then
+  # The same pair at temperature 1 (sampled drafts, lossless rejection sampling).
   for c in 1 64; do
+    LAT_TEMP=1 lat "tiny_t1_c${c}_nospec" 40 "$TINY" "$c"
+    LAT_TEMP=1 lat "tiny_t1_c${c}_k3_pinned" 40 "$TINY" "$c" --speculative-config "$(draft_cfg 3 false)"
+    LAT_TEMP=1 lat "tiny_t1_c${c}_k3_adaptive" 40 "$TINY" "$c" --speculative-config "$(draft_cfg 3 true)"
+  done
+fi
+
+if ! skipped mtp; then
+  for c in 1 16 64; do
     lat "moe_c${c}_nospec" 40 "$MOE" "$c"
-    lat "moe_c${c}_mtp_k1_pinned" 40 "$MOE" "$c" --speculative-config '{"method":"mtp","num_speculative_tokens":1,"adaptive":false}'
+    for k in 1 2 3; do
+      lat "moe_c${c}_mtp_k${k}_pinned" 40 "$MOE" "$c" --speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$k,\"adaptive\":false}"
+    done
+    lat "moe_c${c}_mtp_k1_adaptive" 40 "$MOE" "$c" --speculative-config '{"method":"mtp","num_speculative_tokens":1}'
     lat "moe_c${c}_mtp_k3_adaptive" 40 "$MOE" "$c" --speculative-config '{"method":"mtp","num_speculative_tokens":3}'
   done
 fi
