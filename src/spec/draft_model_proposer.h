@@ -19,7 +19,7 @@
 //
 // Per step: one varlen forward (catch-up + the first draft, chunked if needed), then k-1 decode
 // steps over the drafting requests. Those run from static device buffers at a padded batch size
-// (prepare_step fills them, run_step reads nothing else), which is what a CUDA graph needs.
+// (draft_step_buffers.h; run_step reads nothing else), which is what a CUDA graph needs.
 // CUDA graphs (capture_graphs, unless --enforce-eager): the draft steps replay a graph per padded
 // size; so does the catch-up forward when every piece is short (steady state: 1 or 2 tokens per
 // request, run as r rows each by re-running earlier positions, see run_catch_up_graph); other
@@ -32,13 +32,15 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
 #include "engine/padded_graphs.h"
 #include "model/model.h"
+#include "spec/draft_catch_up_buffers.h"
 #include "spec/draft_sampler.h"
+#include "spec/draft_step_buffers.h"
+#include "spec/draft_step_helpers.h"
 #include "spec/proposer.h"
 
 namespace specula {
@@ -77,7 +79,7 @@ class DraftModelProposer : public Proposer {
   int64_t num_forwards() const { return num_forwards_; }
 
   // One autoregressive draft step over the first `padded` rows of the static step buffers, which
-  // prepare_step filled (rows past the real ones are padding: slot -1, attending to position 0):
+  // propose filled (rows past the real ones are padding: slot -1, attending to position 0):
   // the replay of its captured graph when there is one for `padded`, else an eager forward.
   // Returns logits F32 [padded, vocab] (backend scratch).
   Tensor run_step(int padded);
@@ -101,24 +103,12 @@ class DraftModelProposer : public Proposer {
     int drafted_from = 0;      // position of drafts[0] at the last proposal
     std::vector<int32_t> drafts;  // the last proposal; K/V written for all but the last
   };
-  // A run of one request's tokens through a catch-up forward.
-  struct Piece {
-    size_t req = 0;            // index into the batch
-    int from = 0, to = 0;      // positions [from, to)
-    bool drafts = false;       // its last row samples the first draft
-  };
+  using Piece = CatchUpPiece;
 
-  State& state_for(std::string_view req_id);
   void confirm_accepted_drafts(State& st, const ProposerRequest& r) const;
   // Runs pieces through one varlen forward and samples the first draft of those that draft.
   void run_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces, std::vector<std::vector<int32_t>>& drafts);
-  void prepare_step(const ProposeBatch& batch, const std::vector<size_t>& rows, int step, int padded,
-                    const std::vector<std::vector<int32_t>>& drafts, const std::vector<int>& num_drafts,
-                    bool upload_tables);
-  SamplingRow sampling_row(const ProposerRequest& r, int logits_row, int position,
-                           const std::vector<int32_t>& drafts_so_far) const;
-  int64_t slot_of(const ProposerRequest& r, int pos) const;
-  Tensor upload(const Tensor& host, Tensor& device, int64_t n);
+  int64_t slot_of(const ProposerRequest& r, int pos) const { return draft_kv_slot(r, pos, block_size_, "draft K/V"); }
 
   std::unique_ptr<Model> draft_;
   Backend& backend_;
@@ -128,24 +118,17 @@ class DraftModelProposer : public Proposer {
   int max_blocks_per_seq_ = 0;
   std::vector<KVCacheLayer> kv_;
   Tensor q_store_;  // F32 [max_num_seqs * max_depth, vocab]: q of each slot's drafts
-  std::unordered_map<std::string, State> states_;
-  std::vector<int> free_slots_;
+  DraftRequestStates<State> states_;
   int64_t num_forwards_ = 0;
   // Scratch for drafting rows' context (prompt, output + drafts so far) during one propose.
   std::vector<std::vector<int32_t>> contexts_;
 
-  // Catch-up forward inputs (host staging + device twins), sized for max_num_batched_tokens.
-  Tensor h_tokens_, h_positions_, h_slots_, h_qsl_, h_seq_lens_, h_tables_, h_logits_idx_;
-  Tensor d_tokens_, d_positions_, d_slots_, d_qsl_, d_seq_lens_, d_tables_, d_logits_idx_;
-  // Static draft-step inputs, [max_num_seqs] rows (tables: [max_num_seqs, max_blocks_per_seq]).
-  Tensor hs_tokens_, hs_positions_, hs_slots_, hs_seq_lens_, hs_tables_;
-  Tensor ds_tokens_, ds_positions_, ds_slots_, ds_seq_lens_, ds_tables_, ds_qsl_, ds_logits_idx_;
-  std::vector<int32_t> step_qsl_host_, step_seq_lens_host_;
-  int step_max_seq_len_ = 1;
+  DraftCatchUpBuffers catch_up_;  // catch-up forward inputs, sized for max_num_batched_tokens
+  DraftStepBuffers step_;          // static draft-step inputs, [max_num_seqs] rows
   // The padded size a draft step of n rows runs at: a captured graph's, else pad_batch's.
   int step_batch_size(int n) const;
   // The draft step's forward over the static buffers; at capture every row claims the longest
-  // length the draft allows (launch shapes come from the host metadata).
+  // length the draft allows.
   Tensor step_forward(int padded, bool for_capture);
   // Catch-up forwards as graphs: when every piece is short, each runs the last r positions of
   // its range (run_catch_up_graph); false when the forward must run eagerly.

@@ -1,7 +1,6 @@
 #include "spec/mtp_proposer.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -9,13 +8,13 @@
 
 namespace specula {
 
-namespace {
-int ceil_div(int a, int b) { return (a + b - 1) / b; }
-}  // namespace
-
 MtpProposer::MtpProposer(std::unique_ptr<DeepseekMtp> mtp, Backend& backend, std::unique_ptr<DraftSampler> sampler,
                          const MtpProposerConfig& config)
-    : mtp_(std::move(mtp)), backend_(backend), sampler_(std::move(sampler)), config_(config) {
+    : mtp_(std::move(mtp)),
+      backend_(backend),
+      sampler_(std::move(sampler)),
+      config_(config),
+      states_(config.max_num_seqs, config.max_depth, "mtp") {
   SPECULA_CHECK(mtp_ != nullptr && mtp_->num_layers() > 0, "mtp proposer: no MTP layer");
   SPECULA_CHECK(config.max_depth >= 1 && config.max_num_seqs >= 1 && config.max_num_batched_tokens >= 1 &&
                     config.max_model_len >= 2,
@@ -25,120 +24,39 @@ MtpProposer::MtpProposer(std::unique_ptr<DeepseekMtp> mtp, Backend& backend, std
   hidden_ = mtp_->config().hidden_size;
   q_store_ = backend.empty({static_cast<int64_t>(config.max_num_seqs) * config.max_depth, mtp_->config().vocab_size},
                            DType::kF32);
-  for (int s = config.max_num_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
 }
 
 void MtpProposer::allocate_kv_cache(int num_blocks, int block_size) {
   SPECULA_CHECK(num_blocks > 0 && block_size > 0, "mtp proposer: bad KV cache shape ({} blocks of {})", num_blocks,
                 block_size);
   block_size_ = block_size;
-  const KVCacheSpec spec = mtp_->kv_cache_spec();
   const DType dtype = backend_.compute_dtype();
-  kv_.assign(static_cast<size_t>(spec.num_layers), KVCacheLayer{});
-  for (KVCacheLayer& layer : kv_) {
-    layer.k = backend_.empty({num_blocks, block_size, spec.num_kv_heads, spec.head_dim}, dtype);
-    layer.v = backend_.empty({num_blocks, block_size, spec.num_kv_heads, spec.v_head_dim}, dtype);
-    // As the target's cache (model_runner.cc): zeroed on a device, the OS's zero pages on the host.
-    if (backend_.device() != Device::kCPU) backend_.zero(layer.k);
-  }
-
+  kv_ = allocate_draft_kv_cache(backend_, mtp_->kv_cache_spec(), num_blocks, block_size);
   max_blocks_per_seq_ = ceil_div(config_.max_model_len + config_.max_depth, block_size);
-  const int64_t t = config_.max_num_batched_tokens, s = config_.max_num_seqs, w = max_blocks_per_seq_;
-  auto pair = [&](Tensor& h, Tensor& d, int64_t n, DType type) {
-    // Pinned where the backend has it: asynchronous uploads (a pageable one waits for the stream,
-    // some fifteen of them a step). Rewriting one waits for the copies out of it (synchronize).
-    h = backend_.empty_host({n}, type);
-    d = backend_.empty({n}, type);
-  };
-  pair(h_tokens_, d_tokens_, t, DType::kI32);
-  pair(h_positions_, d_positions_, t, DType::kI32);
-  pair(h_slots_, d_slots_, t, DType::kI64);
-  pair(h_rows_, d_rows_, t, DType::kI32);
-  pair(h_qsl_, d_qsl_, s + 1, DType::kI32);
-  pair(h_seq_lens_, d_seq_lens_, s, DType::kI32);
-  pair(h_tables_, d_tables_, s * w, DType::kI32);
-  pair(h_logits_idx_, d_logits_idx_, s, DType::kI32);
-  pair(hs_tokens_, ds_tokens_, s, DType::kI32);
-  pair(hs_positions_, ds_positions_, s, DType::kI32);
-  pair(hs_slots_, ds_slots_, s, DType::kI64);
-  pair(hs_seq_lens_, ds_seq_lens_, s, DType::kI32);
-  pair(hs_tables_, ds_tables_, s * w, DType::kI32);
-  pair(h_step_rows_, d_step_rows_, s, DType::kI32);
+  const int64_t t = config_.max_num_batched_tokens, s = config_.max_num_seqs;
+  catch_up_.allocate(backend_, config_.max_num_batched_tokens, config_.max_num_seqs, max_blocks_per_seq_, block_size);
+  target_rows_.allocate(backend_, t, DType::kI32);
+  step_rows_.allocate(backend_, s, DType::kI32);
+  step_.allocate(backend_, config_.max_num_seqs, max_blocks_per_seq_, block_size, "MTP K/V");
   d_hidden_ = backend_.empty({t, hidden_}, dtype);
   backend_.zero(d_hidden_);  // read by graph captures before any real row: finite, so routing stays in range
   ds_hidden_ = backend_.empty({s, hidden_}, dtype);
   backend_.zero(ds_hidden_);  // padding rows read it: never uninitialised (NaN) memory
-  // A draft step has one query row per sequence: query_start_loc and the logits rows are 0, 1, 2, ...
-  step_qsl_host_.resize(static_cast<size_t>(s) + 1);
-  std::iota(step_qsl_host_.begin(), step_qsl_host_.end(), 0);
-  ds_qsl_ = backend_.empty({s + 1}, DType::kI32);
-  backend_.copy(Tensor::from_i32(step_qsl_host_), ds_qsl_);
-  ds_logits_idx_ = backend_.empty({s}, DType::kI32);
-  backend_.copy(Tensor::from_i32(std::vector<int32_t>(step_qsl_host_.begin(), step_qsl_host_.end() - 1)), ds_logits_idx_);
-  step_seq_lens_host_.assign(static_cast<size_t>(s), 1);
   backend_.synchronize();
 }
 
-MtpProposer::State& MtpProposer::state_for(std::string_view req_id) {
-  auto it = states_.find(std::string(req_id));
-  if (it != states_.end()) return it->second;
-  SPECULA_CHECK(!free_slots_.empty(), "internal error: mtp proposer tracks more than max_num_seqs ({}) requests",
-                config_.max_num_seqs);
-  State st;
-  st.slot = free_slots_.back();
-  free_slots_.pop_back();
-  return states_.emplace(std::string(req_id), st).first->second;
-}
+void MtpProposer::drop_request(std::string_view req_id) { states_.drop(req_id); }
 
-void MtpProposer::drop_request(std::string_view req_id) {
-  auto it = states_.find(std::string(req_id));
-  if (it == states_.end()) return;
-  free_slots_.push_back(it->second.slot);
-  states_.erase(it);
-}
-
-int MtpProposer::draft_probs_row(std::string_view req_id) const {
-  auto it = states_.find(std::string(req_id));
-  return it == states_.end() ? -1 : it->second.slot * config_.max_depth;
-}
+int MtpProposer::draft_probs_row(std::string_view req_id) const { return states_.q_row(req_id); }
 
 int MtpProposer::num_computed(std::string_view req_id) const {
-  auto it = states_.find(std::string(req_id));
-  return it == states_.end() ? -1 : it->second.num_computed;
+  const State* st = states_.find(req_id);
+  return st ? st->num_computed : -1;
 }
 
 int MtpProposer::num_inherited(std::string_view req_id) const {
-  auto it = states_.find(std::string(req_id));
-  return it == states_.end() ? -1 : it->second.num_inherited;
-}
-
-int64_t MtpProposer::slot_of(const ProposerRequest& r, int pos) const {
-  const size_t block = static_cast<size_t>(pos / block_size_);
-  SPECULA_CHECK(block < r.block_ids.size(), "internal error: MTP K/V position {} of request {} has no block ({} held)",
-                pos, r.req_id, r.block_ids.size());
-  return static_cast<int64_t>(r.block_ids[block]) * block_size_ + pos % block_size_;
-}
-
-Tensor MtpProposer::upload(const Tensor& host, Tensor& device, int64_t n) {
-  Tensor dst = device.slice(0, n);
-  if (n > 0) backend_.copy(host.slice(0, n), dst);
-  return dst;
-}
-
-SamplingRow MtpProposer::sampling_row(const ProposerRequest& r, int logits_row, int position,
-                                      const std::vector<int32_t>& context) const {
-  // `context` = the request's tokens and the drafts so far; the row samples the token at
-  // `position` == context.size(), with the settings the target's verification row will use.
-  SamplingRow row;
-  row.logits_row = logits_row;
-  row.params = r.params;
-  row.seed = r.seed;
-  row.position = position;
-  row.prompt_token_ids = std::span<const int32_t>(context.data(), static_cast<size_t>(r.num_prompt_tokens));
-  row.output_token_ids = std::span<const int32_t>(context.data() + r.num_prompt_tokens,
-                                                  static_cast<size_t>(position - r.num_prompt_tokens));
-  if (position - r.num_prompt_tokens < r.params->min_tokens) row.masked_token_ids = r.min_tokens_stop_ids;
-  return row;
+  const State* st = states_.find(req_id);
+  return st ? st->num_inherited : -1;
 }
 
 void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
@@ -155,7 +73,7 @@ void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int
   contexts_.assign(n, {});
   for (size_t i = 0; i < n; ++i) {
     const ProposerRequest& r = batch.requests[i];
-    State& st = state_for(r.req_id);
+    State& st = states_.get_or_add(r.req_id);
     const int len = static_cast<int>(r.tokens.size());
     const int from = r.first_position;
     const int to = std::min({r.num_target_computed, len - 1, r.first_position + r.num_rows});
@@ -202,7 +120,8 @@ void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int
   for (int j = 2; j <= max_drafts; ++j) {
     {
       phase_profile::Scope p("mtp.step_prepare");
-      prepare_step(batch, rows, j, padded, drafts, num_drafts, /*upload_tables=*/j == 2);
+      // Draft j's input is draft j-1 at position L - 3 + j (draft 1 came from the row of L - 2).
+      step_.prepare(batch, rows, j, padded, drafts, num_drafts, /*upload_tables=*/j == 2, /*first_back=*/2);
     }
     Tensor logits;
     {
@@ -218,9 +137,9 @@ void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int
       if (num_drafts[i] < j) continue;
       const ProposerRequest& r = batch.requests[i];
       contexts_[i].push_back(drafts[i].back());
-      const int slot = states_.at(std::string(r.req_id)).slot;
+      const int slot = states_.at(r.req_id).slot;
       const int position = static_cast<int>(r.tokens.size()) + j - 1;  // of the token drafted
-      sample_rows.push_back(DraftSampleRow{sampling_row(r, row, position, contexts_[i]), slot * config_.max_depth + j - 1});
+      sample_rows.push_back(DraftSampleRow{draft_sampling_row(r, row, position, contexts_[i]), slot * config_.max_depth + j - 1});
       owners.push_back(i);
     }
     std::vector<int32_t> tokens = sampler_->sample(logits, sample_rows, &q_store_);
@@ -237,14 +156,14 @@ void MtpProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piec
   const int bs = block_size_;
   const int num_seqs = static_cast<int>(pieces.size());
   const Tensor& target_hidden = batch.target_hidden_states;
-  int32_t* tokens = h_tokens_.data_as<int32_t>();
-  int32_t* positions = h_positions_.data_as<int32_t>();
-  int64_t* slots = h_slots_.data_as<int64_t>();
-  int32_t* hidden_rows = h_rows_.data_as<int32_t>();
-  int32_t* qsl = h_qsl_.data_as<int32_t>();
-  int32_t* seq_lens = h_seq_lens_.data_as<int32_t>();
-  int32_t* logits_idx = h_logits_idx_.data_as<int32_t>();
-  int32_t* step_rows = h_step_rows_.data_as<int32_t>();
+  int32_t* tokens = catch_up_.tokens.host.data_as<int32_t>();
+  int32_t* positions = catch_up_.positions.host.data_as<int32_t>();
+  int64_t* slots = catch_up_.slots.host.data_as<int64_t>();
+  int32_t* hidden_rows = target_rows_.host.data_as<int32_t>();
+  int32_t* qsl = catch_up_.qsl.host.data_as<int32_t>();
+  int32_t* seq_lens = catch_up_.seq_lens.host.data_as<int32_t>();
+  int32_t* logits_idx = catch_up_.logits_idx.host.data_as<int32_t>();
+  int32_t* step_rows = step_rows_.host.data_as<int32_t>();
   int t = 0, num_logits = 0, num_step_rows = 0, max_query = 0, max_seq = 0, width = 1;
   std::vector<int32_t> zero_rows;
   std::vector<size_t> sampling;  // pieces whose last row samples draft 1
@@ -273,14 +192,7 @@ void MtpProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piec
     max_seq = std::max(max_seq, piece.to);
     width = std::max(width, ceil_div(piece.to, bs));
   }
-  int32_t* tables = h_tables_.data_as<int32_t>();
-  for (int s = 0; s < num_seqs; ++s) {
-    const ProposerRequest& r = batch.requests[pieces[static_cast<size_t>(s)].req];
-    const int used = ceil_div(seq_lens[s], bs);
-    int32_t* row = tables + static_cast<size_t>(s) * width;
-    std::copy(r.block_ids.begin(), r.block_ids.begin() + used, row);
-    std::fill(row + used, row + width, 0);
-  }
+  catch_up_.fill_varlen_tables(batch, pieces, width);
   // The target's hidden rows into our own buffer first: they live in scratch memory that the
   // MTP forward is about to reuse.
   gather_target_rows(target_hidden, t);
@@ -288,22 +200,7 @@ void MtpProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piec
   backend_.reset_scratch();
 
   MtpForwardInput in;
-  ForwardInput& f = in.rows;
-  f.token_ids = upload(h_tokens_, d_tokens_, t);
-  f.positions = upload(h_positions_, d_positions_, t);
-  f.logits_indices = upload(h_logits_idx_, d_logits_idx_, num_logits);
-  AttentionMetadata& md = f.attn;
-  md.num_seqs = num_seqs;
-  md.num_tokens = t;
-  md.max_query_len = max_query;
-  md.max_seq_len = max_seq;
-  md.block_size = bs;
-  md.query_start_loc = upload(h_qsl_, d_qsl_, num_seqs + 1);
-  md.seq_lens = upload(h_seq_lens_, d_seq_lens_, num_seqs);
-  md.slot_mapping = upload(h_slots_, d_slots_, t);
-  md.block_tables = upload(h_tables_, d_tables_, static_cast<int64_t>(num_seqs) * width).reshape({num_seqs, width});
-  md.query_start_loc_host.assign(qsl, qsl + num_seqs + 1);
-  md.seq_lens_host.assign(seq_lens, seq_lens + num_seqs);
+  in.rows = catch_up_.upload_varlen(num_seqs, t, num_logits, max_query, max_seq, width);
   in.hidden = hidden;
   in.zero_embedding_rows = std::move(zero_rows);
   MtpForwardOutput out = mtp_->forward(0, in, kv_[0]);
@@ -311,7 +208,7 @@ void MtpProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piec
   if (num_step_rows > 0) {
     // The chained steps start from y at each drafting request's last position.
     Tensor y_rows = ds_hidden_.slice(0, num_step_rows);
-    backend_.gather_rows(out.y, upload(h_step_rows_, d_step_rows_, num_step_rows), y_rows);
+    backend_.gather_rows(out.y, step_rows_.upload(backend_, num_step_rows), y_rows);
   }
   if (sampling.empty()) return;
   // Logits row l is the l-th drafting piece's.
@@ -321,7 +218,7 @@ void MtpProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piec
 }
 
 void MtpProposer::gather_target_rows(const Tensor& target_hidden, int t) {
-  Tensor rows = upload(h_rows_, d_rows_, t);
+  Tensor rows = target_rows_.upload(backend_, t);
   Tensor hidden = d_hidden_.slice(0, t);
   if (target_hidden.dtype() == backend_.compute_dtype()) {
     backend_.gather_rows(target_hidden, rows, hidden);
@@ -342,10 +239,10 @@ void MtpProposer::sample_first_drafts(const ProposeBatch& batch, const std::vect
     const Piece& piece = pieces[s];
     if (!piece.drafts) continue;
     const ProposerRequest& r = batch.requests[piece.req];
-    const int slot = states_.at(std::string(r.req_id)).slot;
+    const int slot = states_.at(r.req_id).slot;
     // Draft 1 is the token at position L = piece.to + 1.
     sample_rows.push_back(DraftSampleRow{
-        sampling_row(r, row_of(static_cast<int>(s)), piece.to + 1, contexts_[piece.req]), slot * config_.max_depth});
+        draft_sampling_row(r, row_of(static_cast<int>(s)), piece.to + 1, contexts_[piece.req]), slot * config_.max_depth});
     owners.push_back(piece.req);
   }
   if (sample_rows.empty()) return;
@@ -392,15 +289,15 @@ bool MtpProposer::run_uniform_catch_up(const ProposeBatch& batch, const std::vec
   const int t = size * rows;
   {
     phase_profile::Scope prepare_phase("mtp.catch_up_prepare");
-    int32_t* tokens = h_tokens_.data_as<int32_t>();
-    int32_t* positions = h_positions_.data_as<int32_t>();
-    int64_t* slots = h_slots_.data_as<int64_t>();
-    int32_t* hidden_rows = h_rows_.data_as<int32_t>();
-    int32_t* qsl = h_qsl_.data_as<int32_t>();
-    int32_t* seq_lens = h_seq_lens_.data_as<int32_t>();
-    int32_t* tables = h_tables_.data_as<int32_t>();
-    int32_t* logits_idx = h_logits_idx_.data_as<int32_t>();
-    int32_t* step_rows = h_step_rows_.data_as<int32_t>();
+    int32_t* tokens = catch_up_.tokens.host.data_as<int32_t>();
+    int32_t* positions = catch_up_.positions.host.data_as<int32_t>();
+    int64_t* slots = catch_up_.slots.host.data_as<int64_t>();
+    int32_t* hidden_rows = target_rows_.host.data_as<int32_t>();
+    int32_t* qsl = catch_up_.qsl.host.data_as<int32_t>();
+    int32_t* seq_lens = catch_up_.seq_lens.host.data_as<int32_t>();
+    int32_t* tables = catch_up_.tables.host.data_as<int32_t>();
+    int32_t* logits_idx = catch_up_.logits_idx.host.data_as<int32_t>();
+    int32_t* step_rows = step_rows_.host.data_as<int32_t>();
     int num_step_rows = 0;
     qsl[0] = 0;
     for (int s = 0; s < size; ++s) {
@@ -446,14 +343,14 @@ bool MtpProposer::run_uniform_catch_up(const ProposeBatch& batch, const std::vec
       std::copy(r.block_ids.begin(), r.block_ids.begin() + used, table);
     }
     std::fill(step_rows + num_step_rows, step_rows + size, 0);
-    upload(h_tokens_, d_tokens_, t);
-    upload(h_positions_, d_positions_, t);
-    upload(h_slots_, d_slots_, t);
-    upload(h_qsl_, d_qsl_, size + 1);
-    upload(h_seq_lens_, d_seq_lens_, size);
-    upload(h_tables_, d_tables_, static_cast<int64_t>(size) * w);
-    upload(h_logits_idx_, d_logits_idx_, size);
-    if (config_.max_depth >= 2) upload(h_step_rows_, d_step_rows_, size);
+    catch_up_.tokens.upload(backend_, t);
+    catch_up_.positions.upload(backend_, t);
+    catch_up_.slots.upload(backend_, t);
+    catch_up_.qsl.upload(backend_, size + 1);
+    catch_up_.seq_lens.upload(backend_, size);
+    catch_up_.tables.upload(backend_, static_cast<int64_t>(size) * w);
+    catch_up_.logits_idx.upload(backend_, size);
+    if (config_.max_depth >= 2) step_rows_.upload(backend_, size);
     // Into the static d_hidden_ before the replay, which writes the arena from offset 0, where
     // the target's rows may lie.
     gather_target_rows(target_hidden, t);
@@ -476,30 +373,17 @@ bool MtpProposer::run_uniform_catch_up(const ProposeBatch& batch, const std::vec
 }
 
 Tensor MtpProposer::uniform_catch_up_forward(int size, int rows, bool for_capture) {
-  const int w = max_blocks_per_seq_;
   const int t = size * rows;
   backend_.reset_scratch();  // the same arena offsets at the warm-up, the capture and eager runs
   MtpForwardInput in;
-  ForwardInput& f = in.rows;
-  f.token_ids = d_tokens_.slice(0, t);
-  f.positions = d_positions_.slice(0, t);
-  f.logits_indices = d_logits_idx_.slice(0, size);
-  AttentionMetadata& md = f.attn;
-  md.num_seqs = size;
-  md.num_tokens = t;
-  md.max_query_len = rows;
-  md.block_size = block_size_;
-  md.query_start_loc = d_qsl_.slice(0, size + 1);
-  md.seq_lens = d_seq_lens_.slice(0, size);
-  md.slot_mapping = d_slots_.slice(0, t);
-  md.block_tables = d_tables_.slice(0, static_cast<int64_t>(size) * w).reshape({size, w});
-  md.query_start_loc_host.resize(static_cast<size_t>(size) + 1);
-  for (int s = 0; s <= size; ++s) md.query_start_loc_host[static_cast<size_t>(s)] = s * rows;
+  in.rows = catch_up_.uniform_input(size, rows);
+  in.rows.logits_indices = catch_up_.logits_idx.device.slice(0, size);
+  AttentionMetadata& md = in.rows.attn;
   if (for_capture) {
     // Launch shapes from the longest length any catch-up may have (kernels read the true ones).
-    md.seq_lens_host.assign(static_cast<size_t>(size), w * block_size_);
+    md.seq_lens_host.assign(static_cast<size_t>(size), max_blocks_per_seq_ * block_size_);
   } else {
-    const int32_t* lens = h_seq_lens_.data_as<int32_t>();
+    const int32_t* lens = catch_up_.seq_lens.host.data_as<int32_t>();
     md.seq_lens_host.assign(lens, lens + size);
   }
   md.max_seq_len = *std::max_element(md.seq_lens_host.begin(), md.seq_lens_host.end());
@@ -508,66 +392,9 @@ Tensor MtpProposer::uniform_catch_up_forward(int size, int rows, bool for_captur
   if (config_.max_depth >= 2) {
     // The chained steps start from y at each drafting request's last real row.
     Tensor y_rows = ds_hidden_.slice(0, size);
-    backend_.gather_rows(out.y, d_step_rows_.slice(0, size), y_rows);
+    backend_.gather_rows(out.y, step_rows_.device.slice(0, size), y_rows);
   }
   return out.logits;
-}
-
-void MtpProposer::prepare_step(const ProposeBatch& batch, const std::vector<size_t>& rows, int step, int padded,
-                               const std::vector<std::vector<int32_t>>& drafts, const std::vector<int>& num_drafts,
-                               bool upload_tables) {
-  backend_.synchronize();  // pinned staging: the previous step's uploads must have run
-  const int w = max_blocks_per_seq_;
-  int32_t* tokens = hs_tokens_.data_as<int32_t>();
-  int32_t* positions = hs_positions_.data_as<int32_t>();
-  int64_t* slots = hs_slots_.data_as<int64_t>();
-  int32_t* seq_lens = hs_seq_lens_.data_as<int32_t>();
-  int32_t* tables = hs_tables_.data_as<int32_t>();
-  step_max_seq_len_ = 1;
-  // Padding rows write nothing and attend to position 0 of the first real row's first block,
-  // which holds a valid entry: finite values for kernels that read before they mask.
-  const int32_t pad_block = batch.requests[rows.front()].block_ids.front();
-  for (int row = 0; row < padded; ++row) {
-    if (row >= static_cast<int>(rows.size())) {
-      tokens[row] = 0;
-      positions[row] = 0;
-      slots[row] = -1;
-      seq_lens[row] = 1;
-      if (upload_tables) {
-        int32_t* dst = tables + static_cast<size_t>(row) * w;
-        std::fill(dst, dst + w, 0);
-        dst[0] = pad_block;
-      }
-      continue;
-    }
-    const size_t i = rows[static_cast<size_t>(row)];
-    const ProposerRequest& r = batch.requests[i];
-    const int last = static_cast<int>(r.tokens.size()) - 2;  // the position draft 1 came from
-    if (num_drafts[i] >= step) {
-      // Draft `step` comes from draft step-1, one position further along the chain.
-      tokens[row] = drafts[i][static_cast<size_t>(step - 2)];
-      positions[row] = last + step - 1;
-      slots[row] = slot_of(r, positions[row]);
-    } else {  // done drafting: idle on its last real position without writing
-      tokens[row] = r.tokens.back();
-      positions[row] = last;
-      slots[row] = -1;
-    }
-    seq_lens[row] = positions[row] + 1;
-    step_max_seq_len_ = std::max(step_max_seq_len_, seq_lens[row]);
-    if (upload_tables) {
-      int32_t* dst = tables + static_cast<size_t>(row) * w;
-      const size_t used = std::min(r.block_ids.size(), static_cast<size_t>(w));
-      std::copy(r.block_ids.begin(), r.block_ids.begin() + used, dst);
-      std::fill(dst + used, dst + w, 0);
-    }
-  }
-  upload(hs_tokens_, ds_tokens_, padded);
-  upload(hs_positions_, ds_positions_, padded);
-  upload(hs_slots_, ds_slots_, padded);
-  upload(hs_seq_lens_, ds_seq_lens_, padded);
-  if (upload_tables) upload(hs_tables_, ds_tables_, static_cast<int64_t>(padded) * w);
-  std::copy(seq_lens, seq_lens + padded, step_seq_lens_host_.begin());
 }
 
 int MtpProposer::step_batch_size(int n) const {
@@ -596,30 +423,9 @@ Tensor MtpProposer::run_step(int padded, int layer) {
 }
 
 Tensor MtpProposer::step_forward(int padded, int layer, bool for_capture) {
-  const int w = max_blocks_per_seq_;
   backend_.reset_scratch();
   MtpForwardInput in;
-  ForwardInput& f = in.rows;
-  f.token_ids = ds_tokens_.slice(0, padded);
-  f.positions = ds_positions_.slice(0, padded);
-  f.logits_indices = ds_logits_idx_.slice(0, padded);
-  AttentionMetadata& md = f.attn;
-  md.num_seqs = padded;
-  md.num_tokens = padded;
-  md.max_query_len = 1;
-  md.block_size = block_size_;
-  md.query_start_loc = ds_qsl_.slice(0, padded + 1);
-  md.seq_lens = ds_seq_lens_.slice(0, padded);
-  md.slot_mapping = ds_slots_.slice(0, padded);
-  md.block_tables = ds_tables_.slice(0, static_cast<int64_t>(padded) * w).reshape({padded, w});
-  md.query_start_loc_host.assign(step_qsl_host_.begin(), step_qsl_host_.begin() + padded + 1);
-  if (for_capture) {
-    md.seq_lens_host.assign(static_cast<size_t>(padded), w * block_size_);
-    md.max_seq_len = w * block_size_;
-  } else {
-    md.seq_lens_host.assign(step_seq_lens_host_.begin(), step_seq_lens_host_.begin() + padded);
-    md.max_seq_len = step_max_seq_len_;
-  }
+  in.rows = for_capture ? step_.capture_input(padded, max_blocks_per_seq_ * block_size_) : step_.input(padded);
   Tensor hidden = ds_hidden_.slice(0, padded);
   in.hidden = hidden;
   MtpForwardOutput out = mtp_->forward(layer, in, kv_[static_cast<size_t>(layer)]);
@@ -627,10 +433,10 @@ Tensor MtpProposer::step_forward(int padded, int layer, bool for_capture) {
   return out.logits;
 }
 
-// Graphs. A chained-step replay reads only static buffers: the step inputs (ds_*, filled by
-// prepare_step with plain copies), ds_hidden_ (the chained h, which the step itself overwrites
+// Graphs. A chained-step replay reads only static buffers: the step inputs (step_, refilled
+// before each step with plain copies), ds_hidden_ (the chained h, which the step itself overwrites
 // with its y by a device copy captured in the graph) and the MTP KV cache; a catch-up replay reads
-// the catch-up buffers (d_*, d_hidden_ included) and the cache, and writes y rows into ds_hidden_.
+// the catch-up buffers (catch_up_, target_rows_, step_rows_, d_hidden_) and the cache, and writes y rows into ds_hidden_.
 // Both write K/V slots and their logits at scratch-arena addresses fixed at capture. Nothing else
 // in the arena is read after a replay: the target's hidden rows were gathered into d_hidden_ before
 // the catch-up, its logits are sampled (first drafts on the host) before the first step, and each
@@ -653,7 +459,6 @@ size_t MtpProposer::capture_graphs(const std::vector<int>& batch_sizes) {
   for (int s : batch_sizes)
     if (s > 0 && s <= config_.max_num_seqs) sizes.push_back(s);
   if (sizes.empty()) return 0;
-  const int w = max_blocks_per_seq_;
 
   // Catch-up graphs: r = 1..1+k rows per request (steady state: 1 + the accepted drafts), for
   // sizes up to kMaxCatchUpGraphBatch whose r * size rows fit the catch-up buffers. Captured over
@@ -665,28 +470,13 @@ size_t MtpProposer::capture_graphs(const std::vector<int>& batch_sizes) {
     if (fit.empty()) continue;
     const int most = fit.back();
     backend_.synchronize();
-    int32_t* qsl = h_qsl_.data_as<int32_t>();
-    qsl[0] = 0;
     for (int s = 0; s < most; ++s) {
-      for (int j = 0; j < rows; ++j) {
-        h_tokens_.data_as<int32_t>()[s * rows + j] = 0;
-        h_positions_.data_as<int32_t>()[s * rows + j] = j;
-        h_slots_.data_as<int64_t>()[s * rows + j] = -1;
-      }
-      qsl[s + 1] = (s + 1) * rows;
-      h_seq_lens_.data_as<int32_t>()[s] = rows;
-      h_logits_idx_.data_as<int32_t>()[s] = s * rows + rows - 1;
-      h_step_rows_.data_as<int32_t>()[s] = 0;
+      catch_up_.logits_idx.host.data_as<int32_t>()[s] = s * rows + rows - 1;
+      step_rows_.host.data_as<int32_t>()[s] = 0;
     }
-    std::fill_n(h_tables_.data_as<int32_t>(), static_cast<size_t>(most) * w, 0);
-    upload(h_tokens_, d_tokens_, static_cast<int64_t>(most) * rows);
-    upload(h_positions_, d_positions_, static_cast<int64_t>(most) * rows);
-    upload(h_slots_, d_slots_, static_cast<int64_t>(most) * rows);
-    upload(h_qsl_, d_qsl_, most + 1);
-    upload(h_seq_lens_, d_seq_lens_, most);
-    upload(h_tables_, d_tables_, static_cast<int64_t>(most) * w);
-    upload(h_logits_idx_, d_logits_idx_, most);
-    upload(h_step_rows_, d_step_rows_, most);
+    catch_up_.upload_uniform_padding(most, rows);
+    catch_up_.logits_idx.upload(backend_, most);
+    step_rows_.upload(backend_, most);
     backend_.zero(d_hidden_);
     backend_.synchronize();
     auto graphs = std::make_unique<PaddedGraphs>(backend_);
@@ -712,21 +502,7 @@ size_t MtpProposer::capture_graphs(const std::vector<int>& batch_sizes) {
   for (int j = 2; j <= config_.max_depth; ++j)
     if (std::find(layers.begin(), layers.end(), layer_for_draft(j)) == layers.end()) layers.push_back(layer_for_draft(j));
   if (layers.empty()) return num_catch_up_graphs();
-  // An all-padding batch in the static buffers: token 0 at position 0, no K/V write, one key in
-  // block 0 (zeroed or written entries: finite).
-  const int most = sizes.back();
-  backend_.synchronize();
-  std::fill_n(hs_tokens_.data_as<int32_t>(), most, 0);
-  std::fill_n(hs_positions_.data_as<int32_t>(), most, 0);
-  std::fill_n(hs_slots_.data_as<int64_t>(), most, int64_t{-1});
-  std::fill_n(hs_seq_lens_.data_as<int32_t>(), most, 1);
-  std::fill_n(hs_tables_.data_as<int32_t>(), static_cast<size_t>(most) * w, 0);
-  upload(hs_tokens_, ds_tokens_, most);
-  upload(hs_positions_, ds_positions_, most);
-  upload(hs_slots_, ds_slots_, most);
-  upload(hs_seq_lens_, ds_seq_lens_, most);
-  upload(hs_tables_, ds_tables_, static_cast<int64_t>(most) * w);
-  backend_.synchronize();
+  step_.fill_padding(sizes.back());
   for (int layer : layers) {
     auto graphs = std::make_unique<PaddedGraphs>(backend_);
     try {

@@ -48,13 +48,15 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "backend/backend.h"
 #include "engine/padded_graphs.h"
 #include "model/deepseek_mtp.h"
+#include "spec/draft_catch_up_buffers.h"
 #include "spec/draft_sampler.h"
+#include "spec/draft_step_buffers.h"
+#include "spec/draft_step_helpers.h"
 #include "spec/proposer.h"
 
 namespace specula {
@@ -91,7 +93,7 @@ class MtpProposer : public Proposer {
   int64_t num_forwards() const { return num_forwards_; }
 
   // One chained draft step of MTP layer `layer` over the first `padded` rows of the static step
-  // buffers (prepare_step filled them; rows past the real ones are padding: slot -1, position 0).
+  // buffers (propose filled them; rows past the real ones are padding: slot -1, position 0).
   // Its y replaces the step's hidden input in place, ready for the next step. Returns logits F32
   // [padded, vocab] (backend scratch).
   Tensor run_step(int padded, int layer);
@@ -115,14 +117,10 @@ class MtpProposer : public Proposer {
     int num_computed = 0;   // MTP entries valid for positions < this
     int num_inherited = 0;
   };
-  // A request's positions [from, to) in the catch-up forward.
-  struct Piece {
-    size_t req = 0;
-    int from = 0, to = 0;
-    bool drafts = false;    // its last row (position L - 2) samples draft 1
-  };
+  // A request's positions [from, to) in the catch-up forward; a drafting piece's last row
+  // (position L - 2) samples draft 1.
+  using Piece = CatchUpPiece;
 
-  State& state_for(std::string_view req_id);
   void run_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces, const std::vector<int>& num_drafts,
                     std::vector<std::vector<int32_t>>& drafts);
   // The catch-up as r rows per request (a graph's layout, see the header); false when it must
@@ -130,21 +128,15 @@ class MtpProposer : public Proposer {
   bool run_uniform_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                             const std::vector<int>& num_drafts, std::vector<std::vector<int32_t>>& drafts);
   // The MTP layer over the static catch-up buffers at `size` requests of `rows` rows (the graph's
-  // work): logits of one row per request (d_logits_idx_), and with k >= 2 the chained steps' y
-  // gathered into ds_hidden_ (d_step_rows_). At capture every request claims the longest length.
+  // work): logits of one row per request (catch_up_.logits_idx), and with k >= 2 the chained
+  // steps' y gathered into ds_hidden_ (step_rows_). At capture every request claims the longest length.
   Tensor uniform_catch_up_forward(int size, int rows, bool for_capture);
-  // The target's hidden rows h_rows_[0, t) into d_hidden_ (a cast where the dtypes differ).
+  // The target's hidden rows target_rows_[0, t) into d_hidden_ (a cast where the dtypes differ).
   void gather_target_rows(const Tensor& target_hidden, int t);
   // Samples draft 1 of every drafting piece from row row_of(s) of `logits` (s: the piece's index).
   void sample_first_drafts(const ProposeBatch& batch, const std::vector<Piece>& pieces, const Tensor& logits,
                            const std::function<int(int)>& row_of, std::vector<std::vector<int32_t>>& drafts);
-  void prepare_step(const ProposeBatch& batch, const std::vector<size_t>& rows, int step, int padded,
-                    const std::vector<std::vector<int32_t>>& drafts, const std::vector<int>& num_drafts,
-                    bool upload_tables);
-  SamplingRow sampling_row(const ProposerRequest& r, int logits_row, int position,
-                           const std::vector<int32_t>& context) const;
-  int64_t slot_of(const ProposerRequest& r, int pos) const;
-  Tensor upload(const Tensor& host, Tensor& device, int64_t n);
+  int64_t slot_of(const ProposerRequest& r, int pos) const { return draft_kv_slot(r, pos, block_size_, "MTP K/V"); }
   int layer_for_draft(int j) const { return std::min(j - 1, mtp_->num_layers() - 1); }
 
   std::unique_ptr<DeepseekMtp> mtp_;
@@ -156,23 +148,18 @@ class MtpProposer : public Proposer {
   int max_blocks_per_seq_ = 0;
   std::vector<KVCacheLayer> kv_;  // one per MTP layer
   Tensor q_store_;                // F32 [max_num_seqs * k, vocab]
-  std::unordered_map<std::string, State> states_;
-  std::vector<int> free_slots_;
+  DraftRequestStates<State> states_;
   int64_t num_forwards_ = 0;
   std::vector<std::vector<int32_t>> contexts_;  // per request of a propose: tokens + drafts so far
 
-  // Catch-up inputs (host staging, pinned where the backend has it, + device twins),
-  // [max_num_batched_tokens] rows; also the static inputs of the catch-up graphs (tables at full
-  // width max_blocks_per_seq_ then, logits and step rows one per request).
-  Tensor h_tokens_, h_positions_, h_slots_, h_rows_, h_qsl_, h_seq_lens_, h_tables_, h_logits_idx_;
-  Tensor d_tokens_, d_positions_, d_slots_, d_rows_, d_qsl_, d_seq_lens_, d_tables_, d_logits_idx_;
+  // Catch-up inputs, [max_num_batched_tokens] rows; also the static inputs of the catch-up graphs
+  // (tables at full width max_blocks_per_seq_ then, logits and step rows one per request).
+  DraftCatchUpBuffers catch_up_;
+  StagedTensor target_rows_;  // [max_num_batched_tokens]: each catch-up row's row of the target's
+  StagedTensor step_rows_;    // [max_num_seqs]: the catch-up rows whose y start the chained steps
   Tensor d_hidden_;  // [max_num_batched_tokens, H]: the target's hidden rows the catch-up reads
-  // Static draft-step inputs, [max_num_seqs] rows.
-  Tensor hs_tokens_, hs_positions_, hs_slots_, hs_seq_lens_, hs_tables_, h_step_rows_;
-  Tensor ds_tokens_, ds_positions_, ds_slots_, ds_seq_lens_, ds_tables_, ds_qsl_, ds_logits_idx_, d_step_rows_;
+  DraftStepBuffers step_;  // static draft-step inputs, [max_num_seqs] rows
   Tensor ds_hidden_;  // [max_num_seqs, H]: y of the previous step (zeroed once: padding stays finite)
-  std::vector<int32_t> step_qsl_host_, step_seq_lens_host_;
-  int step_max_seq_len_ = 1;
   // The padded size a draft step of n rows runs at: a captured graph's, else pad_batch's.
   int step_batch_size(int n) const;
   // The chained step's forward over the static buffers (y copied into ds_hidden_ inside it); at
