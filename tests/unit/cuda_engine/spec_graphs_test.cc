@@ -154,6 +154,57 @@ TEST(SpecGraphs, MtpGraphsGiveTheEagerEnginesTokensAndAcceptance) {
   expect_graphs_give_eager_tokens_and_acceptance(tiny_moe(), mtp_spec);
 }
 
+// The engine of the hand-built graph tests (k drafts, 8 sequences, 64-token steps).
+EngineCoreConfig hand_built_core_config(int k, int vocab_size) {
+  EngineCoreConfig c;
+  c.max_model_len = 256;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 64;
+  c.block_size = 16;
+  c.num_blocks = 256;
+  c.vocab_size = vocab_size;
+  c.num_spec_tokens = k;
+  return c;
+}
+
+ModelRunnerConfig runner_config(const EngineCoreConfig& c) {
+  ModelRunnerConfig rc;
+  rc.max_num_seqs = c.max_num_seqs;
+  rc.max_num_batched_tokens = c.max_num_batched_tokens;
+  rc.max_model_len = c.max_model_len;
+  rc.block_size = c.block_size;
+  rc.num_blocks = c.num_blocks;
+  rc.num_spec_tokens = c.num_spec_tokens;
+  return rc;
+}
+
+// Runs three greedy requests (the reference's two prompts, the first twice) on an EngineCore over
+// `runner` and expects transformers' continuations.
+void expect_reference_greedy(const EngineCoreConfig& c, ModelRunner& runner, const Tokenizer& tok,
+                             const testing::GreedyReference& ref, const std::string& id_prefix) {
+  EngineCore core(c, runner, tok);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < 3; ++i) {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.max_tokens = static_cast<int>(ref.greedy[i % 2].size());
+    p.ignore_eos = true;
+    streams.push_back(std::make_shared<RequestStream>());
+    core.add_request(NewRequest{id_prefix + std::to_string(i), ref.prompts[i % 2], p}, streams.back());
+  }
+  while (core.step()) {
+  }
+  for (size_t i = 0; i < streams.size(); ++i) {
+    std::vector<int32_t> got;
+    RequestOutput o;
+    while (streams[i]->pop(&o, std::chrono::milliseconds(0))) {
+      EXPECT_FALSE(o.error.has_value()) << *o.error;
+      for (const ChoiceDelta& d : o.choices) got.insert(got.end(), d.token_ids.begin(), d.token_ids.end());
+    }
+    EXPECT_EQ(got, ref.greedy[i % 2]) << i;
+  }
+}
+
 // The graphs are really used: the engine's pieces put together by hand (as LLMEngine::create
 // does), counting replays of verification graphs, draft catch-up graphs and draft-step graphs.
 TEST(SpecGraphs, VerificationAndDraftStepsReplayGraphs) {
@@ -166,23 +217,9 @@ TEST(SpecGraphs, VerificationAndDraftStepsReplayGraphs) {
   auto draft_weights = open_safetensors_checkpoint(tiny_draft());
   auto draft = create_model(load_model_config(tiny_draft()), *draft_weights, *gpu);
   auto tok = Tokenizer::from_dir(tiny());
-  EngineCoreConfig c;
-  c.max_model_len = 256;
-  c.max_num_seqs = 8;
-  c.max_num_batched_tokens = 64;
-  c.block_size = 16;
-  c.num_blocks = 256;
-  c.vocab_size = model->config().vocab_size;
-  c.num_spec_tokens = k;
+  const EngineCoreConfig c = hand_built_core_config(k, model->config().vocab_size);
   auto sampler = make_sampler(*gpu, c.max_num_seqs * (1 + k), c.vocab_size);
-  ModelRunnerConfig rc;
-  rc.max_num_seqs = c.max_num_seqs;
-  rc.max_num_batched_tokens = c.max_num_batched_tokens;
-  rc.max_model_len = c.max_model_len;
-  rc.block_size = c.block_size;
-  rc.num_blocks = c.num_blocks;
-  rc.num_spec_tokens = k;
-  ModelRunner runner(*model, *gpu, *sampler, rc);
+  ModelRunner runner(*model, *gpu, *sampler, runner_config(c));
   runner.set_rejection_sampler(make_device_rejection_sampler(*gpu, c.max_num_seqs * (1 + k), c.vocab_size));
   DraftModelProposerConfig dc;
   dc.max_depth = k;
@@ -202,27 +239,7 @@ TEST(SpecGraphs, VerificationAndDraftStepsReplayGraphs) {
   EXPECT_EQ(dp.capture_graphs(sizes), 4u * DraftModelProposer::kCatchUpGraphRows + 4u);
   EXPECT_EQ(dp.num_catch_up_graphs(), 4u * DraftModelProposer::kCatchUpGraphRows);
 
-  EngineCore core(c, runner, *tok);
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (size_t i = 0; i < 3; ++i) {
-    SamplingParams p;
-    p.temperature = 0.0f;
-    p.max_tokens = static_cast<int>(ref.greedy[i % 2].size());
-    p.ignore_eos = true;
-    streams.push_back(std::make_shared<RequestStream>());
-    core.add_request(NewRequest{"r" + std::to_string(i), ref.prompts[i % 2], p}, streams.back());
-  }
-  while (core.step()) {
-  }
-  for (size_t i = 0; i < streams.size(); ++i) {
-    std::vector<int32_t> got;
-    RequestOutput o;
-    while (streams[i]->pop(&o, std::chrono::milliseconds(0))) {
-      EXPECT_FALSE(o.error.has_value()) << *o.error;
-      for (const ChoiceDelta& d : o.choices) got.insert(got.end(), d.token_ids.begin(), d.token_ids.end());
-    }
-    EXPECT_EQ(got, ref.greedy[i % 2]) << i;
-  }
+  expect_reference_greedy(c, runner, *tok, ref, "r");
   EXPECT_GT(runner.num_graph_replays(1 + k), 0) << "no verification step of " << k << " drafts replayed a graph";
   EXPECT_GT(dp.num_step_graph_replays(), 0) << "no draft step replayed a graph";
   EXPECT_GT(dp.num_catch_up_graph_replays(), 0) << "no draft catch-up replayed a graph";
@@ -239,23 +256,9 @@ TEST(SpecGraphs, MtpCatchUpAndDraftStepsReplayGraphs) {
   auto weights = open_safetensors_checkpoint(tiny_moe());
   auto model = create_model(config, *weights, *gpu);
   auto tok = Tokenizer::from_dir(tiny_moe());
-  EngineCoreConfig c;
-  c.max_model_len = 256;
-  c.max_num_seqs = 8;
-  c.max_num_batched_tokens = 64;
-  c.block_size = 16;
-  c.num_blocks = 256;
-  c.vocab_size = config.vocab_size;
-  c.num_spec_tokens = k;
+  const EngineCoreConfig c = hand_built_core_config(k, config.vocab_size);
   auto sampler = make_sampler(*gpu, c.max_num_seqs * (1 + k), c.vocab_size);
-  ModelRunnerConfig rc;
-  rc.max_num_seqs = c.max_num_seqs;
-  rc.max_num_batched_tokens = c.max_num_batched_tokens;
-  rc.max_model_len = c.max_model_len;
-  rc.block_size = c.block_size;
-  rc.num_blocks = c.num_blocks;
-  rc.num_spec_tokens = k;
-  ModelRunner runner(*model, *gpu, *sampler, rc);
+  ModelRunner runner(*model, *gpu, *sampler, runner_config(c));
   runner.set_rejection_sampler(make_device_rejection_sampler(*gpu, c.max_num_seqs * (1 + k), c.vocab_size));
   auto mtp = std::make_unique<DeepseekMtp>(config, *weights, *gpu, ModelOptions{}, model.get(), false);
   MtpProposerConfig mc;
@@ -276,27 +279,7 @@ TEST(SpecGraphs, MtpCatchUpAndDraftStepsReplayGraphs) {
   EXPECT_EQ(mp.num_catch_up_graphs(), 4u * (1 + k));
   EXPECT_EQ(mp.num_step_graphs(), 4u);
 
-  EngineCore core(c, runner, *tok);
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (size_t i = 0; i < 3; ++i) {
-    SamplingParams p;
-    p.temperature = 0.0f;
-    p.max_tokens = static_cast<int>(ref.greedy[i % 2].size());
-    p.ignore_eos = true;
-    streams.push_back(std::make_shared<RequestStream>());
-    core.add_request(NewRequest{"m" + std::to_string(i), ref.prompts[i % 2], p}, streams.back());
-  }
-  while (core.step()) {
-  }
-  for (size_t i = 0; i < streams.size(); ++i) {
-    std::vector<int32_t> got;
-    RequestOutput o;
-    while (streams[i]->pop(&o, std::chrono::milliseconds(0))) {
-      EXPECT_FALSE(o.error.has_value()) << *o.error;
-      for (const ChoiceDelta& d : o.choices) got.insert(got.end(), d.token_ids.begin(), d.token_ids.end());
-    }
-    EXPECT_EQ(got, ref.greedy[i % 2]) << i;
-  }
+  expect_reference_greedy(c, runner, *tok, ref, "m");
   EXPECT_GT(runner.num_graph_replays(1 + k), 0) << "no verification step of " << k << " drafts replayed a graph";
   EXPECT_GT(mp.num_catch_up_graph_replays(), 0) << "no MTP catch-up replayed a graph";
   EXPECT_GT(mp.num_step_graph_replays(), 0) << "no MTP draft step replayed a graph";
