@@ -12,6 +12,8 @@ AdaptiveDepth::AdaptiveDepth(const AdaptiveDepthConfig& config, std::unique_ptr<
   SPECULA_CHECK(cost_ != nullptr, "adaptive depth: no cost model");
   accept_.assign(static_cast<size_t>(config.max_depth), config.prior_acceptance);
   observed_.assign(static_cast<size_t>(config.max_depth), 0);
+  probe_every_.assign(static_cast<size_t>(OnlineCostModel::bucket_of(1 << 30)) + 1, config.probe_interval);
+  since_probe_.assign(probe_every_.size(), 0);
 }
 
 void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
@@ -24,7 +26,8 @@ void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
     // Until a position has been seen, it starts from the position before it (acceptance decays
     // with depth, but the previous position is a better guess than the fixed prior).
     if (observed_[i] == 0 && i > 0) accept_[i] = accept_[i - 1];
-    accept_[i] += config_.acceptance_weight * (x - accept_[i]);
+    const double w = std::max(config_.acceptance_weight, 1.0 / static_cast<double>(observed_[i] + 2));
+    accept_[i] += w * (x - accept_[i]);
     observed_[i] += 1;
   }
 }
@@ -73,15 +76,28 @@ int AdaptiveDepth::current(int num_seqs) const {
 int AdaptiveDepth::choose(int num_seqs) {
   if (!config_.adaptive) return config_.max_depth;
   num_seqs = std::max(1, num_seqs);
-  ++steps_;
+  // The verdict on the previous step's probe from depth 0 (its drafts were verified since): still
+  // no speculation there means probe that bucket half as often; speculation means start afresh.
+  if (probe_bucket_ >= 0) {
+    int& every = probe_every_[static_cast<size_t>(probe_bucket_)];
+    every = best_depth(probe_num_seqs_) == 0 ? std::min(2 * every, std::max(config_.probe_interval, config_.max_probe_interval))
+                                             : config_.probe_interval;
+    probe_bucket_ = -1;
+  }
   int depth = best_depth(num_seqs);
-  if (config_.probe_interval > 0 && steps_ % config_.probe_interval == 0) {
+  const size_t bucket = static_cast<size_t>(OnlineCostModel::bucket_of(num_seqs));
+  if (config_.probe_interval > 0 && ++since_probe_[bucket] >= probe_every_[bucket]) {
+    since_probe_[bucket] = 0;
     if (depth > 0) {
       depth = 0;  // re-measure a plain decode step
     } else {
       // Could one draft pay at all here, were it always accepted?
       const double t1 = cost_->target_seconds(num_seqs, 2) + cost_->draft_seconds(num_seqs);
-      if (t1 > 0.0 && 2.0 / t1 > tokens_per_second(num_seqs, 0) * config_.min_gain) depth = 1;
+      if (t1 > 0.0 && 2.0 / t1 > tokens_per_second(num_seqs, 0) * config_.min_gain) {
+        depth = 1;
+        probe_bucket_ = static_cast<int>(bucket);
+        probe_num_seqs_ = num_seqs;
+      }
     }
   }
   last_depth_ = depth;

@@ -86,10 +86,17 @@ TEST(AdaptiveDepth, ProbesOccasionallyWhereSpeculationCouldPay) {
   c.prior_acceptance = 0.02;
   c.probe_interval = 8;
   AdaptiveDepth d(c, std::make_unique<FakeCost>());
+  // Depth 1 at step 8 at batch 1; the probe's drafts are all rejected, so speculation stays off
+  // and the next probes come after 16, then 32 steps (backoff): steps 8, 24, 56.
+  std::vector<int> probed;
+  for (int i = 1; i <= 64; ++i) {
+    if (d.choose(1) > 0) {
+      probed.push_back(i);
+      d.record_verification(1, 0);
+    }
+  }
+  EXPECT_EQ(probed, (std::vector<int>{8, 24, 56}));
   int probes = 0;
-  for (int i = 0; i < 64; ++i) probes += d.choose(1) > 0 ? 1 : 0;
-  EXPECT_EQ(probes, 8);  // depth 1 every 8th step at batch 1
-  probes = 0;
   for (int i = 0; i < 64; ++i) probes += d.choose(1024) > 0 ? 1 : 0;
   EXPECT_EQ(probes, 0);  // at batch 1024 not even certain acceptance would pay: no probes
   AdaptiveDepthConfig hi = c;
@@ -98,6 +105,23 @@ TEST(AdaptiveDepth, ProbesOccasionallyWhereSpeculationCouldPay) {
   int plain = 0;
   for (int i = 0; i < 64; ++i) plain += e.choose(1) == 0 ? 1 : 0;
   EXPECT_EQ(plain, 8);  // a plain step every 8th, to keep its cost measured
+}
+
+TEST(AdaptiveDepth, AProbeThatFindsHighAcceptanceTurnsSpeculationOn) {
+  // The prior says drafts are rarely accepted; the probe's drafts all are. The first
+  // observations weigh 1/(n+2), so one probe is enough to start speculating.
+  AdaptiveDepthConfig c;
+  c.max_depth = 3;
+  c.prior_acceptance = 0.05;
+  c.probe_interval = 8;
+  AdaptiveDepth d(c, std::make_unique<FakeCost>());
+  int first_probe = 0;
+  for (int i = 1; i <= 8 && first_probe == 0; ++i)
+    if (d.choose(1) > 0) first_probe = i;
+  ASSERT_EQ(first_probe, 8);
+  d.record_verification(1, 1);
+  EXPECT_GT(d.acceptance()[0], 0.5);
+  EXPECT_GT(d.choose(1), 0);
 }
 
 TEST(OnlineCostModel, MeasuresAndExtrapolatesWithThePriorShape) {
