@@ -84,12 +84,14 @@ int AdaptiveDepth::choose(int num_seqs) {
                                              : config_.probe_interval;
     probe_bucket_ = -1;
   }
+  plain_probe_ = false;
   int depth = best_depth(num_seqs);
   const size_t bucket = static_cast<size_t>(OnlineCostModel::bucket_of(num_seqs));
   if (config_.probe_interval > 0 && ++since_probe_[bucket] >= probe_every_[bucket]) {
     since_probe_[bucket] = 0;
     if (depth > 0) {
       depth = 0;  // re-measure a plain decode step
+      plain_probe_ = true;
     } else {
       // Could one draft pay at all here, were it always accepted?
       const double t1 = cost_->target_seconds(num_seqs, 2) + cost_->draft_seconds(num_seqs);

@@ -58,6 +58,9 @@ class AdaptiveDepth {
   // a_1..a_k (conditional acceptance per position).
   std::vector<double> acceptance() const;
   const AdaptiveDepthConfig& config() const { return config_; }
+  // The last choice was 0 only to re-measure a plain step while speculation pays: proposers that
+  // must see every step (MTP) should still be given it.
+  bool plain_probe() const { return plain_probe_; }
   StepCostModel& cost() { return *cost_; }
 
  private:
@@ -72,6 +75,7 @@ class AdaptiveDepth {
   int probe_bucket_ = -1;             // the previous step probed from depth 0 in this bucket
   int probe_num_seqs_ = 0;
   int last_depth_ = -1;
+  bool plain_probe_ = false;
 };
 
 }  // namespace specula

@@ -41,8 +41,9 @@ int Speculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& 
   // the MTP layer skips the catch-up forward it would otherwise run every step (at 64 concurrent
   // requests on the H100 that forward took specula-tiny-moe from 106k to 62k tokens/s): the
   // positions skipped count as inherited, their cache entries stale (mtp_proposer.h), which can
-  // lower acceptance and never change the output.
-  if (batch.depth == 0 && num_decoding > 0) {
+  // lower acceptance and never change the output. A plain step that only re-measures the target
+  // while speculation pays (a probe) is still given to the proposer.
+  if (batch.depth == 0 && num_decoding > 0 && !depth_.plain_probe()) {
     drafts.assign(batch.requests.size(), {});
     drafted_last_step_.clear();
     return 0;

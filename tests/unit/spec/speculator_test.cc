@@ -87,5 +87,27 @@ TEST(Speculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
   for (const auto& d : drafts) EXPECT_TRUE(d.empty());
 }
 
+TEST(Speculator, APlainProbeWhileSpeculatingStillReachesTheProposer) {
+  // Speculation pays (every draft accepted, drafts cheap): every 32nd step is a plain step that
+  // re-measures the target, and a proposer that must see every step (MTP) is still called then.
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  Speculator spec(std::move(proposer), SpeculatorConfig{3, true});
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(1, r, 0.001);
+  spec.depth().cost().record_draft(1, 0.0001);
+  std::vector<std::vector<int32_t>> drafts;
+  int plain_steps = 0;
+  for (int step = 0; step < 64; ++step) {
+    for (int i = 0; i < 3; ++i) spec.record_verification(3, 3);
+    ProposeBatch b = decode_batch({"a"});
+    if (spec.propose(b, drafts) == 0) {
+      ++plain_steps;
+      EXPECT_TRUE(drafts[0].empty());
+    }
+  }
+  EXPECT_EQ(plain_steps, 2);
+  EXPECT_EQ(p->calls, 64);
+}
+
 }  // namespace
 }  // namespace specula
