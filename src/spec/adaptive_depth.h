@@ -61,6 +61,8 @@ class AdaptiveDepth {
   // The last choice was 0 only to re-measure a plain step while speculation pays: proposers that
   // must see every step (MTP) should still be given it.
   bool plain_probe() const { return plain_probe_; }
+  // The last choice was 1 only to probe whether speculation pays again (from depth 0).
+  bool draft_probe() const { return probe_bucket_ >= 0; }
   StepCostModel& cost() { return *cost_; }
 
  private:

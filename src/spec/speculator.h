@@ -50,6 +50,8 @@ class Speculator {
   int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts);
 
  private:
+  static constexpr int kProbeRequests = 4;  // requests that draft in a probe from depth 0
+
   std::unique_ptr<Proposer> proposer_;
   SpeculatorConfig config_;
   AdaptiveDepth depth_;

@@ -109,5 +109,28 @@ TEST(Speculator, APlainProbeWhileSpeculatingStillReachesTheProposer) {
   EXPECT_EQ(p->calls, 64);
 }
 
+TEST(Speculator, AProbeFromDepthZeroDraftsForAFewRequestsOnly) {
+  // 64 requests whose drafts were never accepted: speculation is off, and the probe every 32
+  // steps (drafts would pay were they accepted) drafts for 4 of them, not for all 64.
+  auto proposer = std::make_unique<CatchUpProposer>();
+  Speculator spec(std::move(proposer), SpeculatorConfig{3, true});
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001);
+  spec.depth().cost().record_draft(64, 0.0001);
+  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 64; ++i) ids.push_back("r" + std::to_string(i));
+  std::vector<std::vector<int32_t>> drafts;
+  int probes = 0;
+  for (int step = 1; step <= 32; ++step) {
+    ProposeBatch b = decode_batch(ids);
+    if (spec.propose(b, drafts) == 0) continue;
+    ++probes;
+    int drafting = 0;
+    for (const auto& d : drafts) drafting += d.empty() ? 0 : 1;
+    EXPECT_EQ(drafting, 4);
+  }
+  EXPECT_EQ(probes, 1);
+}
+
 }  // namespace
 }  // namespace specula
