@@ -12,7 +12,7 @@
 # never trained on), at temperature SPEC_TEMPERATURE (default 0: greedy, as speculative-decoding
 # benchmarks usually run; 1 shows sampled acceptance).
 # $OUT receives spec_summary.txt, every log and JSON (spec_logs.tar.gz).
-#   RUN_SPEC_SKIP="tiny sampled mtp dsv2 cost"   skip sections by name; RUN_SPEC_BUDGET seconds (default 420)
+#   RUN_SPEC_SKIP="tiny compare sampled mtp dsv2 cost"   skip sections by name; RUN_SPEC_BUDGET seconds (default 420)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -51,6 +51,19 @@ if ! skipped tiny; then
     lat "tiny_c${c}_nospec" 40 "$TINY" "$c"
     for k in 1 2 3 4 5; do lat "tiny_c${c}_k${k}_pinned" 40 "$TINY" "$c" --speculative-config "$(draft_cfg "$k" false)"; done
     for k in 3 5; do lat "tiny_c${c}_k${k}_adaptive" 40 "$TINY" "$c" --speculative-config "$(draft_cfg "$k" true)"; done
+  done
+fi
+
+if ! skipped compare; then
+  # Under load the figures of single runs move by +-10 % from run to run: no speculation and
+  # adaptive depth alternate here, three times each, greedy and sampled.
+  for c in 64 256; do
+    for rep in 1 2 3; do
+      lat "cmp_c${c}_nospec_r${rep}" 40 "$TINY" "$c"
+      lat "cmp_c${c}_adaptive_r${rep}" 40 "$TINY" "$c" --speculative-config "$(draft_cfg 3 true)"
+      LAT_TEMP=1 lat "cmp_t1_c${c}_nospec_r${rep}" 40 "$TINY" "$c"
+      LAT_TEMP=1 lat "cmp_t1_c${c}_adaptive_r${rep}" 40 "$TINY" "$c" --speculative-config "$(draft_cfg 3 true)"
+    done
   done
 fi
 
