@@ -70,7 +70,11 @@ int AdaptiveDepth::best_depth(int num_seqs) const {
 
 int AdaptiveDepth::current(int num_seqs) const {
   if (!config_.adaptive) return config_.max_depth;
-  return last_depth_ >= 0 ? last_depth_ : best_depth(std::max(1, num_seqs));
+  // The best depth for a batch of this many requests, not the last choice: after the tail of a
+  // batch (few requests left, speculation on), the last choice would make the draft mirror the
+  // prompts of a whole new batch that will not speculate (on the H100 at 64 requests: TTFT 10 ->
+  // 16 ms and 13 % less throughput).
+  return best_depth(std::max(1, num_seqs));
 }
 
 int AdaptiveDepth::choose(int num_seqs) {
@@ -102,7 +106,6 @@ int AdaptiveDepth::choose(int num_seqs) {
       }
     }
   }
-  last_depth_ = depth;
   return depth;
 }
 

@@ -49,7 +49,8 @@ class AdaptiveDepth {
   // The depth for a step over num_seqs requests (advances the probe clock).
   int choose(int num_seqs);
   // The depth in force without choosing anew (a step with no decoding request, whose prompt
-  // chunks the draft mirrors only while speculation is on): the last choice, else the best now.
+  // chunks the draft mirrors only while speculation is on): the best for num_seqs requests, no
+  // probe.
   int current(int num_seqs) const;
 
   double expected_tokens(int depth) const;
@@ -76,7 +77,6 @@ class AdaptiveDepth {
   std::vector<int> since_probe_;      // steps since that bucket's last probe
   int probe_bucket_ = -1;             // the previous step probed from depth 0 in this bucket
   int probe_num_seqs_ = 0;
-  int last_depth_ = -1;
   bool plain_probe_ = false;
 };
 
