@@ -3,49 +3,21 @@
 #include <functional>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_lt_common.h"
 
 namespace specula {
 namespace {
 
-void check_lt(cublasStatus_t status, const char* op, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    throw Error(fmt::format("{}: cuBLASLt {}: {} ({})", op, what, cublasLtGetStatusString(status),
-                            cublasLtGetStatusName(status)));
-  }
-}
-
-cudaDataType_t cuda_type(DType t, const char* op) {
-  switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kF16: return CUDA_R_16F;
-    case DType::kBF16: return CUDA_R_16BF;
-    default: throw Error(fmt::format("{}: dtype {} is not supported by the batched GEMM", op, dtype_name(t)));
-  }
-}
-
-// Largest power of two (up to 256) dividing every byte offset the algorithm will see: the base
-// address, and the steps between rows and between batch entries.
+void check_lt(cublasStatus_t status, const char* op, const char* what) { cuda_lt::check(status, op, what); }
+cudaDataType_t cuda_type(DType t, const char* op) { return cuda_lt::data_type(t, op); }
 uint16_t alignment_of(const void* p, int64_t ld_bytes, int64_t stride_bytes) {
-  const uint64_t bits = reinterpret_cast<uintptr_t>(p) | static_cast<uint64_t>(ld_bytes) |
-                        static_cast<uint64_t>(stride_bytes);
-  uint16_t align = 256;
-  while (align > 1 && (bits & (align - 1)) != 0) align >>= 1;
-  return align;
+  return cuda_lt::alignment_of_bits(reinterpret_cast<uintptr_t>(p) | static_cast<uint64_t>(ld_bytes) |
+                                    static_cast<uint64_t>(stride_bytes));
 }
 
 }  // namespace
 
-struct CublasLtBatchedGemm::Plan {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t w = nullptr, x = nullptr, out = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  ~Plan() {
-    if (out) cublasLtMatrixLayoutDestroy(out);
-    if (x) cublasLtMatrixLayoutDestroy(x);
-    if (w) cublasLtMatrixLayoutDestroy(w);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
+struct CublasLtBatchedGemm::Plan : cuda_lt::Plan {};
 
 size_t CublasLtBatchedGemm::KeyHash::operator()(const Key& k) const {
   size_t h = std::hash<int64_t>()(k.m);

@@ -2,47 +2,18 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_lt_common.h"
 
 namespace specula {
 namespace {
 
-void check_lt(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS) {
-    throw Error(fmt::format("cuBLASLt {}: {} ({})", what, cublasLtGetStatusString(status),
-                            cublasLtGetStatusName(status)));
-  }
-}
-
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kF16: return CUDA_R_16F;
-    case DType::kBF16: return CUDA_R_16BF;
-    default: throw Error(fmt::format("linear: dtype {} is not supported by the GEMM", dtype_name(t)));
-  }
-}
-
-// Largest power of two (up to 256) dividing the address: what the algorithm may assume.
-uint16_t alignment_of(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
-  uint16_t align = 256;
-  while (align > 1 && (a & (align - 1)) != 0) align >>= 1;
-  return align;
-}
+void check_lt(cublasStatus_t status, const char* what) { cuda_lt::check(status, "linear", what); }
+cudaDataType_t cuda_type(DType t) { return cuda_lt::data_type(t, "linear"); }
+uint16_t alignment_of(const void* p) { return cuda_lt::alignment_of_bits(reinterpret_cast<uintptr_t>(p)); }
 
 }  // namespace
 
-struct CublasLtGemm::Plan {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t w = nullptr, x = nullptr, out = nullptr;
-  cublasLtMatmulAlgo_t algo{};
-  ~Plan() {
-    if (out) cublasLtMatrixLayoutDestroy(out);
-    if (x) cublasLtMatrixLayoutDestroy(x);
-    if (w) cublasLtMatrixLayoutDestroy(w);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-};
+struct CublasLtGemm::Plan : cuda_lt::Plan {};
 
 size_t CublasLtGemm::KeyHash::operator()(const Key& k) const {
   size_t h = std::hash<int64_t>()(k.m);
