@@ -336,6 +336,7 @@ void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const Fo
     p.tokens = st.tokens;
     p.num_prompt_tokens = st.num_prompt_tokens;
     p.sampled = plan.first_sample_row >= 0;
+    p.verified_drafts = !r.spec_token_ids.empty();
     const int num_drafts = static_cast<int>(r.spec_token_ids.size());
     const int accepted_drafts = p.sampled ? static_cast<int>(out.sampled_token_ids[s].size()) - 1 : 0;
     p.num_target_computed = r.num_computed_tokens + r.num_scheduled_tokens - num_drafts + accepted_drafts;

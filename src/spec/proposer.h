@@ -29,6 +29,7 @@ struct ProposerRequest {
   // one more token (the last sampled one, not yet through the target); a prefill chunk has fewer.
   int num_target_computed = 0;
   bool sampled = false;                 // this step produced tokens for it (else: a prefill chunk)
+  bool verified_drafts = false;         // this step verified drafts of it (it drafted last step)
   int max_drafts = 0;                   // drafts the next step could verify for it (0: none)
   std::span<const int32_t> block_ids;   // its block table: also the block table of proposer caches
   const SamplingParams* params = nullptr;

@@ -45,7 +45,6 @@ int Speculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& 
   // while speculation pays (a probe) is still given to the proposer.
   if (batch.depth == 0 && num_decoding > 0 && !depth_.plain_probe()) {
     drafts.assign(batch.requests.size(), {});
-    drafted_last_step_.clear();
     return 0;
   }
   // A probe from depth 0 drafts for a few requests only: it is there to measure acceptance, and
@@ -57,19 +56,20 @@ int Speculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& 
     for (ProposerRequest& r : batch.requests)
       if (r.sampled && r.max_drafts > 0 && ++kept > kProbeRequests) r.max_drafts = 0;
   }
+  // Steady state: every request verified drafts this step, so it drafted in the previous one and
+  // catches up at most 1 + k tokens. Only such steps teach the cost model a draft step's cost: the
+  // first drafting step of a request also runs its prompt (or the tokens of a depth-0 stretch)
+  // through the draft, and recording that once made the H100's cost model think drafts cost more
+  // than target steps, so that the depth stuck at 0.
   bool steady = true;
-  for (const ProposerRequest& r : batch.requests)
-    steady = steady && r.sampled && drafted_last_step_.count(std::string(r.req_id)) > 0;
+  for (const ProposerRequest& r : batch.requests) steady = steady && r.sampled && r.verified_drafts;
   const auto t0 = std::chrono::steady_clock::now();
   proposer_->propose(batch, drafts);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   int drafting = 0, most = 0;
-  drafted_last_step_.clear();
-  for (size_t i = 0; i < drafts.size(); ++i) {
-    if (drafts[i].empty()) continue;
-    drafting += 1;
-    most = std::max(most, static_cast<int>(drafts[i].size()));
-    drafted_last_step_.insert(std::string(batch.requests[i].req_id));
+  for (const std::vector<int32_t>& d : drafts) {
+    drafting += d.empty() ? 0 : 1;
+    most = std::max(most, static_cast<int>(d.size()));
   }
   // A draft step's cost: the proposer's time (its steady catch-up included) per draft produced.
   if (drafting > 0 && steady) depth_.cost().record_draft(drafting, seconds / most);

@@ -7,9 +7,7 @@
 #pragma once
 
 #include <memory>
-#include <string>
 #include <string_view>
-#include <unordered_set>
 #include <vector>
 
 #include "spec/adaptive_depth.h"
@@ -34,10 +32,7 @@ class Speculator {
   int max_depth() const { return config_.max_depth; }
   bool adaptive() const { return config_.adaptive; }
 
-  void drop_request(std::string_view req_id) {
-    proposer_->drop_request(req_id);
-    drafted_last_step_.erase(std::string(req_id));
-  }
+  void drop_request(std::string_view req_id) { proposer_->drop_request(req_id); }
   const Tensor* draft_probs() const { return proposer_->draft_probs(); }
   int draft_probs_row(std::string_view req_id) const { return proposer_->draft_probs_row(req_id); }
 
@@ -55,12 +50,6 @@ class Speculator {
   std::unique_ptr<Proposer> proposer_;
   SpeculatorConfig config_;
   AdaptiveDepth depth_;
-  // Requests the proposer drafted for in the previous call: a step in which every request is one
-  // of them is steady state (each catches up at most 1 + k tokens), the only kind whose time is a
-  // draft step's cost. The first drafting step of a request also runs its prompt (or the tokens of
-  // a depth-0 stretch) through the draft: recorded, that one sample once made the H100 cost model
-  // think drafts cost more than target steps, and the depth stuck at 0.
-  std::unordered_set<std::string> drafted_last_step_;
 };
 
 }  // namespace specula

@@ -34,12 +34,14 @@ class CatchUpProposer : public Proposer {
   std::unordered_set<std::string> seen_;
 };
 
-ProposeBatch decode_batch(const std::vector<std::string>& ids) {
+// Decoding requests; verified: each verified drafts this step (it drafted in the previous one).
+ProposeBatch decode_batch(const std::vector<std::string>& ids, bool verified = false) {
   ProposeBatch b;
   for (const std::string& id : ids) {
     ProposerRequest r;
     r.req_id = id;
     r.sampled = true;
+    r.verified_drafts = verified;
     r.max_drafts = 3;
     b.requests.push_back(r);
   }
@@ -61,7 +63,7 @@ TEST(Speculator, OnlySteadyStepsTeachTheDraftCost) {
   // The first call ran the 30 ms catch-up of the prompt: not a draft step's cost. Had it been
   // recorded (10 ms per draft against a 1 ms target step) the depth would drop to 0 for good.
   for (int step = 0; step < 20; ++step) {
-    b = decode_batch(ids);
+    b = decode_batch(ids, /*verified=*/true);
     for (int i = 0; i < 3; ++i) spec.record_verification(3, 3);
     EXPECT_GT(spec.propose(b, drafts), 0) << "step " << step;
   }
