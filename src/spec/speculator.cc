@@ -31,8 +31,9 @@ Speculator::Speculator(std::unique_ptr<Proposer> proposer, const SpeculatorConfi
 int Speculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
   int num_decoding = 0;
   for (const ProposerRequest& r : batch.requests) num_decoding += r.sampled ? 1 : 0;
-  // Only decoding requests can draft; a step of prompt chunks alone keeps the depth in force, so
-  // that the draft mirrors the chunks while speculation is on and stays idle while it is off.
+  // Only decoding requests can draft; a step of prompt chunks alone takes the best depth for its
+  // batch (no probe), so that the draft mirrors the chunks where speculation will run and stays
+  // idle where it will not.
   batch.depth = num_decoding > 0 ? depth_.choose(num_decoding)
                                  : depth_.current(static_cast<int>(batch.requests.size()));
   // Load shedding: a decode step that the adaptive depth runs without speculation (depth 0: the
