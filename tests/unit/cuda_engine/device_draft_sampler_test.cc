@@ -16,63 +16,18 @@
 #include "spec/device_draft_sampler.h"
 #include "spec/draft_sampler.h"
 #include "unit/cuda/cuda_test_util.h"
+#include "unit/cuda_engine/sampling_test_inputs.h"
 
 namespace specula {
 namespace {
 
 using testing::to_host;
 
-Tensor upload(Backend& gpu, const std::vector<float>& host, int64_t rows, int64_t vocab) {
-  Tensor src = Tensor::from_f32(host, {rows, vocab});
-  Tensor dst = gpu.empty({rows, vocab}, DType::kF32);
-  gpu.copy(src, dst);
-  return dst;
-}
 
-// Normal logits of scale `scale`; quantised to `step` when step > 0 (hundreds of exact ties).
-// Never zeros: a value that rounds to 0 is moved off it.
-std::vector<float> make_logits(int64_t rows, int64_t vocab, uint32_t seed, float scale, float step) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> l(static_cast<size_t>(rows * vocab));
-  for (float& x : l) {
-    x = d(rng);
-    if (step > 0) x = std::round(x / step) * step;
-    if (x == 0.0f) x = step > 0 ? step : 0.01f;
-  }
-  return l;
-}
 
 std::vector<SamplingParams> settings() {
-  std::vector<SamplingParams> s;
+  std::vector<SamplingParams> s = testing::common_sampling_settings();
   SamplingParams p;
-  p.temperature = 0.0f;
-  s.push_back(p);  // greedy
-  p = SamplingParams{};
-  s.push_back(p);  // temperature 1
-  p.temperature = 0.7f;
-  s.push_back(p);
-  p = SamplingParams{};
-  p.top_k = 40;
-  s.push_back(p);
-  p = SamplingParams{};
-  p.top_p = 0.9f;
-  s.push_back(p);
-  p = SamplingParams{};
-  p.min_p = 0.05f;
-  s.push_back(p);
-  p = SamplingParams{};
-  p.temperature = 0.6f;
-  p.top_k = 20;
-  p.top_p = 0.95f;
-  s.push_back(p);
-  p = SamplingParams{};
-  p.temperature = 1.3f;
-  p.top_k = 100;
-  p.top_p = 0.5f;
-  p.min_p = 0.01f;
-  s.push_back(p);
-  p = SamplingParams{};
   p.temperature = 0.8f;
   p.repetition_penalty = 1.3f;
   p.frequency_penalty = 0.4f;
@@ -136,10 +91,10 @@ void compare(int64_t vocab, float scale, float step, int rows_per_setting, int m
   make_rows(rows, vocab, logits_rows, rows_per_setting, seed);
   ASSERT_GE(rows.rows.back().row.logits_row, 0);
   const int64_t store_rows = 2 * static_cast<int64_t>(rows.rows.size());
-  Tensor logits = upload(*gpu, make_logits(logits_rows, vocab, seed + 1, scale, step), logits_rows, vocab);
+  Tensor logits = testing::upload_f32(*gpu, testing::random_logits(logits_rows, vocab, seed + 1, scale, step), logits_rows, vocab);
   const std::vector<float> sentinel(static_cast<size_t>(store_rows * vocab), -7.0f);
-  Tensor cpu_store = upload(*gpu, sentinel, store_rows, vocab);
-  Tensor dev_store = upload(*gpu, sentinel, store_rows, vocab);
+  Tensor cpu_store = testing::upload_f32(*gpu, sentinel, store_rows, vocab);
+  Tensor dev_store = testing::upload_f32(*gpu, sentinel, store_rows, vocab);
 
   auto cpu = make_cpu_draft_sampler(*gpu);
   auto dev = make_device_draft_sampler(*gpu, max_rows, vocab);
@@ -208,9 +163,9 @@ TEST(DeviceDraftSampler, GreedyTiesDraftTheFirstMaximum) {
   SKIP_WITHOUT_GPU();
   auto gpu = make_cuda_backend(0);
   const int64_t vocab = 8192;
-  std::vector<float> host = make_logits(1, vocab, 41, 1.0f, 0.0f);
+  std::vector<float> host = testing::random_logits(1, vocab, 41, 1.0f, 0.0f);
   for (int64_t i : {5000, 700, 6000}) host[static_cast<size_t>(i)] = 9.0f;  // three equal maxima
-  Tensor logits = upload(*gpu, host, 1, vocab);
+  Tensor logits = testing::upload_f32(*gpu, host, 1, vocab);
   SamplingParams greedy, topk;
   greedy.temperature = 0.0f;
   topk.top_k = 2;  // the k-th value is tied three ways: all three kept
@@ -221,7 +176,7 @@ TEST(DeviceDraftSampler, GreedyTiesDraftTheFirstMaximum) {
   rows[1].row.params = &topk;
   rows[1].row.seed = 3;
   rows[1].q_row = 1;
-  Tensor store = upload(*gpu, std::vector<float>(static_cast<size_t>(2 * vocab), -1.0f), 2, vocab);
+  Tensor store = testing::upload_f32(*gpu, std::vector<float>(static_cast<size_t>(2 * vocab), -1.0f), 2, vocab);
   auto dev = make_device_draft_sampler(*gpu, 4, vocab);
   const std::vector<int32_t> got = dev->sample(logits, rows, &store);
   EXPECT_EQ(got[0], 700);
@@ -239,7 +194,7 @@ TEST(DeviceDraftSampler, ReportsTheBatchOneCost) {
   SKIP_WITHOUT_GPU();
   auto gpu = make_cuda_backend(0);
   const int64_t vocab = 8192;
-  Tensor logits = upload(*gpu, make_logits(1, vocab, 51, 2.5f, 0.0f), 1, vocab);
+  Tensor logits = testing::upload_f32(*gpu, testing::random_logits(1, vocab, 51, 2.5f, 0.0f), 1, vocab);
   Tensor store = gpu->empty({4, vocab}, DType::kF32);
   SamplingParams p;
   p.temperature = 0.8f;

@@ -11,16 +11,11 @@
 #include "spec/device_rejection_sampler.h"
 #include "spec/rejection_sampler.h"
 #include "unit/cuda/cuda_test_util.h"
+#include "unit/cuda_engine/sampling_test_inputs.h"
 
 namespace specula {
 namespace {
 
-Tensor upload(Backend& gpu, const std::vector<float>& host, int64_t rows, int64_t vocab) {
-  Tensor src = Tensor::from_f32(host, {rows, vocab});
-  Tensor dst = gpu.empty({rows, vocab}, DType::kF32);
-  gpu.copy(src, dst);
-  return dst;
-}
 
 struct Case {
   SamplingParams params;
@@ -84,8 +79,8 @@ TEST(DeviceRejectionSampler, MatchesTheCpuRejectionSampler) {
       drafts[r].push_back(x);
     }
   }
-  Tensor logits = upload(*gpu, target, rows, vocab);
-  Tensor draft_probs = upload(*gpu, q, num_requests * k, vocab);
+  Tensor logits = testing::upload_f32(*gpu, target, rows, vocab);
+  Tensor draft_probs = testing::upload_f32(*gpu, q, num_requests * k, vocab);
 
   std::vector<std::vector<int32_t>> context(static_cast<size_t>(num_requests));
   std::vector<std::vector<SamplingRow>> srows(static_cast<size_t>(num_requests));

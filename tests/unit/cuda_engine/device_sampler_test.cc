@@ -11,59 +11,16 @@
 #include "engine/device_sampler.h"
 #include "engine/sampler.h"
 #include "unit/cuda/cuda_test_util.h"
+#include "unit/cuda_engine/sampling_test_inputs.h"
 
 namespace specula {
 namespace {
 
-Tensor upload_logits(Backend& gpu, const std::vector<float>& host, int64_t rows, int64_t vocab) {
-  Tensor src = Tensor::from_f32(host, {rows, vocab});
-  Tensor dst = gpu.empty({rows, vocab}, DType::kF32);
-  gpu.copy(src, dst);
-  return dst;
-}
 
-// Normal logits with scale `scale`; quantised to `step` when step > 0 (exact ties).
-std::vector<float> make_logits(int64_t rows, int64_t vocab, uint32_t seed, float scale, float step = 0.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> l(static_cast<size_t>(rows * vocab));
-  for (float& x : l) {
-    x = d(rng);
-    if (step > 0) x = std::round(x / step) * step;
-  }
-  return l;
-}
 
 std::vector<SamplingParams> settings() {
-  std::vector<SamplingParams> s;
+  std::vector<SamplingParams> s = testing::common_sampling_settings();
   SamplingParams p;
-  p.temperature = 0.0f;
-  s.push_back(p);  // greedy
-  p = SamplingParams{};
-  s.push_back(p);  // temperature 1
-  p.temperature = 0.7f;
-  s.push_back(p);
-  p = SamplingParams{};
-  p.top_k = 40;
-  s.push_back(p);
-  p = SamplingParams{};
-  p.top_p = 0.9f;
-  s.push_back(p);
-  p = SamplingParams{};
-  p.min_p = 0.05f;
-  s.push_back(p);
-  p = SamplingParams{};
-  p.temperature = 0.6f;
-  p.top_k = 20;
-  p.top_p = 0.95f;  // Qwen3's recommended settings
-  s.push_back(p);
-  p = SamplingParams{};
-  p.temperature = 1.3f;
-  p.top_k = 100;
-  p.top_p = 0.5f;
-  p.min_p = 0.01f;
-  s.push_back(p);
-  p = SamplingParams{};
   p.repetition_penalty = 1.3f;
   p.frequency_penalty = 0.4f;
   p.presence_penalty = 0.25f;
@@ -105,7 +62,7 @@ void compare_samplers(int64_t vocab, float scale, float step, int rows_per_setti
   auto gpu = make_cuda_backend(0);
   const std::vector<SamplingParams> params = settings();
   const int64_t rows = static_cast<int64_t>(params.size()) * rows_per_setting;
-  Tensor logits = upload_logits(*gpu, make_logits(rows, vocab, seed, scale, step), rows, vocab);
+  Tensor logits = testing::upload_f32(*gpu, testing::random_logits(rows, vocab, seed, scale, step), rows, vocab);
   std::mt19937 rng(seed + 1);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
   std::vector<std::vector<int32_t>> prompt(static_cast<size_t>(rows)), output(prompt.size()), masked(prompt.size());
@@ -180,7 +137,7 @@ TEST(DeviceSampler, FlatPeakedAndMaskedRows) {
   host[vocab + 123] = 50.0f;                                          // row 1: one certain token
   for (int64_t i = 0; i < vocab; ++i) host[2 * vocab + i] = (i % 7 == 0) ? 1.0f : -1.0f;  // row 2: two levels
   for (int64_t i = 0; i < vocab; ++i) host[3 * vocab + i] = static_cast<float>(i % 1000) / 100.0f;
-  Tensor logits = upload_logits(*gpu, host, rows, vocab);
+  Tensor logits = testing::upload_f32(*gpu, host, rows, vocab);
   SamplingParams temp, topk;
   topk.top_k = 5;
   topk.top_p = 0.3f;
@@ -208,7 +165,7 @@ TEST(DeviceSampler, EveryTokenMaskedIsAnError) {
   SKIP_WITHOUT_GPU();
   auto gpu = make_cuda_backend(0);
   const int64_t vocab = 8;
-  Tensor logits = upload_logits(*gpu, std::vector<float>(8, 1.0f), 1, vocab);
+  Tensor logits = testing::upload_f32(*gpu, std::vector<float>(8, 1.0f), 1, vocab);
   SamplingParams p;
   std::vector<int32_t> all{0, 1, 2, 3, 4, 5, 6, 7};
   SamplingRow row;
