@@ -13,6 +13,29 @@ CudaBackendFactory& cuda_factory() {
 }
 }  // namespace
 
+void Backend::argmax_rows(const Tensor& x, const Tensor* rows, Tensor& out) {
+  SPECULA_CHECK(x.is_cpu() && out.is_cpu() && (!rows || rows->is_cpu()),
+                "argmax_rows is not implemented by the {} backend for device tensors", name());
+  SPECULA_CHECK(x.dtype() == DType::kF32 && x.ndim() == 2, "argmax_rows: x must be F32 [R, V], got {}", x.describe());
+  SPECULA_CHECK(out.dtype() == DType::kI32 && out.ndim() == 1, "argmax_rows: out must be I32 [n], got {}",
+                out.describe());
+  const int64_t n = out.size(0), vocab = x.size(1);
+  SPECULA_CHECK(rows ? (rows->dtype() == DType::kI32 && rows->ndim() == 1 && rows->size(0) == n) : n <= x.size(0),
+                "argmax_rows: rows {} must be I32 [{}] (or null with out no longer than x's {} rows)",
+                rows ? rows->describe() : std::string("null"), n, x.size(0));
+  const float* base = x.data_as<float>();
+  int32_t* dst = out.data_as<int32_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = rows ? rows->data_as<int32_t>()[i] : i;
+    SPECULA_CHECK(r >= 0 && r < x.size(0), "argmax_rows: row {} outside x's {} rows", r, x.size(0));
+    const float* row = base + r * vocab;
+    int64_t best = 0;  // the host sampler's argmax: the first strictly larger value wins
+    for (int64_t v = 1; v < vocab; ++v)
+      if (row[v] > row[best]) best = v;
+    dst[i] = static_cast<int32_t>(best);
+  }
+}
+
 // The MLA / MoE ops are optional per backend: a backend that lacks one says so by name.
 void Backend::copy_columns(const Tensor&, int64_t, Tensor&, int64_t, int64_t) {
   throw Error(fmt::format("copy_columns is not implemented by the {} backend", name()));

@@ -141,6 +141,12 @@ class Backend {
                                float scale, Tensor& out) = 0;
   // out[i, :] = x[indices[i], :]; indices I32 [L].
   virtual void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) = 0;
+  // out[i] = the first index of the largest value of row rows[i] of x (rows == nullptr: row i):
+  // x F32 [R, V], rows I32 [n], out I32 [n]. Greedy drafting chains draft steps with it on the
+  // device (draft_model_proposer.h). Ties go to the lower index and a row of -inf gives 0, as the
+  // host sampler's argmax does (rows holding NaN: unspecified). The default runs on the host over
+  // CPU tensors.
+  virtual void argmax_rows(const Tensor& x, const Tensor* rows, Tensor& out);
 
   // ---- MLA and MoE (DeepSeek-V2/V3). Default implementations throw specula::Error naming the op
   // and the backend, so that a backend without them fails loudly, not silently. ----

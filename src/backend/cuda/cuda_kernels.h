@@ -22,6 +22,11 @@ cudaError_t launch_cast(const void* src, DType from, void* dst, DType to, int64_
 cudaError_t launch_gather_rows(const void* src, int64_t src_rows, size_t row_bytes, const int32_t* idx, int64_t n,
                                void* dst, cudaStream_t stream);
 
+// out[i] = first argmax of row rows[i] (rows null: row i) of x F32 [x_rows, vocab], i < n; a row
+// index outside [0, x_rows) gives 0 (as gather_rows, the host cannot check device indices).
+cudaError_t launch_argmax_rows(const float* x, int64_t x_rows, int64_t vocab, const int32_t* rows, int64_t n,
+                               int32_t* out, cudaStream_t stream);
+
 // out = a + b over n elements of dtype (F32 or BF16).
 cudaError_t launch_add(const void* a, const void* b, void* out, int64_t n, DType dtype, cudaStream_t stream);
 

@@ -39,6 +39,23 @@ void CudaBackend::gather_rows(const Tensor& x, const Tensor& indices, Tensor& ou
              "gather_rows");
 }
 
+void CudaBackend::argmax_rows(const Tensor& x, const Tensor* rows, Tensor& out) {
+  cuda_check::on_gpu(x, "argmax_rows", "x");
+  cuda_check::index_vector(out, DType::kI32, "argmax_rows", "out");
+  SPECULA_CHECK(x.dtype() == DType::kF32 && x.ndim() == 2, "argmax_rows: x must be F32 [R, V], got {}", x.describe());
+  const int64_t n = out.size(0);
+  if (rows) {
+    cuda_check::index_vector(*rows, DType::kI32, "argmax_rows", "rows");
+    SPECULA_CHECK(rows->size(0) == n, "argmax_rows: rows {} and out {} differ in length", rows->describe(),
+                  out.describe());
+  } else {
+    SPECULA_CHECK(n <= x.size(0), "argmax_rows: out {} is longer than x {} has rows", out.describe(), x.describe());
+  }
+  check_cuda(cuda::launch_argmax_rows(x.data_as<float>(), x.size(0), x.size(1), rows ? rows->data_as<int32_t>() : nullptr,
+                                      n, out.data_as<int32_t>(), stream_),
+             "argmax_rows");
+}
+
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   cuda_check::float_tensor(x, "rms_norm", "x");
   cuda_check::on_gpu(weight, "rms_norm", "weight");

@@ -77,6 +77,47 @@ TEST_F(CudaRowwise, GatherRowsOfEveryWidth) {
                                                         1007, 1008, 1003, 1004, 1005}));
 }
 
+// The greedy draft chain's argmax: exactly the host's first argmax, with repeated maxima (ties
+// go to the lower index), rows of -inf, a row list with repeats, and vocabularies from one
+// element to Llama-3's 128k (several strided passes per thread).
+TEST_F(CudaRowwise, ArgmaxRowsIsTheHostsFirstArgmax) {
+  for (int64_t vocab : {1, 7, 300, 8192, 128256}) {
+    const int64_t rows = 6;
+    std::vector<float> v = testing::random_floats(static_cast<size_t>(rows * vocab), rng_);
+    // Row 1: its maximum three times (the first must win); row 2: all -inf; row 3: -inf but one.
+    std::fill(v.begin() + vocab, v.begin() + 2 * vocab, 0.5f);
+    v[static_cast<size_t>(vocab + vocab / 2)] = 3.0f;
+    v[static_cast<size_t>(vocab + vocab - 1)] = 3.0f;
+    v[static_cast<size_t>(vocab + vocab / 3)] = 3.0f;
+    std::fill(v.begin() + 2 * vocab, v.begin() + 4 * vocab, -INFINITY);
+    v[static_cast<size_t>(3 * vocab + vocab - 1)] = -1e30f;
+    const Tensor x = Tensor::from_f32(v, {rows, vocab});
+    const Tensor x_gpu = to_gpu(*gpu_, x, DType::kF32);
+    for (const std::vector<int32_t>& list : {std::vector<int32_t>{5, 1, 1, 2, 3, 0}, std::vector<int32_t>{}}) {
+      const bool all = list.empty();
+      const int64_t n = all ? rows : static_cast<int64_t>(list.size());
+      Tensor want = Tensor::empty({n}, DType::kI32);
+      Tensor got = gpu_->empty({n}, DType::kI32);
+      if (all) {
+        cpu_->argmax_rows(x, nullptr, want);
+        gpu_->argmax_rows(x_gpu, nullptr, got);
+      } else {
+        const Tensor idx = Tensor::from_i32(list);
+        const Tensor idx_gpu = to_gpu(*gpu_, idx);
+        cpu_->argmax_rows(x, &idx, want);
+        gpu_->argmax_rows(x_gpu, &idx_gpu, got);
+      }
+      expect_equal(to_host(*gpu_, got), want.to_f32_vector(), "argmax V=" + std::to_string(vocab));
+      if (!all && vocab > 1) {
+        const std::vector<float> w = want.to_f32_vector();
+        EXPECT_EQ(w[1], static_cast<float>(vocab / 3 < vocab / 2 ? vocab / 3 : vocab / 2)) << "first of the tied maxima";
+        EXPECT_EQ(w[3], 0.0f) << "a row of -inf gives 0";
+        EXPECT_EQ(w[4], static_cast<float>(vocab - 1)) << "the one finite value";
+      }
+    }
+  }
+}
+
 TEST_F(CudaRowwise, RmsNormMatchesCpu) {
   for (DType dt : {DType::kBF16, DType::kF32}) {
     for (auto [rows, h] : {std::pair<int64_t, int64_t>{1, 64}, {7, 100}, {33, 4096}, {3, 5120}, {2, 12}}) {

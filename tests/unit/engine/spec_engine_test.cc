@@ -32,6 +32,7 @@ struct SpecOptions {
   double draft_noise = 0.0;  // 0: the draft is the target itself
   int draft_max_model_len = 0;
   std::function<int(int)> pad_batch;
+  bool greedy_chain = true;
 };
 
 struct Choice {
@@ -83,6 +84,7 @@ class SpecEngine {
       dc.max_model_len = c.max_model_len;
       dc.draft_max_model_len = o.draft_max_model_len > 0 ? o.draft_max_model_len : c.max_model_len;
       dc.pad_batch = o.pad_batch;
+      dc.greedy_chain = o.greedy_chain;
       auto p = std::make_unique<DraftModelProposer>(std::move(draft), *backend_, make_cpu_draft_sampler(*backend_), dc);
       p->allocate_kv_cache(c.num_blocks, c.block_size);
       draft_proposer = p.get();
@@ -237,6 +239,62 @@ TEST(SpecEngine, PaddedDraftStepsAndAdaptiveDepthChangeNothing) {
     EXPECT_EQ(e.tokens("r" + std::to_string(i)), e.model.reference_greedy(reqs[i].first, reqs[i].second));
   EXPECT_GT(e.core->metrics().spec_depth_steps, 0);
   e.expect_all_blocks_free();
+}
+
+// The greedy chain (drafts argmax'd into the next draft step's input without visiting the host)
+// drafts exactly what the draft sampler drafts step by step: same tokens, same drafts and
+// acceptance per position, through chunked prefill, preemption, prefix hits, padded steps and
+// requests whose drafts stop early (max_tokens). Rows the argmax would not serve (a penalty, a
+// sampled row) keep every step of their batch on the draft sampler.
+TEST(SpecEngine, GreedyChainDraftsWhatTheDraftSamplerDrafts) {
+  const auto reqs = mixed_requests();
+  for (int k : {1, 3, 5}) {
+    SCOPED_TRACE("k=" + std::to_string(k));
+    std::vector<SchedulerStats> stats;
+    std::vector<std::vector<std::vector<int32_t>>> outputs;
+    for (bool chain : {true, false}) {
+      SpecOptions o;
+      o.method = Method::kDraft;
+      o.k = k;
+      o.draft_noise = 0.3;
+      o.greedy_chain = chain;
+      o.pad_batch = [](int n) { return std::min(6, (n + 3) / 4 * 4); };
+      SpecEngine e(core_config(32, 24, 6), o);
+      for (size_t i = 0; i < reqs.size(); ++i) e.add("r" + std::to_string(i), reqs[i].first, greedy(reqs[i].second));
+      e.run();
+      if (chain) {
+        EXPECT_GT(e.draft_proposer->num_greedy_chains(), 10);
+      } else {
+        EXPECT_EQ(e.draft_proposer->num_greedy_chains(), 0);
+      }
+      stats.push_back(e.stats());
+      outputs.emplace_back();
+      for (size_t i = 0; i < reqs.size(); ++i) outputs.back().push_back(e.tokens("r" + std::to_string(i)));
+      e.expect_all_blocks_free();
+    }
+    EXPECT_EQ(outputs[0], outputs[1]);
+    EXPECT_GT(stats[0].spec_num_draft_tokens, 0);
+    EXPECT_EQ(stats[0].spec_num_drafts, stats[1].spec_num_drafts);
+    EXPECT_EQ(stats[0].spec_num_draft_tokens, stats[1].spec_num_draft_tokens);
+    EXPECT_EQ(stats[0].spec_num_accepted_tokens, stats[1].spec_num_accepted_tokens);
+    EXPECT_EQ(stats[0].spec_accepted_per_pos, stats[1].spec_accepted_per_pos);
+  }
+  for (bool penalised : {true, false}) {
+    SpecOptions o;
+    o.method = Method::kDraft;
+    o.draft_noise = 0.3;
+    SpecEngine e(core_config(), o);
+    // b outlives a (at most 24 steps), so no step drafts for a alone.
+    SamplingParams p = penalised ? greedy(200) : seeded(200, 5);
+    p.ignore_eos = true;
+    if (penalised) p.repetition_penalty = 1.3f;
+    e.add("a", prompt_of(9, 1), greedy(24));
+    e.add("b", prompt_of(13, 2), p);
+    e.run();
+    EXPECT_GT(e.stats().spec_num_draft_tokens, 0);
+    EXPECT_EQ(e.draft_proposer->num_greedy_chains(), 0) << (penalised ? "penalised" : "sampled");
+    EXPECT_EQ(e.tokens("a"), e.model.reference_greedy(prompt_of(9, 1), 24));
+  }
 }
 
 TEST(SpecEngine, DraftEqualToTargetAcceptsEveryDraft) {
