@@ -68,6 +68,12 @@ int AdaptiveDepth::best_depth(int num_seqs) const {
   return best;
 }
 
+bool AdaptiveDepth::draft_could_pay(int num_seqs) const {
+  num_seqs = std::max(1, num_seqs);
+  const double t1 = cost_->target_seconds(num_seqs, 2) + cost_->draft_seconds(num_seqs);
+  return t1 > 0.0 && 2.0 / t1 > tokens_per_second(num_seqs, 0) * config_.min_gain;
+}
+
 int AdaptiveDepth::current(int num_seqs) const {
   if (!config_.adaptive) return config_.max_depth;
   // The best depth for a batch of this many requests, not the last choice: after the tail of a
@@ -97,9 +103,7 @@ int AdaptiveDepth::choose(int num_seqs) {
       depth = 0;  // re-measure a plain decode step
       plain_probe_ = true;
     } else {
-      // Could one draft pay at all here, were it always accepted?
-      const double t1 = cost_->target_seconds(num_seqs, 2) + cost_->draft_seconds(num_seqs);
-      if (t1 > 0.0 && 2.0 / t1 > tokens_per_second(num_seqs, 0) * config_.min_gain) {
+      if (draft_could_pay(num_seqs)) {
         depth = 1;
         probe_bucket_ = static_cast<int>(bucket);
         probe_num_seqs_ = num_seqs;

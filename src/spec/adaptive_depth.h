@@ -58,6 +58,10 @@ class AdaptiveDepth {
   // probe.
   int current(int num_seqs) const;
 
+  // Could one draft pay at this batch size, were it always accepted? (No: speculation is off
+  // here whatever the acceptance, until the costs say otherwise.)
+  bool draft_could_pay(int num_seqs) const;
+
   double expected_tokens(int depth) const;
   // Expected tokens per second of one request at this depth (the objective).
   double tokens_per_second(int num_seqs, int depth) const;

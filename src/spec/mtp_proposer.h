@@ -76,6 +76,7 @@ class MtpProposer : public Proposer {
               const MtpProposerConfig& config);
 
   std::string_view method() const override { return "mtp"; }
+  bool needs_every_step() const override { return true; }
   KVCacheSpec kv_cache_spec() const override { return mtp_->kv_cache_spec(); }
   void allocate_kv_cache(int num_blocks, int block_size) override;
   void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;

@@ -86,6 +86,10 @@ class Proposer {
   // A prior for the adaptive depth's cost model before anything is measured: the cost of one
   // draft step relative to one target decode step at the same batch size.
   virtual double relative_step_cost() const = 0;
+  // True when the proposer's state can only be built from every step as it happens (MTP reads
+  // the target's hidden states, which exist only in their step): a step skipped leaves it stale
+  // (lower acceptance later), where a draft model simply catches up from the tokens.
+  virtual bool needs_every_step() const { return false; }
 };
 
 }  // namespace specula

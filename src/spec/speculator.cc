@@ -43,8 +43,16 @@ int Speculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& 
   // requests on the H100 that forward took specula-tiny-moe from 106k to 62k tokens/s): the
   // positions skipped count as inherited, their cache entries stale (mtp_proposer.h), which can
   // lower acceptance and never change the output. A plain step that only re-measures the target
-  // while speculation pays (a probe) is still given to the proposer.
-  if (batch.depth == 0 && num_decoding > 0 && !depth_.plain_probe()) {
+  // while speculation pays (a probe) is still given to the proposer. So is every depth-0 step of
+  // a proposer that needs every step (MTP) in a batch no larger than a probe, where one draft
+  // could pay: there speculation is off only for want of acceptance, and a cache gone stale in
+  // the depth-0 stretch would be what keeps the probes' acceptance low, so that speculation never
+  // came back (on the H100, specula-tiny-moe at concurrency 1 stayed at depth 0 where k = 1 pinned
+  // gains 18 %). Such a step costs one catch-up forward of a few requests; under load the
+  // shedding stays (that forward for 64 requests cost 40 % of throughput).
+  const bool feed = depth_.plain_probe() || (proposer_->needs_every_step() && num_decoding <= kProbeRequests &&
+                                             depth_.draft_could_pay(num_decoding));
+  if (batch.depth == 0 && num_decoding > 0 && !feed) {
     drafts.assign(batch.requests.size(), {});
     return 0;
   }

@@ -44,9 +44,9 @@ class Speculator {
   // returns the depth; drafts[i] are the drafts of batch.requests[i].
   int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts);
 
- private:
   static constexpr int kProbeRequests = 4;  // requests that draft in a probe from depth 0
 
+ private:
   std::unique_ptr<Proposer> proposer_;
   SpeculatorConfig config_;
   AdaptiveDepth depth_;

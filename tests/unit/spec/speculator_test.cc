@@ -89,6 +89,35 @@ TEST(Speculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
   for (const auto& d : drafts) EXPECT_TRUE(d.empty());
 }
 
+// A proposer that must see every step (MTP): a depth-0 step still reaches it while the batch is
+// no larger than a probe and one draft could pay there (it is off for want of acceptance, which a
+// stale cache would keep low); under load, or where no draft can pay, it is shed as any other.
+class EveryStepProposer : public CatchUpProposer {
+ public:
+  bool needs_every_step() const override { return true; }
+};
+
+TEST(Speculator, SmallBatchesOfAnEveryStepProposerAreFedAtDepthZero) {
+  for (int n : {1, 4, 5, 64}) {
+    for (bool draft_can_pay : {true, false}) {
+      SCOPED_TRACE(std::to_string(n) + (draft_can_pay ? " requests, drafts could pay" : " requests, drafts cannot pay"));
+      auto proposer = std::make_unique<EveryStepProposer>();
+      EveryStepProposer* p = proposer.get();
+      Speculator spec(std::move(proposer), SpeculatorConfig{3, true});
+      for (int r = 1; r <= 4; ++r) spec.record_target_step(n, r, 0.001);
+      spec.depth().cost().record_draft(n, draft_can_pay ? 0.0001 : 0.002);
+      for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);  // never accepted: depth 0
+      std::vector<std::string> ids;
+      for (int i = 0; i < n; ++i) ids.push_back("r" + std::to_string(i));
+      std::vector<std::vector<int32_t>> drafts;
+      ProposeBatch b = decode_batch(ids);
+      EXPECT_EQ(spec.propose(b, drafts), 0);
+      EXPECT_EQ(p->calls, draft_can_pay && n <= Speculator::kProbeRequests ? 1 : 0);
+      for (const auto& d : drafts) EXPECT_TRUE(d.empty());
+    }
+  }
+}
+
 TEST(Speculator, APlainProbeWhileSpeculatingStillReachesTheProposer) {
   // Speculation pays (every draft accepted, drafts cheap): every 32nd step is a plain step that
   // re-measures the target, and a proposer that must see every step (MTP) is still called then.
