@@ -13,6 +13,8 @@
 # benchmarks usually run; 1 shows sampled acceptance).
 # $OUT receives spec_summary.txt, every log and JSON (spec_logs.tar.gz).
 #   RUN_SPEC_SKIP="tiny compare sampled mtp dsv2 cost"   skip sections by name; RUN_SPEC_BUDGET seconds (default 420)
+#   SPEC_CONCURRENCY="1 16 64 256", MTP_CONCURRENCY="1 16 64", COMPARE_CONCURRENCY="64 256",
+#   COMPARE_REPS=3   the concurrencies (and repetitions) of the tiny, mtp and compare sections
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -47,7 +49,7 @@ draft_cfg() {  # draft_cfg K ADAPTIVE
 }
 
 if ! skipped tiny; then
-  for c in 1 16 64 256; do
+  for c in ${SPEC_CONCURRENCY:-1 16 64 256}; do
     lat "tiny_c${c}_nospec" 40 "$TINY" "$c"
     for k in 1 2 3 4 5; do lat "tiny_c${c}_k${k}_pinned" 40 "$TINY" "$c" --speculative-config "$(draft_cfg "$k" false)"; done
     for k in 3 5; do lat "tiny_c${c}_k${k}_adaptive" 40 "$TINY" "$c" --speculative-config "$(draft_cfg "$k" true)"; done
@@ -57,8 +59,8 @@ fi
 if ! skipped compare; then
   # Under load the figures of single runs move by +-10 % from run to run: no speculation and
   # adaptive depth alternate here, three times each, greedy and sampled.
-  for c in 64 256; do
-    for rep in 1 2 3; do
+  for c in ${COMPARE_CONCURRENCY:-64 256}; do
+    for rep in $(seq 1 "${COMPARE_REPS:-3}"); do
       lat "cmp_c${c}_nospec_r${rep}" 40 "$TINY" "$c"
       lat "cmp_c${c}_adaptive_r${rep}" 40 "$TINY" "$c" --speculative-config "$(draft_cfg 3 true)"
       LAT_TEMP=1 lat "cmp_t1_c${c}_nospec_r${rep}" 40 "$TINY" "$c"
@@ -77,7 +79,7 @@ if ! skipped sampled; then
 fi
 
 if ! skipped mtp; then
-  for c in 1 16 64; do
+  for c in ${MTP_CONCURRENCY:-1 16 64}; do
     lat "moe_c${c}_nospec" 40 "$MOE" "$c"
     for k in 1 2 3; do
       lat "moe_c${c}_mtp_k${k}_pinned" 40 "$MOE" "$c" --speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$k,\"adaptive\":false}"

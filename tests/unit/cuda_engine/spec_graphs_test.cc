@@ -243,6 +243,7 @@ TEST(SpecGraphs, VerificationAndDraftStepsReplayGraphs) {
   EXPECT_GT(runner.num_graph_replays(1 + k), 0) << "no verification step of " << k << " drafts replayed a graph";
   EXPECT_GT(dp.num_step_graph_replays(), 0) << "no draft step replayed a graph";
   EXPECT_GT(dp.num_catch_up_graph_replays(), 0) << "no draft catch-up replayed a graph";
+  EXPECT_GT(dp.num_greedy_chains(), 0) << "greedy drafts were not chained on the device";
 }
 
 // MTP's graphs are really used: catch-up forwards (r = 1..1+k rows per request) and chained
