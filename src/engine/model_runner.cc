@@ -172,6 +172,8 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
   int graph_rows = 0;
   if (const int size = uniform_graph_size(num_seqs, t, num_logits, graph_rows))
     return graph_step_inputs(size, graph_rows, num_seqs, max_blocks);
+  if (const int size = pad_ragged_decode(num_seqs, t, num_logits, plans, graph_rows))
+    return graph_step_inputs(size, graph_rows, num_seqs, max_blocks);
 
   ForwardInput in;
   in.token_ids = upload(h_tokens_, d_tokens_, t);

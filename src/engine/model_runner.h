@@ -63,7 +63,9 @@ class ModelRunner : public ModelExecutor {
   // batch for each padded batch size, and with speculation (num_spec_tokens > 0) the forward of a
   // verification batch of r = 2 .. 1 + num_spec_tokens rows per sequence for each padded size up
   // to kMaxVerifyGraphBatch; execute() then replays the smallest graph that fits a step in which
-  // every sequence runs r rows that are all logits rows, instead of launching the forward.
+  // every sequence runs r rows that are all logits rows, instead of launching the forward (a
+  // ragged decode step, sequences verifying different numbers of drafts, replays the graph of
+  // its longest sequence's rows, the others padded).
   // Returns the number of graphs captured (0 on a backend without graphs). Call after
   // construction, before the first step.
   size_t capture_decode_graphs(const std::vector<int>& batch_sizes);
@@ -71,6 +73,8 @@ class ModelRunner : public ModelExecutor {
   size_t num_verify_graphs() const;   // those of r > 1 rows per sequence
   // Steps that replayed a graph of `rows` rows per sequence so far (tests, profiling).
   int64_t num_graph_replays(int rows) const;
+  // Ragged decode steps that ran padded as a graph (pad_ragged_decode), for tests.
+  int64_t num_ragged_graph_steps() const { return ragged_graph_steps_; }
   static constexpr int kMaxVerifyGraphBatch = 128;
 
   std::vector<KVCacheLayer>& kv_cache() { return kv_; }
@@ -126,6 +130,12 @@ class ModelRunner : public ModelExecutor {
   // The graph size a step of num_seqs sequences and t tokens runs as (0: eager), and its rows per
   // sequence: uniform, every sequence r rows, every row a logits row, in order.
   int uniform_graph_size(int num_seqs, int t, int num_logits, int& rows) const;
+  // A ragged decode step (every sequence decodes from its last token: 1 row, or 1 + its own
+  // number of drafts) as the graph of its longest sequence's rows: rewrites the host inputs to r
+  // rows per sequence, each shorter one followed by rows that write no K/V and that its real rows
+  // never attend to, and moves the plans' rows along. Returns the graph size (0: eager; nothing
+  // rewritten).
+  int pad_ragged_decode(int num_seqs, int t, int num_logits, std::vector<RequestPlan>& plans, int& rows);
   // Pads the host inputs already filled for num_seqs sequences to `size` harmless sequences of
   // `rows` rows, uploads them into the graphs' static buffers and returns the step's input (block
   // tables at full width).
@@ -143,6 +153,7 @@ class ModelRunner : public ModelExecutor {
   int graph_size_ = 0;           // the graph this step replays (0: eager)
   int graph_rows_ = 0;           // its rows per sequence
   std::map<int, int64_t> graph_replays_;  // by rows per sequence
+  int64_t ragged_graph_steps_ = 0;
 };
 
 }  // namespace specula

@@ -244,6 +244,9 @@ TEST(SpecGraphs, VerificationAndDraftStepsReplayGraphs) {
   EXPECT_GT(dp.num_step_graph_replays(), 0) << "no draft step replayed a graph";
   EXPECT_GT(dp.num_catch_up_graph_replays(), 0) << "no draft catch-up replayed a graph";
   EXPECT_GT(dp.num_greedy_chains(), 0) << "greedy drafts were not chained on the device";
+  // The two prompts end apart: steps where one verifies fewer drafts (near max_tokens) are ragged
+  // and run padded in the graph of the longest.
+  EXPECT_GT(runner.num_ragged_graph_steps(), 0) << "no ragged verification step ran as a graph";
 }
 
 // MTP's graphs are really used: catch-up forwards (r = 1..1+k rows per request) and chained
