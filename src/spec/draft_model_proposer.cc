@@ -39,6 +39,11 @@ void DraftModelProposer::allocate_kv_cache(int num_blocks, int block_size) {
   chain_out_ = backend_.empty({static_cast<int64_t>(config_.max_num_seqs) * config_.max_depth}, DType::kI32);
   chain_host_ = backend_.empty_host({chain_out_.numel()}, DType::kI32);
   chain_idx_.allocate(backend_, config_.max_num_seqs, DType::kI32);
+  // One argmax now: a kernel's first launch loads its module (CUDA's lazy loading, a millisecond
+  // or more), which in the first drafting step would be measured as the draft's cost.
+  Tensor warm = chain_out_.slice(0, 1), row = q_store_.slice(0, 1);
+  backend_.zero(row);
+  backend_.argmax_rows(row, nullptr, warm);
   backend_.synchronize();
 }
 

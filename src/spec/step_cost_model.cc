@@ -25,12 +25,16 @@ int OnlineCostModel::bucket_of(int num_seqs) {
 double OnlineCostModel::prior_target(double num_seqs, int rows) { return 1.0 + num_seqs * rows / 256.0; }
 
 void OnlineCostModel::update(Entry& e, int num_seqs, double seconds) {
-  if (!e.measured) {
-    e.seconds = seconds;
-    e.num_seqs = num_seqs;
+  if (e.samples < kSettleSamples) {
+    if (!e.measured || seconds < e.seconds) {
+      e.seconds = seconds;
+      e.num_seqs = num_seqs;
+    }
     e.measured = true;
+    ++e.samples;
     return;
   }
+  seconds = std::min(seconds, kMaxJump * e.seconds);
   e.seconds += ema_weight_ * (seconds - e.seconds);
   e.num_seqs += ema_weight_ * (num_seqs - e.num_seqs);
 }

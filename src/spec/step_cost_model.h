@@ -46,7 +46,15 @@ class OnlineCostModel : public StepCostModel {
     double seconds = 0.0;
     double num_seqs = 0.0;  // the batch sizes it was measured at (EMA), to rescale from
     bool measured = false;
+    int samples = 0;
   };
+  // The first kSettleSamples samples of an entry: their minimum. After that an EMA in which one
+  // sample counts as at most kMaxJump times the estimate. One-off costs (a lazily loaded kernel's
+  // first launch, a cold cache, the host thread descheduled) must not stick: a draft cost
+  // measured too high turns speculation off, and steps at depth 0 measure no draft step that
+  // could correct it (on the H100 one such first sample kept specula-tiny at depth ~0.9 of 5).
+  static constexpr int kSettleSamples = 3;
+  static constexpr double kMaxJump = 3.0;
   void update(Entry& e, int num_seqs, double seconds);
   // The measured (bucket, rows) key closest to the one asked for, if any.
   std::optional<std::pair<int, int>> nearest_target(int bucket, int rows) const;

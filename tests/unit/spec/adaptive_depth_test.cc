@@ -142,6 +142,15 @@ TEST(OnlineCostModel, MeasuresAndExtrapolatesWithThePriorShape) {
   EXPECT_NEAR(m.target_seconds(1, 4), 0.020, 1e-6);
   m.record_draft(1, 0.002);
   EXPECT_NEAR(m.draft_seconds(1), 0.002, 1e-12);
+  // One slow sample at the start (a kernel's first launch) does not stick: the first samples
+  // settle on their minimum, and later outliers move the average by a bounded step.
+  OnlineCostModel fresh(4, 0.25);
+  fresh.record_draft(1, 0.050);
+  fresh.record_draft(1, 0.002);
+  fresh.record_draft(1, 0.0021);
+  EXPECT_DOUBLE_EQ(fresh.draft_seconds(1), 0.002);
+  fresh.record_draft(1, 1.0);
+  EXPECT_NEAR(fresh.draft_seconds(1), 0.002 + 0.2 * (3 * 0.002 - 0.002), 1e-12);
   // Other batch sizes scale from the nearest measured bucket.
   EXPECT_GT(m.target_seconds(200, 1), m.target_seconds(1, 1));
   EXPECT_EQ(OnlineCostModel::bucket_of(1), 0);
