@@ -50,7 +50,7 @@ double AdaptiveDepth::expected_tokens(int depth) const {
 }
 
 double AdaptiveDepth::tokens_per_second(int num_seqs, int depth) const {
-  const double t = cost_->target_seconds(num_seqs, 1 + depth) + depth * cost_->draft_seconds(num_seqs);
+  const double t = cost_->target_seconds(num_seqs, 1 + depth) + cost_->draft_seconds(num_seqs, depth);
   return t > 0.0 ? expected_tokens(depth) / t : 0.0;
 }
 
@@ -70,7 +70,7 @@ int AdaptiveDepth::best_depth(int num_seqs) const {
 
 bool AdaptiveDepth::draft_could_pay(int num_seqs) const {
   num_seqs = std::max(1, num_seqs);
-  const double t1 = cost_->target_seconds(num_seqs, 2) + cost_->draft_seconds(num_seqs);
+  const double t1 = cost_->target_seconds(num_seqs, 2) + cost_->draft_seconds(num_seqs, 1);
   return t1 > 0.0 && 2.0 / t1 > tokens_per_second(num_seqs, 0) * config_.min_gain;
 }
 

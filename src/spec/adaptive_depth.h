@@ -4,7 +4,7 @@
 //     E(d) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_d
 // where a_i is the measured acceptance of draft i given drafts 1..i-1 were accepted (an
 // exponential moving average per position, seeded with a prior), and a step costs
-//     T(d) = target(B, 1 + d) + d * draft(B)
+//     T(d) = target(B, 1 + d) + draft(B, d)
 // from the MEASURED cost model (step_cost_model.h). The depth maximises E(d) / T(d), the tokens
 // per second of every request (so both throughput and TPOT), and a depth d > 0 is only taken when
 // it beats plain decoding (d = 0) by `min_gain`: under heavy load, where verifying d extra rows is

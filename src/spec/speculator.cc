@@ -2,8 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "core/phase_profile.h"
 
 namespace specula {
 
@@ -26,6 +32,24 @@ Speculator::Speculator(std::unique_ptr<Proposer> proposer, const SpeculatorConfi
                   : std::make_unique<OnlineCostModel>(config.max_depth + 1,
                                                       proposer_ ? proposer_->relative_step_cost() : 0.2)) {
   SPECULA_CHECK(proposer_ != nullptr, "speculator: no proposer");
+}
+
+Speculator::~Speculator() {
+  if (!phase_profile::enabled() || !config_.adaptive) return;
+  const int k = config_.max_depth;
+  std::string text = "== SPECULA_PROFILE: adaptive depth (microseconds; tok/s of one request at each depth)\n";
+  text += fmt::format("acceptance per position: {:.3f}\n", fmt::join(depth_.acceptance(), ", "));
+  for (int b : {1, 4, 16, 64, 256}) {
+    StepCostModel& c = depth_.cost();
+    std::vector<std::string> target, draft, rate;
+    for (int r = 1; r <= k + 1; ++r) target.push_back(fmt::format("{:.0f}", 1e6 * c.target_seconds(b, r)));
+    for (int d = 1; d <= k; ++d) draft.push_back(fmt::format("{:.0f}", 1e6 * c.draft_seconds(b, d)));
+    for (int d = 0; d <= k; ++d) rate.push_back(fmt::format("{:.0f}", depth_.tokens_per_second(b, d)));
+    text += fmt::format("batch {:>3}: target rows 1..{} [{}]  draft depth 1..{} [{}]  tok/s depth 0..{} [{}]  -> depth {}\n",
+                        b, k + 1, fmt::join(target, " "), k, fmt::join(draft, " "), k, fmt::join(rate, " "),
+                        depth_.current(b));
+  }
+  std::fputs(text.c_str(), stderr);
 }
 
 int Speculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
@@ -80,8 +104,8 @@ int Speculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& 
     drafting += d.empty() ? 0 : 1;
     most = std::max(most, static_cast<int>(d.size()));
   }
-  // A draft step's cost: the proposer's time (its steady catch-up included) per draft produced.
-  if (drafting > 0 && steady) depth_.cost().record_draft(drafting, seconds / most);
+  // The proposer's cost at this depth: its time, steady catch-up included.
+  if (drafting > 0 && steady) depth_.cost().record_draft(drafting, most, seconds);
   return batch.depth;
 }
 

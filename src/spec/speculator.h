@@ -26,6 +26,9 @@ class Speculator {
   // cost: the cost model (an OnlineCostModel seeded with the proposer's relative cost when null).
   Speculator(std::unique_ptr<Proposer> proposer, const SpeculatorConfig& config,
              std::unique_ptr<StepCostModel> cost = nullptr);
+  // With SPECULA_PROFILE=1, prints what the adaptive depth learned (step costs, acceptance, the
+  // depth it would choose) for a few batch sizes to stderr.
+  ~Speculator();
 
   Proposer& proposer() { return *proposer_; }
   AdaptiveDepth& depth() { return depth_; }

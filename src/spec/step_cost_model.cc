@@ -14,7 +14,8 @@ constexpr int kNumBuckets = 16;  // batches up to 2^15 requests
 
 OnlineCostModel::OnlineCostModel(int max_rows, double draft_ratio, double ema_weight)
     : max_rows_(std::max(1, max_rows)), draft_ratio_(draft_ratio), ema_weight_(ema_weight),
-      target_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_) + 1)), draft_(kNumBuckets) {}
+      target_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_) + 1)),
+      draft_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_))) {}
 
 int OnlineCostModel::bucket_of(int num_seqs) {
   int b = 0;
@@ -44,19 +45,21 @@ void OnlineCostModel::record_target(int num_seqs, int rows, double seconds) {
   update(target_[bucket_of(num_seqs)][rows], num_seqs, seconds);
 }
 
-void OnlineCostModel::record_draft(int num_seqs, double seconds) {
-  if (num_seqs < 1 || !(seconds >= 0.0)) return;
-  update(draft_[bucket_of(num_seqs)], num_seqs, seconds);
+void OnlineCostModel::record_draft(int num_seqs, int depth, double seconds) {
+  if (num_seqs < 1 || depth < 1 || depth >= max_rows_ || !(seconds >= 0.0)) return;
+  update(draft_[bucket_of(num_seqs)][depth], num_seqs, seconds);
 }
 
-std::optional<std::pair<int, int>> OnlineCostModel::nearest_target(int bucket, int rows) const {
-  // Same bucket first (rows are cheap to extrapolate with the prior), then neighbouring buckets.
+std::optional<std::pair<int, int>> OnlineCostModel::nearest(const std::vector<std::vector<Entry>>& table, int bucket,
+                                                            int col) {
+  // Same bucket first (rows and depths are cheap to extrapolate with the prior), then
+  // neighbouring buckets.
   std::optional<std::pair<int, int>> best;
   int best_d = 1 << 30;
-  for (int b = 0; b < kNumBuckets; ++b) {
-    for (int r = 1; r <= max_rows_; ++r) {
-      if (!target_[b][r].measured) continue;
-      const int d = 4 * std::abs(b - bucket) + std::abs(r - rows);
+  for (int b = 0; b < static_cast<int>(table.size()); ++b) {
+    for (int r = 1; r < static_cast<int>(table[b].size()); ++r) {
+      if (!table[b][r].measured) continue;
+      const int d = 4 * std::abs(b - bucket) + std::abs(r - col);
       if (d < best_d) {
         best_d = d;
         best = std::make_pair(b, r);
@@ -69,22 +72,20 @@ std::optional<std::pair<int, int>> OnlineCostModel::nearest_target(int bucket, i
 double OnlineCostModel::target_seconds(int num_seqs, int rows) const {
   num_seqs = std::max(1, num_seqs);
   rows = std::clamp(rows, 1, max_rows_);
-  const std::optional<std::pair<int, int>> near = nearest_target(bucket_of(num_seqs), rows);
+  const std::optional<std::pair<int, int>> near = nearest(target_, bucket_of(num_seqs), rows);
   if (!near) return prior_target(num_seqs, rows);
   const Entry& e = target_[near->first][near->second];
   return e.seconds * prior_target(num_seqs, rows) / prior_target(e.num_seqs, near->second);
 }
 
-double OnlineCostModel::draft_seconds(int num_seqs) const {
+double OnlineCostModel::draft_seconds(int num_seqs, int depth) const {
+  if (depth <= 0) return 0.0;
   num_seqs = std::max(1, num_seqs);
-  const int bucket = bucket_of(num_seqs);
-  const Entry* best = nullptr;
-  for (int d = 0; d < kNumBuckets && !best; ++d) {
-    if (bucket - d >= 0 && draft_[bucket - d].measured) best = &draft_[bucket - d];
-    else if (bucket + d < kNumBuckets && draft_[bucket + d].measured) best = &draft_[bucket + d];
-  }
-  if (best) return best->seconds * prior_target(num_seqs, 1) / prior_target(best->num_seqs, 1);
-  return draft_ratio_ * target_seconds(num_seqs, 1);
+  const std::optional<std::pair<int, int>> near = nearest(draft_, bucket_of(num_seqs), depth);
+  if (!near) return draft_ratio_ * target_seconds(num_seqs, 1) * prior_draft_shape(depth);
+  const Entry& e = draft_[near->first][near->second];
+  return e.seconds * prior_target(num_seqs, 1) / prior_target(e.num_seqs, 1) * prior_draft_shape(depth) /
+         prior_draft_shape(near->second);
 }
 
 }  // namespace specula

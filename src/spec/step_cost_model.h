@@ -1,13 +1,19 @@
 // How long a step takes, as the adaptive depth needs it: a target forward over B decoding
-// requests with r query rows each (r = 1 + drafts verified), and one draft step over B requests.
+// requests with r query rows each (r = 1 + drafts verified), and the proposer's work for d drafts
+// per request over B requests.
 //
 // OnlineCostModel MEASURES it: an exponential moving average of the wall time of each, keyed by
-// (batch bucket, rows) for the target and by batch bucket for the draft (buckets are powers of two
-// of B). Before a key has been measured it is estimated from the nearest measured key, scaled by a
-// prior shape: t(B, r) proportional to 1 + B r / 256 (flat while the GPU is weight-bandwidth bound,
-// growing once B r rows make it compute bound), and a draft step at `draft_ratio` times a target
-// decode step. With nothing measured at all the prior itself is used (its unit is arbitrary, the
-// same for target and draft, which is all the choice of depth compares).
+// (batch bucket, rows) for the target and by (batch bucket, depth) for the proposer (buckets are
+// powers of two of B). Drafting d tokens is not d times drafting one: the proposer's catch-up,
+// staging and the copy of the drafts to the host are paid once per step (on the H100, specula-tiny
+// -draft: ~115 us for 1 draft, ~75 us per further draft), and a per-draft average learned at one
+// depth made every other depth look worse or better than it is, so the choice stuck wherever it
+// started. Before a key has been measured it is estimated from the nearest measured key, scaled
+// by a prior shape: t(B, r) proportional to 1 + B r / 256 (flat while the GPU is weight-bandwidth
+// bound, growing once B r rows make it compute bound), drafting d proportional to d + 0.5, and one
+// draft at `draft_ratio` times a target decode step. With nothing measured at all the prior itself
+// is used (its unit is arbitrary, the same for target and draft, which is all the choice of depth
+// compares).
 #pragma once
 
 #include <cstdint>
@@ -22,10 +28,11 @@ class StepCostModel {
   virtual ~StepCostModel() = default;
   // Seconds of one target forward (with verification) over num_seqs requests of `rows` rows each.
   virtual double target_seconds(int num_seqs, int rows) const = 0;
-  // Seconds of one draft step (a draft forward and its sampling) over num_seqs requests.
-  virtual double draft_seconds(int num_seqs) const = 0;
+  // Seconds of the proposer's work for `depth` drafts per request over num_seqs requests (its
+  // catch-up, draft forwards and sampling); 0 for depth 0.
+  virtual double draft_seconds(int num_seqs, int depth) const = 0;
   virtual void record_target(int num_seqs, int rows, double seconds) {}
-  virtual void record_draft(int num_seqs, double seconds) {}
+  virtual void record_draft(int num_seqs, int depth, double seconds) {}
 };
 
 class OnlineCostModel : public StepCostModel {
@@ -34,12 +41,13 @@ class OnlineCostModel : public StepCostModel {
   OnlineCostModel(int max_rows, double draft_ratio, double ema_weight = 0.2);
 
   double target_seconds(int num_seqs, int rows) const override;
-  double draft_seconds(int num_seqs) const override;
+  double draft_seconds(int num_seqs, int depth) const override;
   void record_target(int num_seqs, int rows, double seconds) override;
-  void record_draft(int num_seqs, double seconds) override;
+  void record_draft(int num_seqs, int depth, double seconds) override;
 
   static int bucket_of(int num_seqs);  // 0 for 1, 1 for 2, 2 for 3..4, 3 for 5..8, ...
   static double prior_target(double num_seqs, int rows);
+  static double prior_draft_shape(int depth) { return (depth + 0.5) / 1.5; }
 
  private:
   struct Entry {
@@ -56,14 +64,14 @@ class OnlineCostModel : public StepCostModel {
   static constexpr int kSettleSamples = 3;
   static constexpr double kMaxJump = 3.0;
   void update(Entry& e, int num_seqs, double seconds);
-  // The measured (bucket, rows) key closest to the one asked for, if any.
-  std::optional<std::pair<int, int>> nearest_target(int bucket, int rows) const;
+  // The measured (bucket, rows or depth) key of `table` closest to the one asked for, if any.
+  static std::optional<std::pair<int, int>> nearest(const std::vector<std::vector<Entry>>& table, int bucket, int col);
 
   int max_rows_;
   double draft_ratio_;
   double ema_weight_;
   std::vector<std::vector<Entry>> target_;  // [bucket][rows]
-  std::vector<Entry> draft_;                // [bucket]
+  std::vector<std::vector<Entry>> draft_;   // [bucket][depth]
 };
 
 }  // namespace specula

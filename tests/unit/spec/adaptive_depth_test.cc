@@ -15,7 +15,7 @@ class FakeCost : public StepCostModel {
   double target_seconds(int num_seqs, int rows) const override {
     return 0.010 * std::max(1.0, num_seqs * rows / 64.0);
   }
-  double draft_seconds(int num_seqs) const override { return 0.001 + 0.00001 * num_seqs; }
+  double draft_seconds(int num_seqs, int depth) const override { return depth * (0.001 + 0.00001 * num_seqs); }
 };
 
 AdaptiveDepth make(int k, double acceptance, bool adaptive = true) {
@@ -128,29 +128,37 @@ TEST(OnlineCostModel, MeasuresAndExtrapolatesWithThePriorShape) {
   OnlineCostModel m(4, 0.25);
   // Nothing measured: the prior, draft at its ratio.
   EXPECT_DOUBLE_EQ(m.target_seconds(1, 1), OnlineCostModel::prior_target(1, 1));
-  EXPECT_DOUBLE_EQ(m.draft_seconds(1), 0.25 * OnlineCostModel::prior_target(1, 1));
+  EXPECT_DOUBLE_EQ(m.draft_seconds(1, 1), 0.25 * OnlineCostModel::prior_target(1, 1));
+  EXPECT_DOUBLE_EQ(m.draft_seconds(1, 0), 0.0);
   // One measurement anchors everything to seconds.
   m.record_target(1, 1, 0.010);
   EXPECT_DOUBLE_EQ(m.target_seconds(1, 1), 0.010);
   EXPECT_NEAR(m.target_seconds(1, 4), 0.010 * OnlineCostModel::prior_target(1, 4) / OnlineCostModel::prior_target(1, 1),
               1e-12);
-  EXPECT_NEAR(m.draft_seconds(1), 0.25 * 0.010, 1e-12);
+  EXPECT_NEAR(m.draft_seconds(1, 1), 0.25 * 0.010, 1e-12);
   // A measured key wins over extrapolation; repeated measurements are averaged.
   m.record_target(1, 4, 0.030);
   EXPECT_NEAR(m.target_seconds(1, 4), 0.030, 1e-12);
   for (int i = 0; i < 100; ++i) m.record_target(1, 4, 0.020);
   EXPECT_NEAR(m.target_seconds(1, 4), 0.020, 1e-6);
-  m.record_draft(1, 0.002);
-  EXPECT_NEAR(m.draft_seconds(1), 0.002, 1e-12);
+  m.record_draft(1, 1, 0.002);
+  EXPECT_NEAR(m.draft_seconds(1, 1), 0.002, 1e-12);
+  // Drafting is keyed by depth: a measured depth is what it measured, the others scale from the
+  // nearest measured one by d + 0.5, not by d.
+  EXPECT_NEAR(m.draft_seconds(1, 3), 0.002 * 3.5 / 1.5, 1e-12);
+  m.record_draft(1, 3, 0.004);
+  EXPECT_NEAR(m.draft_seconds(1, 3), 0.004, 1e-12);
+  EXPECT_NEAR(m.draft_seconds(1, 1), 0.002, 1e-12);
+  EXPECT_NEAR(m.draft_seconds(1, 4), 0.004 * 4.5 / 3.5, 1e-12);
   // One slow sample at the start (a kernel's first launch) does not stick: the first samples
   // settle on their minimum, and later outliers move the average by a bounded step.
   OnlineCostModel fresh(4, 0.25);
-  fresh.record_draft(1, 0.050);
-  fresh.record_draft(1, 0.002);
-  fresh.record_draft(1, 0.0021);
-  EXPECT_DOUBLE_EQ(fresh.draft_seconds(1), 0.002);
-  fresh.record_draft(1, 1.0);
-  EXPECT_NEAR(fresh.draft_seconds(1), 0.002 + 0.2 * (3 * 0.002 - 0.002), 1e-12);
+  fresh.record_draft(1, 1, 0.050);
+  fresh.record_draft(1, 1, 0.002);
+  fresh.record_draft(1, 1, 0.0021);
+  EXPECT_DOUBLE_EQ(fresh.draft_seconds(1, 1), 0.002);
+  fresh.record_draft(1, 1, 1.0);
+  EXPECT_NEAR(fresh.draft_seconds(1, 1), 0.002 + 0.2 * (3 * 0.002 - 0.002), 1e-12);
   // Other batch sizes scale from the nearest measured bucket.
   EXPECT_GT(m.target_seconds(200, 1), m.target_seconds(1, 1));
   EXPECT_EQ(OnlineCostModel::bucket_of(1), 0);

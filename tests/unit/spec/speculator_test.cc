@@ -67,7 +67,7 @@ TEST(Speculator, OnlySteadyStepsTeachTheDraftCost) {
     for (int i = 0; i < 3; ++i) spec.record_verification(3, 3);
     EXPECT_GT(spec.propose(b, drafts), 0) << "step " << step;
   }
-  EXPECT_LT(spec.depth().cost().draft_seconds(1), 0.005);
+  EXPECT_LT(spec.depth().cost().draft_seconds(1, 3), 0.015);
   EXPECT_EQ(p->calls, 21);
 }
 
@@ -77,7 +77,7 @@ TEST(Speculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
   Speculator spec(std::move(proposer), SpeculatorConfig{3, true});
   // Drafts never accepted and a draft step as costly as the target: speculation cannot pay.
   for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001 * r);
-  spec.depth().cost().record_draft(64, 0.001);
+  spec.depth().cost().record_draft(64, 1, 0.001);
   for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
   std::vector<std::string> ids;
   for (int i = 0; i < 64; ++i) ids.push_back("r" + std::to_string(i));
@@ -105,7 +105,7 @@ TEST(Speculator, SmallBatchesOfAnEveryStepProposerAreFedAtDepthZero) {
       EveryStepProposer* p = proposer.get();
       Speculator spec(std::move(proposer), SpeculatorConfig{3, true});
       for (int r = 1; r <= 4; ++r) spec.record_target_step(n, r, 0.001);
-      spec.depth().cost().record_draft(n, draft_can_pay ? 0.0001 : 0.002);
+      spec.depth().cost().record_draft(n, 1, draft_can_pay ? 0.0001 : 0.002);
       for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);  // never accepted: depth 0
       std::vector<std::string> ids;
       for (int i = 0; i < n; ++i) ids.push_back("r" + std::to_string(i));
@@ -125,7 +125,7 @@ TEST(Speculator, APlainProbeWhileSpeculatingStillReachesTheProposer) {
   CatchUpProposer* p = proposer.get();
   Speculator spec(std::move(proposer), SpeculatorConfig{3, true});
   for (int r = 1; r <= 4; ++r) spec.record_target_step(1, r, 0.001);
-  spec.depth().cost().record_draft(1, 0.0001);
+  spec.depth().cost().record_draft(1, 1, 0.0001);
   std::vector<std::vector<int32_t>> drafts;
   int plain_steps = 0;
   for (int step = 0; step < 64; ++step) {
@@ -146,7 +146,7 @@ TEST(Speculator, AProbeFromDepthZeroDraftsForAFewRequestsOnly) {
   auto proposer = std::make_unique<CatchUpProposer>();
   Speculator spec(std::move(proposer), SpeculatorConfig{3, true});
   for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001);
-  spec.depth().cost().record_draft(64, 0.0001);
+  spec.depth().cost().record_draft(64, 1, 0.0001);
   for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
   std::vector<std::string> ids;
   for (int i = 0; i < 64; ++i) ids.push_back("r" + std::to_string(i));
