@@ -1,5 +1,7 @@
 #include "backend/cuda/cuda_gemm.h"
 
+#include <unordered_set>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_lt_common.h"
@@ -13,7 +15,18 @@ uint16_t alignment_of(const void* p) { return cuda_lt::alignment_of_bits(reinter
 
 }  // namespace
 
-struct CublasLtGemm::Plan : cuda_lt::Plan {};
+struct CublasLtGemm::Plan : cuda_lt::Plan {
+  int64_t m = 0;                             // the M its x and out layouts describe now
+  std::unordered_set<int64_t> supported_m;   // Ms its algorithm was checked for
+  std::unordered_set<int64_t> unsupported_m;
+};
+
+int64_t CublasLtGemm::m_bucket(int64_t m) {
+  if (m <= 16) return m;
+  int64_t b = 32;
+  while (b < m) b <<= 1;
+  return b;
+}
 
 size_t CublasLtGemm::KeyHash::operator()(const Key& k) const {
   size_t h = std::hash<int64_t>()(k.m);
@@ -21,7 +34,8 @@ size_t CublasLtGemm::KeyHash::operator()(const Key& k) const {
   mix(std::hash<int64_t>()(k.n));
   mix(std::hash<int64_t>()(k.k));
   mix(static_cast<size_t>(k.in) << 8 | static_cast<size_t>(k.out) << 16 | static_cast<size_t>(k.bias));
-  mix(static_cast<size_t>(k.align_x) | static_cast<size_t>(k.align_w) << 16 | static_cast<size_t>(k.align_out) << 32);
+  mix(static_cast<size_t>(k.align_x) | static_cast<size_t>(k.align_w) << 16 | static_cast<size_t>(k.align_out) << 32 |
+      static_cast<size_t>(k.exact_m) << 48);
   return h;
 }
 
@@ -77,7 +91,35 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const char* op) {
                 op, key.m, key.k, key.n, key.k, dtype_name(key.in), dtype_name(key.out), key.bias ? ", bias" : "",
                 key.align_x, key.align_w, key.align_out, cublasLtGetStatusString(status));
   plan->algo = result.algo;
+  plan->m = key.m;
+  plan->supported_m.insert(key.m);
   return *plans_.emplace(key, std::move(plan)).first->second;
+}
+
+CublasLtGemm::Plan& CublasLtGemm::plan_serving(Key key, int64_t m, const char* op) {
+  key.m = m_bucket(m);
+  Plan& plan = plan_for(key, op);
+  if (plan.unsupported_m.count(m) == 0) {
+    if (plan.m != m) {
+      const uint64_t cols = static_cast<uint64_t>(m);
+      check_lt(cublasLtMatrixLayoutSetAttribute(plan.x, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols)), "input M");
+      check_lt(cublasLtMatrixLayoutSetAttribute(plan.out, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols)),
+               "output M");
+      plan.m = m;
+    }
+    if (plan.supported_m.count(m)) return plan;
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(handle_, plan.op, plan.w, plan.x, plan.out, plan.out, &plan.algo, &check) ==
+            CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= kWorkspaceBytes) {
+      plan.supported_m.insert(m);
+      return plan;
+    }
+    plan.unsupported_m.insert(m);
+  }
+  key.m = m;
+  key.exact_m = true;
+  return plan_for(key, op);
 }
 
 void CublasLtGemm::matmul(const void* x, const void* w, DType in_dtype, const void* bias, DType bias_dtype,
@@ -92,7 +134,7 @@ void CublasLtGemm::matmul(const void* x, const void* w, DType in_dtype, const vo
   // a separate broadcast add follows the GEMM.
   const bool epilogue_bias = bias != nullptr && bias_dtype == out_dtype && alignment_of(bias) >= 16;
   const Key key{m, n, k, in_dtype, out_dtype, epilogue_bias, alignment_of(x), alignment_of(w), alignment_of(out)};
-  Plan& plan = plan_for(key, op);
+  Plan& plan = plan_serving(key, m, op);
   if (epilogue_bias) {
     check_lt(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
              "bias pointer");

@@ -4,10 +4,16 @@
 // cuBLASLt sees column-major matrices, and a row-major [N, K] weight IS a column-major K x N
 // matrix, so the product is computed as out^T (N x M) = op_T(w) (N x K) . x^T (K x M) with no
 // copy of anything. The bias rides in the epilogue (CUBLASLT_EPILOGUE_BIAS adds a vector over
-// the N rows of out^T). Descriptors and the heuristic's algorithm are cached per (M, N, K, dtypes,
-// bias, pointer alignment): the heuristic query costs tens of microseconds, far more than a
-// decode-sized GEMM. The workspace is allocated once (32 MiB, what cuBLAS recommends on Hopper),
-// so calls never allocate and can be captured into a CUDA graph.
+// the N rows of out^T). Descriptors and the heuristic's algorithm are cached per (M bucket, N, K,
+// dtypes, bias, pointer alignment). M is exact up to 16 (decode batches) and rounded up to a
+// power of two above: the token count of prefill and mixed steps changes nearly every step, and
+// a plan per exact M made nearly every such step query the heuristic and launch kernels not yet
+// loaded (CUDA loads a kernel's module at its first launch) — on the H100 0.5-4 ms per GEMM
+// shape, 5-10 ms per eager step of the embedded models, against ~0.2 ms of GPU work. A bucket's
+// plan keeps the heuristic's algorithm for the bucket's largest M, checked once for each M it
+// serves (cublasLtMatmulAlgoCheck; an M it does not support gets a plan of its own), and sets its
+// M in the layouts per call. The workspace is allocated once (32 MiB, what cuBLAS recommends on
+// Hopper), so calls never allocate and can be captured into a CUDA graph.
 #pragma once
 
 #include <cublasLt.h>
@@ -32,14 +38,17 @@ class CublasLtGemm {
               DType out_dtype, int64_t m, int64_t n, int64_t k, const char* op);
 
   size_t cached_plans() const { return plans_.size(); }
+  // The M a plan is keyed by (see the header comment).
+  static int64_t m_bucket(int64_t m);
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 
  private:
   struct Key {
-    int64_t m, n, k;
+    int64_t m, n, k;  // m: the bucket's (or, with exact_m, the exact M)
     DType in, out;
     bool bias;
     uint16_t align_x, align_w, align_out;
+    bool exact_m = false;
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
@@ -48,6 +57,8 @@ class CublasLtGemm {
   struct Plan;
 
   Plan& plan_for(const Key& key, const char* op);
+  // The plan serving `m` rows under `key` (a bucket's, its layouts set to m), or an exact one.
+  Plan& plan_serving(Key key, int64_t m, const char* op);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;

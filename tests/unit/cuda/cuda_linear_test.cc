@@ -9,6 +9,7 @@
 
 #include <cmath>
 
+#include "backend/cuda/cuda_gemm.h"
 #include "cuda_test_util.h"
 
 namespace specula {
@@ -51,6 +52,40 @@ TEST(CudaLinear, MatchesCpu) {
                  fmt::format("linear [{}, {}] x [{}, {}]^T {} -> {}{}", c.m, c.k, c.n, c.k, dtype_name(c.in),
                              dtype_name(c.out), c.bias ? " + bias" : ""));
   }
+}
+
+// Plans are shared by every M of a power-of-two bucket above 16 (the algorithm chosen for the
+// bucket's largest M, its layouts set to each call's M): every M of several buckets, in an order
+// that revisits buckets (the layouts change back and forth) and smaller Ms after larger ones,
+// must give the CPU's result, F32 and bf16 outputs, with and without the bias epilogue.
+TEST(CudaLinear, EveryMOfABucketSharesItsPlanCorrectly) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend(2);
+  auto gpu = make_cuda_backend(0);
+  std::mt19937 rng(13);
+  const int64_t n = 384, k = 256;
+  Tensor w = random_bf16_values({n, k}, rng, 2.0f / std::sqrt(static_cast<float>(k)));
+  Tensor b = random_bf16_values({n}, rng, 0.5f);
+  const Tensor wg = to_gpu(*gpu, w), bg = to_gpu(*gpu, b);
+  for (int64_t m : {300, 17, 256, 129, 31, 1000, 33, 600, 257, 64, 2049, 1500, 18}) {
+    EXPECT_EQ(CublasLtGemm::m_bucket(m) >= m, true);
+    for (bool bias : {false, true}) {
+      for (DType out_dtype : {DType::kBF16, DType::kF32}) {
+        Tensor x = random_bf16_values({m, k}, rng);
+        Tensor want = Tensor::zeros({m, n}, DType::kF32);
+        cpu->linear(x, w, bias ? &b : nullptr, want);
+        Tensor out = gpu->empty({m, n}, out_dtype);
+        gpu->linear(to_gpu(*gpu, x), wg, bias ? &bg : nullptr, out);
+        const bool bf16_out = out_dtype == DType::kBF16;
+        expect_close(to_host(*gpu, out), want.to_f32_vector(), bf16_out ? 1e-2 : 1e-4, bf16_out ? 1e-2 : 1e-4,
+                     fmt::format("linear M={} (bucket {}){} -> {}", m, CublasLtGemm::m_bucket(m), bias ? " + bias" : "",
+                                 dtype_name(out_dtype)));
+      }
+    }
+  }
+  EXPECT_EQ(CublasLtGemm::m_bucket(16), 16);
+  EXPECT_EQ(CublasLtGemm::m_bucket(17), 32);
+  EXPECT_EQ(CublasLtGemm::m_bucket(7296), 8192);
 }
 
 TEST(CudaLinear, RowsFromALeadingShapeAndEmptyInput) {
