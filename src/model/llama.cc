@@ -19,6 +19,7 @@
 #include <string>
 
 #include "core/logging.h"
+#include "core/phase_profile.h"
 #include "model/rope.h"
 
 namespace specula {
@@ -187,7 +188,11 @@ void LlamaModel::check_input(const ForwardInput& in, const std::vector<KVCacheLa
 
 ForwardOutput LlamaModel::forward(const ForwardInput& in, std::vector<KVCacheLayer>& kv) {
   check_input(in, kv);
-  backend_.reset_scratch();
+  phase_profile::Scope whole("model.forward (host)");
+  {
+    phase_profile::Scope p("model.reset_scratch (host)");
+    backend_.reset_scratch();
+  }
   const DType dt = backend_.compute_dtype();
   const int64_t t = in.token_ids.size(0);
 
@@ -221,6 +226,7 @@ ForwardOutput LlamaModel::forward(const ForwardInput& in, std::vector<KVCacheLay
   // lm_head writes F32 logits straight from its fp32 accumulators (no rounding to the compute
   // dtype and no separate cast launch).
   out.logits = backend_.scratch({l, vocab_}, DType::kF32);
+  phase_profile::Scope p("model.lm_head (host)");
   backend_.linear(selected, lm_head_, nullptr, out.logits);
   return out;
 }
@@ -235,7 +241,10 @@ void LlamaModel::attention(const LlamaLayer& w, const Tensor& x, const ForwardIn
   // applies Qwen3's per-head q/k RMSNorm, ropes q and k, and writes k and v into the cache (the
   // new tokens' K/V go in first; attention then reads every key through the cache).
   Tensor qkv = backend_.scratch({t, (hq + 2 * hk) * d}, dt);
-  backend_.linear(x, w.qkv_proj, if_defined(w.qkv_bias), qkv);
+  {
+    phase_profile::Scope p("model.qkv_gemm (host)");
+    backend_.linear(x, w.qkv_proj, if_defined(w.qkv_bias), qkv);
+  }
   Tensor q = backend_.scratch({t, hq, d}, dt);
   Backend::QkvPrologue prologue;
   prologue.num_q_heads = hq;
@@ -247,7 +256,10 @@ void LlamaModel::attention(const LlamaLayer& w, const Tensor& x, const ForwardIn
   prologue.cos_sin = &cos_sin_;
   prologue.rotary_dim = rotary_dim_;
   prologue.neox = true;
-  backend_.qkv_prologue(qkv, prologue, cache, in.attn.slot_mapping, q);
+  {
+    phase_profile::Scope p("model.qkv_prologue (host)");
+    backend_.qkv_prologue(qkv, prologue, cache, in.attn.slot_mapping, q);
+  }
 
   Tensor attn = backend_.scratch({t, hq, d}, dt);
   const auto& qsl = in.attn.query_start_loc_host;
@@ -256,9 +268,13 @@ void LlamaModel::attention(const LlamaLayer& w, const Tensor& x, const ForwardIn
     Tensor pad = attn.slice(real_rows, t);
     backend_.zero(pad);
   }
-  backend_.paged_attention(q, cache, in.attn, attn_scale_, attn);
+  {
+    phase_profile::Scope p("model.paged_attention (host)");
+    backend_.paged_attention(q, cache, in.attn, attn_scale_, attn);
+  }
 
   // o_proj reads only attn: out may be x, whose last reader (the qkv GEMM) ran before it.
+  phase_profile::Scope p("model.o_gemm (host)");
   backend_.linear(attn.reshape({t, hq * d}), w.o_proj, if_defined(w.o_bias), out);
 }
 
@@ -266,6 +282,7 @@ void LlamaModel::attention(const LlamaLayer& w, const Tensor& x, const ForwardIn
 void LlamaModel::mlp(const LlamaLayer& w, const Tensor& x, Tensor& out) {
   const DType dt = backend_.compute_dtype();
   const int64_t t = x.size(0);
+  phase_profile::Scope p("model.mlp (host)");
   Tensor gate_up = backend_.scratch({t, 2 * intermediate_}, dt);
   backend_.linear(x, w.gate_up_proj, if_defined(w.gate_up_bias), gate_up);
   Tensor act = backend_.scratch({t, intermediate_}, dt);
