@@ -94,6 +94,7 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
   // The host buffers may be pinned (asynchronous copies): the previous step's copies out of them
   // must have run before they are rewritten.
   backend_.synchronize();
+  ragged_rows_ = 0;
   const int bs = config_.block_size;
   const int num_seqs = static_cast<int>(scheduled.scheduled.size());
   SPECULA_CHECK(num_seqs <= config_.max_num_seqs && scheduled.total_num_scheduled_tokens <= config_.max_num_batched_tokens,
@@ -318,12 +319,15 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
 
 void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,
                                  ModelRunnerOutput& out) {
-  // The cost model learns from steps in which every request decoded with the same number of rows.
-  const int rows = plans.front().sched->num_scheduled_tokens;
+  // The cost model learns from steps in which every request decoded with the same number of rows,
+  // and from ragged decode steps padded to r rows (they cost what an r-row step costs): under load
+  // the probes from depth 0 (a few requests with one draft) are the only multi-row steps, and
+  // without them the verification cost there stayed the prior's guess.
+  const int rows = ragged_rows_ > 0 ? ragged_rows_ : plans.front().sched->num_scheduled_tokens;
   bool uniform = true;
   for (const RequestPlan& plan : plans)
-    uniform = uniform && plan.first_sample_row >= 0 && plan.sched->num_scheduled_tokens == rows &&
-              plan.num_sample_rows == rows;
+    uniform = uniform && plan.first_sample_row >= 0 &&
+              (ragged_rows_ > 0 || (plan.sched->num_scheduled_tokens == rows && plan.num_sample_rows == rows));
   if (uniform) speculator_->record_target_step(static_cast<int>(plans.size()), rows, target_seconds);
 
   ProposeBatch batch;

@@ -154,6 +154,7 @@ class ModelRunner : public ModelExecutor {
   int graph_rows_ = 0;           // its rows per sequence
   std::map<int, int64_t> graph_replays_;  // by rows per sequence
   int64_t ragged_graph_steps_ = 0;
+  int ragged_rows_ = 0;  // this step ran padded to this many rows per sequence (0: it did not)
 };
 
 }  // namespace specula

@@ -249,6 +249,7 @@ int ModelRunner::pad_ragged_decode(int num_seqs, int t, int num_logits, std::vec
   for (int s = 0; s <= num_seqs; ++s) qsl[s] = s * r;
   for (int i = 0; i < num_seqs * r; ++i) logits_idx[i] = i;
   ++ragged_graph_steps_;
+  ragged_rows_ = r;
   rows = r;
   return size;
 }
