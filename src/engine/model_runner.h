@@ -75,7 +75,7 @@ class ModelRunner : public ModelExecutor {
   int64_t num_graph_replays(int rows) const;
   // Ragged decode steps that ran padded as a graph (pad_ragged_decode), for tests.
   int64_t num_ragged_graph_steps() const { return ragged_graph_steps_; }
-  static constexpr int kMaxVerifyGraphBatch = 128;
+  static constexpr int kMaxVerifyGraphBatch = 256;
 
   std::vector<KVCacheLayer>& kv_cache() { return kv_; }
   // Per-request state is dropped when a later SchedulerOutput lists the request as finished.
