@@ -36,14 +36,7 @@ void DraftModelProposer::allocate_kv_cache(int num_blocks, int block_size) {
   max_blocks_per_seq_ = ceil_div(config_.max_model_len + config_.max_depth, block_size);
   catch_up_.allocate(backend_, config_.max_num_batched_tokens, config_.max_num_seqs, max_blocks_per_seq_, block_size);
   step_.allocate(backend_, config_.max_num_seqs, max_blocks_per_seq_, block_size, "draft K/V", config_.max_depth - 1);
-  chain_out_ = backend_.empty({static_cast<int64_t>(config_.max_num_seqs) * config_.max_depth}, DType::kI32);
-  chain_host_ = backend_.empty_host({chain_out_.numel()}, DType::kI32);
-  chain_idx_.allocate(backend_, config_.max_num_seqs, DType::kI32);
-  // One argmax now: a kernel's first launch loads its module (CUDA's lazy loading, a millisecond
-  // or more), which in the first drafting step would be measured as the draft's cost.
-  Tensor warm = chain_out_.slice(0, 1), row = q_store_.slice(0, 1);
-  backend_.zero(row);
-  backend_.argmax_rows(row, nullptr, warm);
+  chain_.allocate(backend_, config_.max_num_seqs, config_.max_depth);
   backend_.synchronize();
 }
 
@@ -76,8 +69,8 @@ void DraftModelProposer::propose(const ProposeBatch& batch, std::vector<std::vec
   if (batch.depth <= 0 || n == 0) return;
   SPECULA_CHECK(!kv_.empty(), "internal error: draft_model proposer used before allocate_kv_cache");
 
-  chain_ = Chain{};
-  chain_.on = config_.greedy_chain && argmax_drafts(batch);
+  chain_.end();
+  const bool chain = config_.greedy_chain && GreedyDraftChain::applies(batch);
 
   // 1. What each request needs: catch up to `target` tokens, then maybe draft.
   std::vector<int> target(n, 0), num_drafts(n, 0);
@@ -97,7 +90,7 @@ void DraftModelProposer::propose(const ProposeBatch& batch, std::vector<std::vec
     if (num_drafts[i] > 0) {
       // Drafting needs the logits of the last token: run it again if the draft has it already.
       st.num_computed = std::min(st.num_computed, target[i] - 1);
-      if (!chain_.on) {  // the draft sampler's context (penalties, masks)
+      if (!chain) {  // the draft sampler's context (penalties, masks)
         contexts_[i].reserve(r.tokens.size() + static_cast<size_t>(num_drafts[i]));
         contexts_[i].assign(r.tokens.begin(), r.tokens.end());
       }
@@ -112,23 +105,17 @@ void DraftModelProposer::propose(const ProposeBatch& batch, std::vector<std::vec
 
   int max_drafts = 0;
   for (size_t i = 0; i < n; ++i) max_drafts = std::max(max_drafts, num_drafts[i]);
-  if (chain_.on) {
+  if (chain) {
     // The chain's rows are the drafting requests in batch order, which is also the order of their
-    // drafting pieces in the catch-up forwards (each writes the next first drafts).
+    // drafting pieces in the catch-up forwards (each adds the next first drafts).
+    std::vector<size_t> rows;
     for (size_t i = 0; i < n; ++i)
-      if (num_drafts[i] > 0) chain_.rows.push_back(i);
-    chain_.on = !chain_.rows.empty();
-  }
-  if (chain_.on) {
-    const int real = static_cast<int>(chain_.rows.size());
-    chain_.padded = step_batch_size(real);
-    SPECULA_CHECK(chain_.padded >= real && chain_.padded <= config_.max_num_seqs,
-                  "internal error: draft chain of {} rows padded to {} (max_num_seqs {})", real, chain_.padded,
-                  config_.max_num_seqs);
-    if (max_drafts >= 2) step_.prepare_chain(batch, chain_.rows, max_drafts - 1, chain_.padded, num_drafts, 1);
-    // Padding rows' first "drafts" feed the padding rows of step 2: any valid token.
-    Tensor firsts = chain_out_.slice(0, chain_.padded);
-    backend_.zero(firsts);
+      if (num_drafts[i] > 0) rows.push_back(i);
+    if (!rows.empty()) {
+      const int padded = step_batch_size(static_cast<int>(rows.size()));
+      if (max_drafts >= 2) step_.prepare_chain(batch, rows, max_drafts - 1, padded, num_drafts, 1);
+      chain_.begin(std::move(rows), padded);
+    }
   }
 
   // 2. Catch-up forwards, at most max_num_batched_tokens tokens and max_num_seqs pieces each; the
@@ -160,13 +147,11 @@ void DraftModelProposer::propose(const ProposeBatch& batch, std::vector<std::vec
   // 3. Drafts 2..k: one decode step over every drafting request per draft (rows fixed for the
   // whole loop; a row that has all its drafts only idles: no K/V write, result ignored).
   std::vector<size_t> rows;
-  for (size_t i = 0; i < n && !chain_.on; ++i)
+  for (size_t i = 0; i < n && !chain_.on(); ++i)
     if (num_drafts[i] >= 2) rows.push_back(i);
-  if (chain_.on) {
-    SPECULA_CHECK(chain_.firsts == static_cast<int>(chain_.rows.size()),
-                  "internal error: the catch-up drafted {} first drafts for a chain of {} rows", chain_.firsts,
-                  chain_.rows.size());
-    run_greedy_chain(batch, num_drafts, max_drafts, drafts);
+  if (chain_.on()) {
+    const int padded = chain_.padded();
+    chain_.run(step_, max_drafts, num_drafts, [&](int) { return run_step(padded); }, drafts);
   } else if (!rows.empty()) {
     const int real = static_cast<int>(rows.size());
     const int padded = step_batch_size(real);
@@ -209,45 +194,6 @@ void DraftModelProposer::propose(const ProposeBatch& batch, std::vector<std::vec
     st.drafted_from = target[i];
     st.drafts = drafts[i];
   }
-}
-
-bool DraftModelProposer::argmax_drafts(const ProposeBatch& batch) const {
-  for (const ProposerRequest& r : batch.requests) {
-    if (!r.sampled || r.max_drafts <= 0) continue;
-    const SamplingParams& p = *r.params;
-    if (!p.greedy() || p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f)
-      return false;
-    // min_tokens masks its stop ids while fewer tokens than that are out (draft_sampling_row).
-    const int out = static_cast<int>(r.tokens.size()) - r.num_prompt_tokens;
-    if (!r.min_tokens_stop_ids.empty() && out < p.min_tokens) return false;
-  }
-  return true;
-}
-
-void DraftModelProposer::run_greedy_chain(const ProposeBatch& batch, const std::vector<int>& num_drafts,
-                                          int max_drafts, std::vector<std::vector<int32_t>>& drafts) {
-  phase_profile::Scope p("draft.greedy_chain");
-  const int padded = chain_.padded;
-  // Everything below is enqueued behind the catch-up without waiting: step j reads draft j-1 (its
-  // argmax, written by the previous kernel on the stream) and its staged inputs.
-  for (int j = 2; j <= max_drafts; ++j) {
-    step_.load_chain_step(j);
-    Tensor tokens = step_.tokens(padded);
-    backend_.copy(chain_out_.slice(static_cast<int64_t>(j - 2) * padded, static_cast<int64_t>(j - 1) * padded), tokens);
-    const Tensor logits = run_step(padded);
-    Tensor out = chain_out_.slice(static_cast<int64_t>(j - 1) * padded, static_cast<int64_t>(j) * padded);
-    backend_.argmax_rows(logits, nullptr, out);
-  }
-  const int64_t total = static_cast<int64_t>(max_drafts) * padded;
-  Tensor host = chain_host_.slice(0, total);
-  backend_.copy(chain_out_.slice(0, total), host);
-  backend_.synchronize();
-  const int32_t* got = host.data_as<int32_t>();
-  for (size_t row = 0; row < chain_.rows.size(); ++row) {
-    const size_t i = chain_.rows[row];
-    for (int j = 0; j < num_drafts[i]; ++j) drafts[i].push_back(got[static_cast<size_t>(j) * padded + row]);
-  }
-  ++greedy_chains_;
 }
 
 void DraftModelProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
@@ -303,27 +249,11 @@ void DraftModelProposer::run_catch_up(const ProposeBatch& batch, const std::vect
 void DraftModelProposer::sample_first_drafts(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                                              const Tensor& logits, const std::function<int(int)>& row_of,
                                              std::vector<std::vector<int32_t>>& drafts) {
-  if (chain_.on) {
-    // Their argmax, on the device, into the next first-draft rows of the chain (the staging of
-    // chain_idx_ is free: the catch-up synchronised before it started).
-    int32_t* idx = chain_idx_.host.data_as<int32_t>();
-    int m = 0;
-    bool identity = true;
-    for (size_t s = 0; s < pieces.size(); ++s) {
-      if (!pieces[s].drafts) continue;
-      idx[m] = row_of(static_cast<int>(s));
-      identity = identity && idx[m] == m;
-      ++m;
-    }
-    if (m == 0) return;
-    Tensor out = chain_out_.slice(chain_.firsts, chain_.firsts + m);
-    if (identity) {
-      backend_.argmax_rows(logits, nullptr, out);
-    } else {
-      const Tensor rows = chain_idx_.upload(backend_, m);
-      backend_.argmax_rows(logits, &rows, out);
-    }
-    chain_.firsts += m;
+  if (chain_.on()) {  // their argmax, on the device, as the chain's next first drafts
+    std::vector<int32_t> logits_rows;
+    for (size_t s = 0; s < pieces.size(); ++s)
+      if (pieces[s].drafts) logits_rows.push_back(row_of(static_cast<int>(s)));
+    chain_.add_first_drafts(logits, logits_rows);
     return;
   }
   std::vector<DraftSampleRow> rows;

@@ -18,17 +18,11 @@
 // on whatever the target accepted meanwhile, in forwards of at most max_num_batched_tokens.
 //
 // Per step: one varlen forward (catch-up + the first draft, chunked if needed), then k-1 decode
-// steps over the drafting requests.
-// Greedy chain: when every drafting request drafts the plain argmax (greedy, no penalties, no
-// min_tokens mask: its draft distribution is one-hot at the argmax of the raw logits), the drafts
-// never visit the host until the last step: the first drafts and each step's are argmax'd on the
-// device (Backend::argmax_rows) straight into the next step's token input, every step's other
-// inputs are staged at once, and one copy brings all k drafts back at the end. On the H100 a draft
-// token otherwise costs a sampler launch, a device -> host copy and a synchronisation (~27 us,
-// as much as a third of a draft step of the embedded pair), and the host sits idle while the GPU
-// waits for the next step's inputs. Other batches (any sampled or penalised row) take the
-// per-step path through the draft sampler. Those run from static device buffers at a padded batch size
-// (draft_step_buffers.h; run_step reads nothing else), which is what a CUDA graph needs.
+// steps over the drafting requests. Those run from static device buffers at a padded batch size (draft_step_buffers.h;
+// run_step reads nothing else), which is what a CUDA graph needs.
+// Greedy chain (greedy_draft_chain.h): when every drafting request drafts the plain argmax, the
+// first drafts and drafts 2..k are argmax'd on the device and come to the host in one copy at the
+// end; other batches take the per-step path through the draft sampler.
 // CUDA graphs (capture_graphs, unless --enforce-eager): the draft steps replay a graph per padded
 // size; so does the catch-up forward when every piece is short (steady state: 1 or 2 tokens per
 // request, run as r rows each by re-running earlier positions, see run_catch_up_graph); other
@@ -50,6 +44,7 @@
 #include "spec/draft_sampler.h"
 #include "spec/draft_step_buffers.h"
 #include "spec/draft_step_helpers.h"
+#include "spec/greedy_draft_chain.h"
 #include "spec/proposer.h"
 
 namespace specula {
@@ -101,7 +96,7 @@ class DraftModelProposer : public Proposer {
   size_t num_step_graphs() const { return step_graphs_ ? step_graphs_->size() : 0; }
   int64_t num_step_graph_replays() const { return step_graph_replays_; }
   // Proposals whose drafts were chained on the device (greedy chain), for tests.
-  int64_t num_greedy_chains() const { return greedy_chains_; }
+  int64_t num_greedy_chains() const { return chain_.num_chains(); }
   size_t num_catch_up_graphs() const;
   int64_t num_catch_up_graph_replays() const { return catch_up_graph_replays_; }
   // Catch-up graphs are captured for forwards of 1..kCatchUpGraphRows rows per request: in steady
@@ -149,24 +144,7 @@ class DraftModelProposer : public Proposer {
   bool run_catch_up_graph(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                           std::vector<std::vector<int32_t>>& drafts);
   ForwardInput catch_up_graph_input(int size, int rows);
-  // The greedy chain of one propose: whether it runs, its rows (batch indices of the drafting
-  // requests), their padded count and how many first drafts the catch-up forwards wrote so far.
-  struct Chain {
-    bool on = false;
-    std::vector<size_t> rows;
-    int padded = 0;
-    int firsts = 0;
-  };
-  Chain chain_;
-  Tensor chain_out_;            // I32 [max_depth * max_num_seqs]: draft j of chain row r at j * padded + r
-  StagedTensor chain_idx_;      // logits rows of a catch-up graph's first drafts
-  Tensor chain_host_;           // pinned twin of chain_out_
-  int64_t greedy_chains_ = 0;
-  // True when every request that may draft this step drafts the plain argmax.
-  bool argmax_drafts(const ProposeBatch& batch) const;
-  // Drafts 2..max_drafts of the chain rows on the device, then every draft to the host.
-  void run_greedy_chain(const ProposeBatch& batch, const std::vector<int>& num_drafts, int max_drafts,
-                        std::vector<std::vector<int32_t>>& drafts);
+  GreedyDraftChain chain_;  // this propose's, when on
   // Samples the first draft of every drafting piece; piece s's row of `logits` is row_of(s).
   // In a greedy chain: their argmax, into the chain's first-draft row, on the device.
   void sample_first_drafts(const ProposeBatch& batch, const std::vector<Piece>& pieces, const Tensor& logits,

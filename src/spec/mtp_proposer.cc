@@ -37,7 +37,8 @@ void MtpProposer::allocate_kv_cache(int num_blocks, int block_size) {
   catch_up_.allocate(backend_, config_.max_num_batched_tokens, config_.max_num_seqs, max_blocks_per_seq_, block_size);
   target_rows_.allocate(backend_, t, DType::kI32);
   step_rows_.allocate(backend_, s, DType::kI32);
-  step_.allocate(backend_, config_.max_num_seqs, max_blocks_per_seq_, block_size, "MTP K/V");
+  step_.allocate(backend_, config_.max_num_seqs, max_blocks_per_seq_, block_size, "MTP K/V", config_.max_depth - 1);
+  chain_.allocate(backend_, config_.max_num_seqs, config_.max_depth);
   d_hidden_ = backend_.empty({t, hidden_}, dtype);
   backend_.zero(d_hidden_);  // read by graph captures before any real row: finite, so routing stays in range
   ds_hidden_ = backend_.empty({s, hidden_}, dtype);
@@ -71,6 +72,9 @@ void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int
   std::vector<Piece> pieces;
   int total = 0;
   contexts_.assign(n, {});
+  chain_.end();
+  const bool chain = config_.greedy_chain && batch.depth > 0 && GreedyDraftChain::applies(batch);
+  step_row_min_drafts_ = chain ? 1 : 2;
   for (size_t i = 0; i < n; ++i) {
     const ProposerRequest& r = batch.requests[i];
     State& st = states_.get_or_add(r.req_id);
@@ -86,8 +90,10 @@ void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int
     const bool drafting = r.sampled && batch.depth > 0 && r.max_drafts > 0 && to == len - 1;
     if (drafting) {
       num_drafts[i] = std::min(batch.depth, r.max_drafts);
-      contexts_[i].reserve(r.tokens.size() + static_cast<size_t>(num_drafts[i]));
-      contexts_[i].assign(r.tokens.begin(), r.tokens.end());
+      if (!chain) {  // the draft sampler's context (penalties, masks)
+        contexts_[i].reserve(r.tokens.size() + static_cast<size_t>(num_drafts[i]));
+        contexts_[i].assign(r.tokens.begin(), r.tokens.end());
+      }
     }
     pieces.push_back(Piece{i, from, to, drafting});
     total += to - from;
@@ -101,13 +107,26 @@ void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int
 
   // 2. One varlen forward (every position comes from this step's target rows, so it never needs
   // more room than the target's step); the drafting rows sample draft 1.
-  std::vector<size_t> rows;  // requests with drafts 2..k, in batch order
+  std::vector<size_t> rows;  // requests with drafts 2..k (in a chain: every drafting one), in batch order
   int max_drafts = 0;
   for (size_t i = 0; i < n; ++i) {
-    if (num_drafts[i] >= 2) rows.push_back(i);
+    if (num_drafts[i] >= step_row_min_drafts_) rows.push_back(i);
     max_drafts = std::max(max_drafts, num_drafts[i]);
   }
+  if (chain && !rows.empty()) {
+    const int padded = step_batch_size(static_cast<int>(rows.size()));
+    SPECULA_CHECK(padded >= static_cast<int>(rows.size()) && padded <= config_.max_num_seqs,
+                  "internal error: MTP draft chain of {} rows padded to {} (max_num_seqs {})", rows.size(), padded,
+                  config_.max_num_seqs);
+    if (max_drafts >= 2) step_.prepare_chain(batch, rows, max_drafts - 1, padded, num_drafts, /*first_back=*/2);
+    chain_.begin(rows, padded);
+  }
   run_catch_up(batch, pieces, num_drafts, drafts);
+  if (chain_.on()) {
+    const int padded = chain_.padded();
+    chain_.run(step_, max_drafts, num_drafts, [&](int j) { return run_step(padded, layer_for_draft(j)); }, drafts);
+    return;
+  }
   if (rows.empty()) return;
 
   // 3. Drafts 2..k: one chained step over every drafting request per draft (rows fixed for the
@@ -184,7 +203,7 @@ void MtpProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piec
     if (piece.drafts) {
       logits_idx[num_logits++] = t - 1;
       sampling.push_back(static_cast<size_t>(s));
-      if (num_drafts[piece.req] >= 2) step_rows[num_step_rows++] = t - 1;  // batch order, as propose's rows
+      if (num_drafts[piece.req] >= step_row_min_drafts_) step_rows[num_step_rows++] = t - 1;  // as propose's rows
     }
     qsl[s + 1] = t;
     seq_lens[s] = piece.to;
@@ -233,6 +252,13 @@ void MtpProposer::sample_first_drafts(const ProposeBatch& batch, const std::vect
                                       const Tensor& logits, const std::function<int(int)>& row_of,
                                       std::vector<std::vector<int32_t>>& drafts) {
   phase_profile::Scope sample_phase("mtp.catch_up_sample");
+  if (chain_.on()) {  // their argmax, on the device, as the chain's next first drafts
+    std::vector<int32_t> logits_rows;
+    for (size_t s = 0; s < pieces.size(); ++s)
+      if (pieces[s].drafts) logits_rows.push_back(row_of(static_cast<int>(s)));
+    chain_.add_first_drafts(logits, logits_rows);
+    return;
+  }
   std::vector<DraftSampleRow> sample_rows;
   std::vector<size_t> owners;
   for (size_t s = 0; s < pieces.size(); ++s) {
@@ -338,7 +364,7 @@ bool MtpProposer::run_uniform_catch_up(const ProposeBatch& batch, const std::vec
       }
       seq_lens[s] = piece.from + rows;
       logits_idx[s] = base + real - 1;
-      if (piece.drafts && num_drafts[piece.req] >= 2) step_rows[num_step_rows++] = base + real - 1;  // propose's order
+      if (piece.drafts && num_drafts[piece.req] >= step_row_min_drafts_) step_rows[num_step_rows++] = base + real - 1;
       const size_t used = std::min(r.block_ids.size(), static_cast<size_t>(w));
       std::copy(r.block_ids.begin(), r.block_ids.begin() + used, table);
     }

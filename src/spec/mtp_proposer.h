@@ -57,6 +57,7 @@
 #include "spec/draft_sampler.h"
 #include "spec/draft_step_buffers.h"
 #include "spec/draft_step_helpers.h"
+#include "spec/greedy_draft_chain.h"
 #include "spec/proposer.h"
 
 namespace specula {
@@ -68,6 +69,7 @@ struct MtpProposerConfig {
   int max_model_len = 2048;            // the target's (sizes the block table rows)
   double relative_step_cost = 0.1;     // an MTP step vs a target decode step (cost model prior)
   std::function<int(int)> pad_batch;   // the padded size of a draft step of n rows; identity when unset
+  bool greedy_chain = true;            // chain greedy drafts on the device (greedy_draft_chain.h)
 };
 
 class MtpProposer : public Proposer {
@@ -110,6 +112,8 @@ class MtpProposer : public Proposer {
   int64_t num_catch_up_graph_replays() const { return catch_up_graph_replays_; }
   // Catch-ups that ran the padded r-rows-per-request layout (replayed or, without graphs, eagerly).
   int64_t num_uniform_catch_ups() const { return uniform_catch_ups_; }
+  // Proposals whose drafts were chained on the device (greedy chain), for tests.
+  int64_t num_greedy_chains() const { return chain_.num_chains(); }
   static constexpr int kMaxCatchUpGraphBatch = 128;
 
  private:
@@ -173,6 +177,11 @@ class MtpProposer : public Proposer {
   std::map<std::pair<int, int>, Tensor> catch_up_graph_logits_;   // by (rows, size): captured outputs
   int64_t catch_up_graph_replays_ = 0;
   int64_t uniform_catch_ups_ = 0;
+  GreedyDraftChain chain_;  // this propose's, when on
+  // Drafting requests with at least this many drafts start a chained step from their catch-up y
+  // (ds_hidden_ rows, in batch order): 2, or 1 in a greedy chain, whose rows are every drafting
+  // request.
+  int step_row_min_drafts_ = 2;
 };
 
 struct ProposerContext;

@@ -6,7 +6,8 @@
 // right after chunked prefill, accepted and rejected drafts, steps without drafts (the wrapper
 // forces depth 0 on every other step), preemption and prefix-cache hits, with draft steps run at
 // a padded batch size or not; padded, short catch-ups also run the CUDA graphs' layout (r rows
-// per request, rows past a piece's end writing nothing) eagerly.
+// per request, rows past a piece's end writing nothing) eagerly; all-greedy batches chain their
+// drafts on the device (greedy_draft_chain.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,9 +37,10 @@ struct Proposal {
 
 class RecordingProposer : public Proposer {
  public:
-  RecordingProposer(std::unique_ptr<Proposer> inner, std::vector<Proposal>* out, int64_t* uniform_catch_ups)
+  RecordingProposer(std::unique_ptr<Proposer> inner, std::vector<Proposal>* out, int64_t* uniform_catch_ups,
+                    int64_t* chains)
       : inner_(std::move(inner)), mtp_(dynamic_cast<MtpProposer*>(inner_.get())), out_(out),
-        uniform_catch_ups_(uniform_catch_ups) {
+        uniform_catch_ups_(uniform_catch_ups), chains_(chains) {
     EXPECT_NE(mtp_, nullptr);
   }
   std::string_view method() const override { return inner_->method(); }
@@ -54,6 +56,7 @@ class RecordingProposer : public Proposer {
     if (++calls_ % 2 == 0) b.depth = 0;  // a step without drafts must still be consumed
     inner_->propose(b, drafts);
     *uniform_catch_ups_ = mtp_->num_uniform_catch_ups();
+    *chains_ = mtp_->num_greedy_chains();
     for (size_t i = 0; i < b.requests.size(); ++i) {
       const ProposerRequest& r = b.requests[i];
       // After every step the MTP cache covers exactly the positions the target's does.
@@ -79,6 +82,7 @@ class RecordingProposer : public Proposer {
   MtpProposer* mtp_;
   std::vector<Proposal>* out_;
   int64_t* uniform_catch_ups_;
+  int64_t* chains_;
   int calls_ = 0;
 };
 
@@ -99,10 +103,10 @@ std::unique_ptr<Proposer> make_padded_mtp_proposer(const ProposerContext& ctx) {
 
 // Registers the recording wrapper as `mtp` for the test's lifetime.
 struct RecordingRegistration {
-  RecordingRegistration(std::vector<Proposal>* out, bool padded, int64_t* uniform_catch_ups) {
-    register_proposer("mtp", [out, padded, uniform_catch_ups](const ProposerContext& ctx) {
+  RecordingRegistration(std::vector<Proposal>* out, bool padded, int64_t* uniform_catch_ups, int64_t* chains) {
+    register_proposer("mtp", [out, padded, uniform_catch_ups, chains](const ProposerContext& ctx) {
       return std::make_unique<RecordingProposer>(padded ? make_padded_mtp_proposer(ctx) : make_mtp_proposer(ctx), out,
-                                                 uniform_catch_ups);
+                                                 uniform_catch_ups, chains);
     });
   }
   ~RecordingRegistration() { register_proposer("mtp", make_mtp_proposer); }
@@ -113,25 +117,33 @@ TEST(MtpProposer, EveryProposalEqualsTheMtpLayerRecomputedFromScratch) {
   const testing::GreedyReference ref = testing::read_greedy_reference(testing::moe_reference_file());
   // Greedy and sampled requests (q kept), prompts repeated (prefix-cache hits), a cache small
   // enough to preempt, chunked prefill beside verifications.
-  std::vector<std::vector<int32_t>> prompts;
-  std::vector<SamplingParams> params;
-  for (int i = 0; i < 6; ++i) {
-    prompts.push_back(ref.prompts[i % 2]);
-    SamplingParams p = testing::greedy_params(24 + 4 * i);
-    if (i % 3 != 0) {
-      p.temperature = 1.0f;
-      p.top_k = 20;
-      p.seed = 100 + i;
-    }
-    params.push_back(p);
-  }
+  // A last run has greedy requests only: every drafting step chains its drafts on the device.
+  struct Run {
+    int k;
+    bool padded, all_greedy;
+  };
   std::vector<Proposal> proposals;
-  for (auto [k, padded] : {std::pair{1, false}, std::pair{3, false}, std::pair{3, true}}) {
-    SCOPED_TRACE("k=" + std::to_string(k) + (padded ? ", draft steps padded" : ""));
+  for (const Run run : {Run{1, false, false}, Run{3, false, false}, Run{3, true, false}, Run{3, true, true}}) {
+    const int k = run.k;
+    const bool padded = run.padded;
+    SCOPED_TRACE("k=" + std::to_string(k) + (padded ? ", draft steps padded" : "") +
+                 (run.all_greedy ? ", greedy only" : ""));
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<SamplingParams> params;
+    for (int i = 0; i < 6; ++i) {
+      prompts.push_back(ref.prompts[i % 2]);
+      SamplingParams p = testing::greedy_params(24 + 4 * i);
+      if (i % 3 != 0 && !run.all_greedy) {
+        p.temperature = 1.0f;
+        p.top_k = 20;
+        p.seed = 100 + i;
+      }
+      params.push_back(p);
+    }
     proposals.clear();
-    int64_t preemptions = 0, hits = 0, uniform_catch_ups = 0;
+    int64_t preemptions = 0, hits = 0, uniform_catch_ups = 0, chains = 0;
     {
-      RecordingRegistration rec(&proposals, padded, &uniform_catch_ups);
+      RecordingRegistration rec(&proposals, padded, &uniform_catch_ups, &chains);
       EngineConfig ec = testing::moe_engine_config(testing::mtp_spec(k));
       ec.num_gpu_blocks_override = 9;
       ec.max_model_len = 128;
@@ -188,7 +200,12 @@ TEST(MtpProposer, EveryProposalEqualsTheMtpLayerRecomputedFromScratch) {
     }
     EXPECT_LE(worst_q, 1e-5);
     EXPECT_LE(worst_greedy, 1e-4);
-    EXPECT_GT(sampled, 10);
+    if (run.all_greedy) {
+      EXPECT_EQ(sampled, 0);
+      EXPECT_GT(chains, 10) << "greedy drafts were not chained";
+    } else {
+      EXPECT_GT(sampled, 10);
+    }
     if (k > 1) EXPECT_GT(chained, 10);
     EXPECT_GT(inherited, 0) << "no proposal after a prefix-cache hit";
   }
