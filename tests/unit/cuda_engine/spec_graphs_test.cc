@@ -250,7 +250,7 @@ TEST(SpecGraphs, VerificationAndDraftStepsReplayGraphs) {
 }
 
 // MTP's graphs are really used: catch-up forwards (r = 1..1+k rows per request) and chained
-// draft steps replay, with the device draft sampler, and greedy stays transformers'.
+// draft steps replay, the greedy drafts chained on the device, and greedy stays transformers'.
 TEST(SpecGraphs, MtpCatchUpAndDraftStepsReplayGraphs) {
   SKIP_WITHOUT_GPU();
   const int k = 3;
@@ -289,6 +289,7 @@ TEST(SpecGraphs, MtpCatchUpAndDraftStepsReplayGraphs) {
   EXPECT_GT(mp.num_step_graph_replays(), 0) << "no MTP draft step replayed a graph";
   // With graphs, every catch-up in the padded layout is a replay.
   EXPECT_EQ(mp.num_uniform_catch_ups(), mp.num_catch_up_graph_replays());
+  EXPECT_GT(mp.num_greedy_chains(), 0) << "greedy MTP drafts were not chained on the device";
 }
 
 }  // namespace
