@@ -65,6 +65,7 @@ void DraftModelProposer::confirm_accepted_drafts(State& st, const ProposerReques
 void DraftModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
   const size_t n = batch.requests.size();
   drafts.assign(n, {});
+  last_catch_up_tokens_ = 0;
   // Depth 0: the draft does not run at all; its next drafting step catches up.
   if (batch.depth <= 0 || n == 0) return;
   SPECULA_CHECK(!kv_.empty(), "internal error: draft_model proposer used before allocate_kv_cache");
@@ -100,7 +101,10 @@ void DraftModelProposer::propose(const ProposeBatch& batch, std::vector<std::vec
       target[i] = st.num_computed;
       continue;
     }
-    if (st.num_computed < target[i]) pieces.push_back(Piece{i, st.num_computed, target[i], num_drafts[i] > 0});
+    if (st.num_computed < target[i]) {
+      pieces.push_back(Piece{i, st.num_computed, target[i], num_drafts[i] > 0});
+      last_catch_up_tokens_ += target[i] - st.num_computed;
+    }
   }
 
   int max_drafts = 0;
@@ -250,10 +254,7 @@ void DraftModelProposer::sample_first_drafts(const ProposeBatch& batch, const st
                                              const Tensor& logits, const std::function<int(int)>& row_of,
                                              std::vector<std::vector<int32_t>>& drafts) {
   if (chain_.on()) {  // their argmax, on the device, as the chain's next first drafts
-    std::vector<int32_t> logits_rows;
-    for (size_t s = 0; s < pieces.size(); ++s)
-      if (pieces[s].drafts) logits_rows.push_back(row_of(static_cast<int>(s)));
-    chain_.add_first_drafts(logits, logits_rows);
+    chain_.add_first_drafts(logits, pieces, row_of);
     return;
   }
   std::vector<DraftSampleRow> rows;

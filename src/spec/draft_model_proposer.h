@@ -77,6 +77,7 @@ class DraftModelProposer : public Proposer {
   const Tensor* draft_probs() const override { return &q_store_; }
   int draft_probs_row(std::string_view req_id) const override;
   double relative_step_cost() const override { return config_.relative_step_cost; }
+  int64_t last_catch_up_tokens() const override { return last_catch_up_tokens_; }
 
   Model& model() { return *draft_; }
   std::vector<KVCacheLayer>& kv_cache() { return kv_; }
@@ -145,6 +146,7 @@ class DraftModelProposer : public Proposer {
                           std::vector<std::vector<int32_t>>& drafts);
   ForwardInput catch_up_graph_input(int size, int rows);
   GreedyDraftChain chain_;  // this propose's, when on
+  int64_t last_catch_up_tokens_ = 0;
   // Samples the first draft of every drafting piece; piece s's row of `logits` is row_of(s).
   // In a greedy chain: their argmax, into the chain's first-draft row, on the device.
   void sample_first_drafts(const ProposeBatch& batch, const std::vector<Piece>& pieces, const Tensor& logits,

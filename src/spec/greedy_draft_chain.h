@@ -44,8 +44,10 @@ class GreedyDraftChain {
   const std::vector<size_t>& rows() const { return rows_; }
   int padded() const { return padded_; }
 
-  // The next first drafts, in chain-row order: argmax of rows logits_rows[i] of `logits`.
-  void add_first_drafts(const Tensor& logits, const std::vector<int32_t>& logits_rows);
+  // The next first drafts, in chain-row order: the argmax of row row_of(s) of `logits` for each
+  // drafting piece s of a catch-up forward (pieces in batch order, as the chain's rows).
+  void add_first_drafts(const Tensor& logits, const std::vector<CatchUpPiece>& pieces,
+                        const std::function<int(int)>& row_of);
   int num_first_drafts() const { return firsts_; }
 
   // Drafts 2..max_drafts (each: step j's staged inputs and tokens into `step`, then forward(j)

@@ -73,6 +73,7 @@ void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int
   int total = 0;
   contexts_.assign(n, {});
   chain_.end();
+  last_catch_up_tokens_ = 0;
   const bool chain = config_.greedy_chain && batch.depth > 0 && GreedyDraftChain::applies(batch);
   step_row_min_drafts_ = chain ? 1 : 2;
   for (size_t i = 0; i < n; ++i) {
@@ -97,6 +98,7 @@ void MtpProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int
     }
     pieces.push_back(Piece{i, from, to, drafting});
     total += to - from;
+    last_catch_up_tokens_ += to - from;
   }
   if (pieces.empty()) return;
   SPECULA_CHECK(batch.target_hidden_states.defined(),
@@ -253,10 +255,7 @@ void MtpProposer::sample_first_drafts(const ProposeBatch& batch, const std::vect
                                       std::vector<std::vector<int32_t>>& drafts) {
   phase_profile::Scope sample_phase("mtp.catch_up_sample");
   if (chain_.on()) {  // their argmax, on the device, as the chain's next first drafts
-    std::vector<int32_t> logits_rows;
-    for (size_t s = 0; s < pieces.size(); ++s)
-      if (pieces[s].drafts) logits_rows.push_back(row_of(static_cast<int>(s)));
-    chain_.add_first_drafts(logits, logits_rows);
+    chain_.add_first_drafts(logits, pieces, row_of);
     return;
   }
   std::vector<DraftSampleRow> sample_rows;

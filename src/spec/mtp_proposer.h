@@ -79,6 +79,7 @@ class MtpProposer : public Proposer {
 
   std::string_view method() const override { return "mtp"; }
   bool needs_every_step() const override { return true; }
+  int64_t last_catch_up_tokens() const override { return last_catch_up_tokens_; }
   KVCacheSpec kv_cache_spec() const override { return mtp_->kv_cache_spec(); }
   void allocate_kv_cache(int num_blocks, int block_size) override;
   void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
@@ -182,6 +183,7 @@ class MtpProposer : public Proposer {
   // (ds_hidden_ rows, in batch order): 2, or 1 in a greedy chain, whose rows are every drafting
   // request.
   int step_row_min_drafts_ = 2;
+  int64_t last_catch_up_tokens_ = 0;
 };
 
 struct ProposerContext;

@@ -90,6 +90,11 @@ class Proposer {
   // the target's hidden states, which exist only in their step): a step skipped leaves it stale
   // (lower acceptance later), where a draft model simply catches up from the tokens.
   virtual bool needs_every_step() const { return false; }
+  // Positions the last propose() ran through the proposer's own catch-up (0 for proposers without
+  // one). The adaptive depth learns a draft step's cost only from steps whose catch-up is the
+  // steady 1 + k positions per request at most, not from ones that also ran a prompt or a
+  // depth-0 stretch through the draft.
+  virtual int64_t last_catch_up_tokens() const { return 0; }
 };
 
 }  // namespace specula

@@ -71,6 +71,33 @@ TEST(Speculator, OnlySteadyStepsTeachTheDraftCost) {
   EXPECT_EQ(p->calls, 21);
 }
 
+// A steady step (every request verified drafts) whose proposer still caught up more than 1 + k
+// positions a request (a prompt, a depth-0 stretch) does not teach the draft cost either.
+class LongCatchUpProposer : public CatchUpProposer {
+ public:
+  int64_t last_catch_up_tokens() const override { return catch_up; }
+  int64_t catch_up = 0;
+};
+
+TEST(Speculator, StepsWithLongCatchUpsDoNotTeachTheDraftCost) {
+  auto proposer = std::make_unique<LongCatchUpProposer>();
+  LongCatchUpProposer* p = proposer.get();
+  Speculator spec(std::move(proposer), SpeculatorConfig{3, true});
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(2, r, 0.001);
+  const double prior = spec.depth().cost().draft_seconds(2, 3);
+  std::vector<std::vector<int32_t>> drafts;
+  ProposeBatch first = decode_batch({"a", "b"});
+  spec.propose(first, drafts);  // their first calls (slow, not steady)
+  p->catch_up = 2 * 4 + 1;      // one more than the steady 1 + k per request
+  ProposeBatch b = decode_batch({"a", "b"}, /*verified=*/true);
+  ASSERT_GT(spec.propose(b, drafts), 0);
+  EXPECT_DOUBLE_EQ(spec.depth().cost().draft_seconds(2, 3), prior) << "a long catch-up was learned";
+  p->catch_up = 2 * 4;
+  b = decode_batch({"a", "b"}, /*verified=*/true);
+  ASSERT_GT(spec.propose(b, drafts), 0);
+  EXPECT_NE(spec.depth().cost().draft_seconds(2, 3), prior) << "a steady step was not learned";
+}
+
 TEST(Speculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
   auto proposer = std::make_unique<CatchUpProposer>();
   CatchUpProposer* p = proposer.get();
