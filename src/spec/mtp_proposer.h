@@ -115,7 +115,9 @@ class MtpProposer : public Proposer {
   int64_t num_uniform_catch_ups() const { return uniform_catch_ups_; }
   // Proposals whose drafts were chained on the device (greedy chain), for tests.
   int64_t num_greedy_chains() const { return chain_.num_chains(); }
-  static constexpr int kMaxCatchUpGraphBatch = 128;
+  // As the verification graphs (ModelRunner::kMaxVerifyGraphBatch) and the draft model's
+  // catch-up graphs: an eager catch-up of 129..256 requests costs as much as several draft steps.
+  static constexpr int kMaxCatchUpGraphBatch = 256;
 
  private:
   struct State {
