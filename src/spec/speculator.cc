@@ -104,9 +104,10 @@ int Speculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& 
     drafting += d.empty() ? 0 : 1;
     most = std::max(most, static_cast<int>(d.size()));
   }
-  // The proposer's cost at this depth: its time, steady catch-up included (on the H100 one step
-  // that also ran long catch-ups was recorded at 256 requests as 1.5 ms for one draft, ten times
-  // a draft step, and kept speculation off there).
+  // The proposer's cost at this depth: its time, steady catch-up included, but not from a step
+  // whose catch-up also ran more than the steady 1 + k positions a request (a prompt, a depth-0
+  // stretch): that is not what a draft step costs, and a draft cost learned too high keeps
+  // speculation off where no steady step corrects it.
   const int64_t steady_catch_up = static_cast<int64_t>(batch.requests.size()) * (config_.max_depth + 1);
   if (drafting > 0 && steady && proposer_->last_catch_up_tokens() <= steady_catch_up)
     depth_.cost().record_draft(drafting, most, seconds);
