@@ -28,21 +28,7 @@ class DeviceSampler : public Sampler {
     std::vector<size_t> host_logprob_rows;  // rows whose logprobs the device does not cover
     for (size_t i = 0; i < rows.size(); ++i) {
       const SamplingRow& r = rows[i];
-      const SamplingParams& p = *r.params;
-      TokenSamplingRow& d = dev[i];
-      d.logits_row = r.logits_row;
-      d.greedy = p.greedy();
-      d.temperature = p.temperature;
-      d.top_k = p.top_k;
-      d.top_p = p.top_p;
-      d.min_p = p.min_p;
-      d.repetition_penalty = p.repetition_penalty;
-      d.frequency_penalty = p.frequency_penalty;
-      d.presence_penalty = p.presence_penalty;
-      d.uniform = d.greedy ? 0.0 : uniform_draw(r.seed, r.position);
-      d.prompt_ids = r.prompt_token_ids;
-      d.output_ids = r.output_token_ids;
-      d.masked_ids = r.masked_token_ids;
+      TokenSamplingRow& d = dev[i] = device_row_settings(r);
       if (r.logprobs) {
         if (*r.logprobs >= 0 && *r.logprobs <= device_->max_top_logprobs()) {
           d.top_logprobs = *r.logprobs;
@@ -93,6 +79,25 @@ class DeviceSampler : public Sampler {
 };
 
 }  // namespace
+
+TokenSamplingRow device_row_settings(const SamplingRow& r, uint32_t stream) {
+  const SamplingParams& p = *r.params;
+  TokenSamplingRow d;
+  d.logits_row = r.logits_row;
+  d.greedy = p.greedy();
+  d.temperature = p.temperature;
+  d.top_k = p.top_k;
+  d.top_p = p.top_p;
+  d.min_p = p.min_p;
+  d.repetition_penalty = p.repetition_penalty;
+  d.frequency_penalty = p.frequency_penalty;
+  d.presence_penalty = p.presence_penalty;
+  d.uniform = d.greedy ? 0.0 : uniform_draw(r.seed, r.position, stream);
+  d.prompt_ids = r.prompt_token_ids;
+  d.output_ids = r.output_token_ids;
+  d.masked_ids = r.masked_token_ids;
+  return d;
+}
 
 std::unique_ptr<Sampler> make_device_sampler(Backend& backend, int max_rows, int64_t vocab) {
   std::unique_ptr<TokenSampler> device = backend.make_token_sampler(max_rows, vocab);

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "backend/backend.h"
+#include "backend/token_sampler.h"
 #include "engine/sampler.h"
 
 namespace specula {
@@ -18,6 +19,11 @@ namespace specula {
 // A device sampler for up to max_rows rows per call of vocab-wide logits, or nullptr when the
 // backend samples only on the host (the CPU backend).
 std::unique_ptr<Sampler> make_device_sampler(Backend& backend, int max_rows, int64_t vocab);
+
+// A row's settings as the device takes them: its sampling parameters, id lists and the uniform of
+// its (seed, position) draw on `stream` (0 for non-greedy rows; greedy rows draw nothing). The
+// caller adds what is particular to its use (logprobs, draft verification, q output).
+TokenSamplingRow device_row_settings(const SamplingRow& r, uint32_t stream = 0);
 
 // The device sampler when the backend has one, else the CPU sampler.
 std::unique_ptr<Sampler> make_sampler(Backend& backend, int max_rows, int64_t vocab);

@@ -5,7 +5,7 @@
 
 #include "backend/token_sampler.h"
 #include "core/error.h"
-#include "engine/sampling_math.h"
+#include "engine/device_sampler.h"
 #include "spec/rejection_math.h"
 
 namespace specula {
@@ -27,23 +27,9 @@ class DeviceDraftSampler : public DraftSampler {
     bool keeps_q = false;
     for (size_t i = 0; i < rows.size(); ++i) {
       const SamplingRow& r = rows[i].row;
-      const SamplingParams& p = *r.params;
       SPECULA_CHECK(r.logits_row >= 0 && r.logits_row < draft_logits.size(0),
                     "internal error: draft row {} outside the {} logits rows", r.logits_row, draft_logits.size(0));
-      TokenSamplingRow& d = dev[i];
-      d.logits_row = r.logits_row;
-      d.greedy = p.greedy();
-      d.temperature = p.temperature;
-      d.top_k = p.top_k;
-      d.top_p = p.top_p;
-      d.min_p = p.min_p;
-      d.repetition_penalty = p.repetition_penalty;
-      d.frequency_penalty = p.frequency_penalty;
-      d.presence_penalty = p.presence_penalty;
-      d.uniform = d.greedy ? 0.0 : uniform_draw(r.seed, r.position, kSpecDraftStream);
-      d.prompt_ids = r.prompt_token_ids;
-      d.output_ids = r.output_token_ids;
-      d.masked_ids = r.masked_token_ids;
+      TokenSamplingRow& d = dev[i] = device_row_settings(r, kSpecDraftStream);
       // Greedy rows draft the argmax: q is one-hot there and nobody reads it.
       if (rows[i].q_row >= 0 && !d.greedy) {
         SPECULA_CHECK(q_store && !q_store->is_cpu() && q_store->ndim() == 2 && q_store->size(1) == vocab_ &&

@@ -2,6 +2,7 @@
 
 #include "backend/token_sampler.h"
 #include "core/error.h"
+#include "engine/device_sampler.h"
 #include "engine/sampling_math.h"
 #include "spec/rejection_math.h"
 
@@ -37,21 +38,7 @@ class DeviceRejectionSampler : public RejectionSampler {
       const size_t k = r.draft_tokens.size();
       for (size_t j = 0; j <= k; ++j) {
         const SamplingRow& row = r.rows[j];
-        const SamplingParams& p = *row.params;
-        TokenSamplingRow d;
-        d.logits_row = row.logits_row;
-        d.greedy = p.greedy();
-        d.temperature = p.temperature;
-        d.top_k = p.top_k;
-        d.top_p = p.top_p;
-        d.min_p = p.min_p;
-        d.repetition_penalty = p.repetition_penalty;
-        d.frequency_penalty = p.frequency_penalty;
-        d.presence_penalty = p.presence_penalty;
-        d.uniform = d.greedy ? 0.0 : uniform_draw(row.seed, row.position);
-        d.prompt_ids = row.prompt_token_ids;
-        d.output_ids = row.output_token_ids;
-        d.masked_ids = row.masked_token_ids;
+        TokenSamplingRow d = device_row_settings(row);
         if (row.logprobs && *row.logprobs >= 0 && *row.logprobs <= device_->max_top_logprobs())
           d.top_logprobs = *row.logprobs;
         const bool stochastic = j < k && r.draft_probs_row >= 0 && !d.greedy;
