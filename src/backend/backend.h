@@ -13,6 +13,7 @@
 #include <string>
 
 #include "backend/attention_metadata.h"
+#include "backend/decoder_chain.h"
 #include "core/tensor.h"
 
 namespace specula {
@@ -200,6 +201,12 @@ class Backend {
   };
   virtual void qkv_prologue(const Tensor& qkv, const QkvPrologue& params, KVCacheLayer& cache,
                             const Tensor& slot_mapping, Tensor& q_out);
+
+  // ---- fused decode chain (Llama family) ----
+  // Runs `chain` (backend/decoder_chain.h) as one op and returns true, or returns false without
+  // touching anything when this backend has no fused form for its shapes or dtypes; the caller
+  // then runs the chain layer by layer. The default returns false.
+  virtual bool decoder_greedy_chain(const DecoderChain& chain) { return false; }
 
   // ---- device-level services for the engine (defaults: not available) ----
   // Host memory for staging copies to and from the device: pinned on CUDA, so that copy() of it

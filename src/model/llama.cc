@@ -81,6 +81,7 @@ class LlamaModel final : public Model {
     return KVCacheSpec{config_.num_hidden_layers, num_kv_heads_, head_dim_, head_dim_};
   }
   ForwardOutput forward(const ForwardInput& input, std::vector<KVCacheLayer>& kv) override;
+  bool greedy_chain(DecoderChain& chain) override;
 
  private:
   // Each block reads x and writes its output into `out` (which may be x itself).
@@ -229,6 +230,37 @@ ForwardOutput LlamaModel::forward(const ForwardInput& in, std::vector<KVCacheLay
   phase_profile::Scope p("model.lm_head (host)");
   backend_.linear(selected, lm_head_, nullptr, out.logits);
   return out;
+}
+
+bool LlamaModel::greedy_chain(DecoderChain& c) {
+  c.layers.clear();
+  for (const LlamaLayer& l : layers_) {
+    DecoderChainLayerWeights w;
+    w.input_layernorm = &l.input_layernorm;
+    w.qkv_proj = &l.qkv_proj;
+    w.qkv_bias = if_defined(l.qkv_bias);
+    w.q_norm = if_defined(l.q_norm);
+    w.k_norm = if_defined(l.k_norm);
+    w.o_proj = &l.o_proj;
+    w.o_bias = if_defined(l.o_bias);
+    w.post_attention_layernorm = &l.post_attention_layernorm;
+    w.gate_up_proj = &l.gate_up_proj;
+    w.gate_up_bias = if_defined(l.gate_up_bias);
+    w.down_proj = &l.down_proj;
+    w.down_bias = if_defined(l.down_bias);
+    c.layers.push_back(w);
+  }
+  c.embed_tokens = &embed_tokens_;
+  c.norm = &norm_;
+  c.lm_head = &lm_head_;
+  c.cos_sin = &cos_sin_;
+  c.rotary_dim = rotary_dim_;
+  c.num_q_heads = num_heads_;
+  c.num_kv_heads = num_kv_heads_;
+  c.head_dim = head_dim_;
+  c.eps = eps_;
+  c.attn_scale = attn_scale_;
+  return backend_.decoder_greedy_chain(c);
 }
 
 // Grouped-query self-attention over the paged cache. x: [T, H] -> out [T, H].

@@ -50,6 +50,11 @@ class Model {
   // an identical copy (DeepSeek MTP: "model.embed_tokens.weight", "lm_head.weight" — the
   // embedding itself when tied). Undefined when the model lends nothing by that name.
   virtual Tensor shared_weight(const std::string& name) const { return Tensor(); }
+  // A greedy decode chain as one backend op (backend/decoder_chain.h): the caller fills the
+  // chain's inputs (rows, steps, tokens, positions, slots, block tables, kv, block_size, out), the
+  // model its weights and dims. False when the model or its backend has no fused form for it (the
+  // caller then runs forward() step by step); nothing has run then.
+  virtual bool greedy_chain(DecoderChain& chain) { return false; }
 };
 
 // Load-time choices that are not facts of the checkpoint.

@@ -155,7 +155,13 @@ void DraftModelProposer::propose(const ProposeBatch& batch, std::vector<std::vec
     if (num_drafts[i] >= 2) rows.push_back(i);
   if (chain_.on()) {
     const int padded = chain_.padded();
-    chain_.run(step_, max_drafts, num_drafts, [&](int) { return run_step(padded); }, drafts);
+    GreedyDraftChain::FusedChain fused;
+    if (config_.fused_chain)
+      fused = [&](DecoderChain& chain) {
+        chain.kv = &kv_;
+        return draft_->greedy_chain(chain);
+      };
+    chain_.run(step_, max_drafts, num_drafts, [&](int) { return run_step(padded); }, drafts, fused);
   } else if (!rows.empty()) {
     const int real = static_cast<int>(rows.size());
     const int padded = step_batch_size(real);

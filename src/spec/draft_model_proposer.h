@@ -62,6 +62,10 @@ struct DraftModelProposerConfig {
   // Chain greedy drafts on the device (see the header comment); false: every draft through the
   // draft sampler (tests compare the two).
   bool greedy_chain = true;
+  // Run a greedy chain's drafts 2..k as one fused op where the draft model and backend have one
+  // (Model::greedy_chain: one persistent kernel on CUDA); false: a draft step per draft (tests
+  // compare the two).
+  bool fused_chain = true;
 };
 
 class DraftModelProposer : public Proposer {
@@ -98,6 +102,8 @@ class DraftModelProposer : public Proposer {
   int64_t num_step_graph_replays() const { return step_graph_replays_; }
   // Proposals whose drafts were chained on the device (greedy chain), for tests.
   int64_t num_greedy_chains() const { return chain_.num_chains(); }
+  int64_t num_fused_chains() const { return chain_.num_fused_chains(); }
+  int64_t num_multi_step_chains() const { return chain_.num_multi_step_chains(); }
   size_t num_catch_up_graphs() const;
   int64_t num_catch_up_graph_replays() const { return catch_up_graph_replays_; }
   // Catch-up graphs are captured for forwards of 1..kCatchUpGraphRows rows per request: in steady

@@ -143,6 +143,16 @@ void DraftStepBuffers::load_chain_step(int step) {
   max_seq_len_ = *std::max_element(host, host + p);
 }
 
+void DraftStepBuffers::fill_chain(DecoderChain& chain) const {
+  const int64_t n = static_cast<int64_t>(chain_steps_) * chain_padded_, w = max_blocks_per_seq_;
+  chain.rows = chain_padded_;
+  chain.steps = chain_steps_;
+  chain.positions = chain_positions_.device.slice(0, n);
+  chain.slots = chain_slots_.device.slice(0, n);
+  chain.block_tables = tables_.device.slice(0, chain_padded_ * w).reshape({chain_padded_, w});
+  chain.block_size = block_size_;
+}
+
 ForwardInput DraftStepBuffers::input_shell(int padded) const {
   const int w = max_blocks_per_seq_;
   ForwardInput in;

@@ -38,6 +38,9 @@ class DraftStepBuffers {
   void prepare_chain(const ProposeBatch& batch, const std::vector<size_t>& rows, int steps, int padded,
                      const std::vector<int>& num_drafts, int first_back);
   void load_chain_step(int step);
+  // The staged chain as a fused chain's inputs (Model::greedy_chain): rows, steps, positions,
+  // slots and block tables, every step's rows at once.
+  void fill_chain(DecoderChain& chain) const;
   // The static token input of the first `padded` rows.
   Tensor tokens(int padded) const { return tokens_.device.slice(0, padded); }
 

@@ -67,14 +67,28 @@ void GreedyDraftChain::add_first_drafts(const Tensor& logits, const std::vector<
 }
 
 void GreedyDraftChain::run(DraftStepBuffers& step, int max_drafts, const std::vector<int>& num_drafts,
-                           const std::function<Tensor(int j)>& forward, std::vector<std::vector<int32_t>>& drafts) {
+                           const std::function<Tensor(int j)>& forward, std::vector<std::vector<int32_t>>& drafts,
+                           const FusedChain& fused) {
   SPECULA_CHECK(on_ && firsts_ == static_cast<int>(rows_.size()),
                 "internal error: the catch-up drafted {} first drafts for a chain of {} rows", firsts_, rows_.size());
   phase_profile::Scope p("draft.greedy_chain");
   const int64_t padded = padded_;
+  bool ran = false;
+  if (max_drafts >= 2) ++multi_step_chains_;
+  if (max_drafts >= 2 && fused) {
+    DecoderChain chain;
+    step.fill_chain(chain);
+    SPECULA_CHECK(chain.rows == padded_ && chain.steps == max_drafts - 1,
+                  "internal error: a fused chain of {} steps x {} rows staged for {} drafts x {} rows", chain.steps,
+                  chain.rows, max_drafts, padded_);
+    chain.first_tokens = out_.slice(0, padded);
+    chain.out_tokens = out_.slice(padded, static_cast<int64_t>(max_drafts) * padded);
+    ran = fused(chain);
+    if (ran) ++fused_chains_;
+  }
   // Everything is enqueued behind the catch-up without waiting: step j reads draft j-1 (the
   // previous argmax, on the stream before it) and its staged inputs.
-  for (int j = 2; j <= max_drafts; ++j) {
+  for (int j = 2; j <= max_drafts && !ran; ++j) {
     step.load_chain_step(j);
     Tensor tokens = step.tokens(padded_);
     backend_->copy(out_.slice((j - 2) * padded, (j - 1) * padded), tokens);

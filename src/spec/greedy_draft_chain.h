@@ -50,13 +50,20 @@ class GreedyDraftChain {
                         const std::function<int(int)>& row_of);
   int num_first_drafts() const { return firsts_; }
 
-  // Drafts 2..max_drafts (each: step j's staged inputs and tokens into `step`, then forward(j)
-  // runs the draft step and returns its F32 logits [padded, vocab]), then every draft to the host:
-  // drafts[rows[r]] gets its num_drafts[rows[r]] drafts. Every first draft must have been added.
+  // Drafts 2..max_drafts, then every draft to the host: drafts[rows[r]] gets its
+  // num_drafts[rows[r]] drafts. Every first draft must have been added. `fused` (may be empty)
+  // gets the whole chain as one op (the staged inputs, the first drafts as step 0's tokens,
+  // drafts 2.. as its outputs) and returns false when it cannot run it; otherwise, or then, each
+  // step j moves its staged inputs and tokens into `step` and forward(j) runs the draft step and
+  // returns its F32 logits [padded, vocab].
+  using FusedChain = std::function<bool(DecoderChain& chain)>;
   void run(DraftStepBuffers& step, int max_drafts, const std::vector<int>& num_drafts,
-           const std::function<Tensor(int j)>& forward, std::vector<std::vector<int32_t>>& drafts);
+           const std::function<Tensor(int j)>& forward, std::vector<std::vector<int32_t>>& drafts,
+           const FusedChain& fused = nullptr);
 
   int64_t num_chains() const { return chains_; }
+  int64_t num_fused_chains() const { return fused_chains_; }
+  int64_t num_multi_step_chains() const { return multi_step_chains_; }  // chains with drafts 2..k
 
  private:
   Backend* backend_ = nullptr;
@@ -68,6 +75,8 @@ class GreedyDraftChain {
   int firsts_ = 0;
   bool on_ = false;
   int64_t chains_ = 0;
+  int64_t fused_chains_ = 0;
+  int64_t multi_step_chains_ = 0;
 };
 
 }  // namespace specula

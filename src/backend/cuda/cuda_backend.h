@@ -82,6 +82,8 @@ class CudaBackend final : public Backend {
   // (cuda_engine_services.cc: memory query, CUDA-graph capture, the device token sampler).
   void qkv_prologue(const Tensor& qkv, const QkvPrologue& params, KVCacheLayer& cache, const Tensor& slot_mapping,
                     Tensor& q_out) override;
+  // One persistent kernel for a small decoder's greedy chain (cuda_decoder_chain.cc).
+  bool decoder_greedy_chain(const DecoderChain& chain) override;
   Tensor empty_host(Shape shape, DType dtype) override;
   std::optional<DeviceMemoryInfo> memory_info() override;
   std::unique_ptr<DeviceGraph> capture_graph(const std::function<void()>& work) override;
@@ -101,6 +103,9 @@ class CudaBackend final : public Backend {
   CudaScratchArena arena_;
   std::unique_ptr<CublasLtGemm> gemm_;
   std::unique_ptr<CublasLtBatchedGemm> batched_gemm_;  // head_linear
+  // decoder_greedy_chain's scratch (activations and argmax candidates), grown on demand.
+  Tensor chain_scratch_;
+  bool chain_logged_ = false;
 };
 
 // Throws specula::Error "<what>: <CUDA error string>" unless err is cudaSuccess.

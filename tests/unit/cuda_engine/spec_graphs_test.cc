@@ -206,9 +206,10 @@ void expect_reference_greedy(const EngineCoreConfig& c, ModelRunner& runner, con
 }
 
 // The graphs are really used: the engine's pieces put together by hand (as LLMEngine::create
-// does), counting replays of verification graphs, draft catch-up graphs and draft-step graphs.
-TEST(SpecGraphs, VerificationAndDraftStepsReplayGraphs) {
-  SKIP_WITHOUT_GPU();
+// does), counting replays of verification graphs, draft catch-up graphs and draft-step graphs
+// (with the fused chain off: with it, greedy drafts 2..k run as one kernel instead, which
+// fused_chain = true checks).
+void expect_graphs_replay(bool fused_chain) {
   const int k = 3;
   const testing::GreedyReference ref = reference("specula-tiny");
   auto gpu = make_cuda_backend(0);
@@ -227,6 +228,7 @@ TEST(SpecGraphs, VerificationAndDraftStepsReplayGraphs) {
   dc.max_num_batched_tokens = c.max_num_batched_tokens;
   dc.max_model_len = c.max_model_len;
   dc.draft_max_model_len = c.max_model_len;
+  dc.fused_chain = fused_chain;  // else the greedy chains' draft steps run fused, not as graphs
   auto proposer = std::make_unique<DraftModelProposer>(std::move(draft), *gpu, make_cpu_draft_sampler(*gpu), dc);
   DraftModelProposer& dp = *proposer;
   dp.allocate_kv_cache(c.num_blocks, c.block_size);
@@ -241,12 +243,30 @@ TEST(SpecGraphs, VerificationAndDraftStepsReplayGraphs) {
 
   expect_reference_greedy(c, runner, *tok, ref, "r");
   EXPECT_GT(runner.num_graph_replays(1 + k), 0) << "no verification step of " << k << " drafts replayed a graph";
-  EXPECT_GT(dp.num_step_graph_replays(), 0) << "no draft step replayed a graph";
+  if (fused_chain) {
+    EXPECT_GT(dp.num_fused_chains(), 0) << "no greedy chain ran fused";
+    EXPECT_EQ(dp.num_fused_chains(), dp.num_multi_step_chains()) << "a greedy chain of the embedded draft ran unfused";
+  } else {
+    EXPECT_EQ(dp.num_fused_chains(), 0);
+    EXPECT_GT(dp.num_step_graph_replays(), 0) << "no draft step replayed a graph";
+  }
   EXPECT_GT(dp.num_catch_up_graph_replays(), 0) << "no draft catch-up replayed a graph";
   EXPECT_GT(dp.num_greedy_chains(), 0) << "greedy drafts were not chained on the device";
   // The two prompts end apart: steps where one verifies fewer drafts (near max_tokens) are ragged
   // and run padded in the graph of the longest.
   EXPECT_GT(runner.num_ragged_graph_steps(), 0) << "no ragged verification step ran as a graph";
+}
+
+TEST(SpecGraphs, VerificationAndDraftStepsReplayGraphs) {
+  SKIP_WITHOUT_GPU();
+  expect_graphs_replay(false);
+}
+
+// Greedy drafts 2..k of the embedded draft run as the fused chain kernel, and greedy output stays
+// transformers'.
+TEST(SpecGraphs, GreedyDraftChainsRunFused) {
+  SKIP_WITHOUT_GPU();
+  expect_graphs_replay(true);
 }
 
 // MTP's graphs are really used: catch-up forwards (r = 1..1+k rows per request) and chained

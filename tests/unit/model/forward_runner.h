@@ -36,6 +36,17 @@ class PagedRunner {
     s.tokens.insert(s.tokens.end(), tokens.begin(), tokens.end());
   }
   int64_t computed(int seq) { return seqs_[seq].computed; }
+  // Sequence `seq`'s blocks, grown to hold `len` tokens (for tests that write the cache themselves).
+  const std::vector<int32_t>& blocks_for(int seq, int64_t len) {
+    Seq& s = seqs_[seq];
+    while (static_cast<int64_t>(s.blocks.size()) * block_size_ < len) {
+      if (free_blocks_.empty()) throw Error("PagedRunner: out of KV blocks");
+      s.blocks.push_back(free_blocks_.back());
+      free_blocks_.pop_back();
+    }
+    return s.blocks;
+  }
+  std::vector<KVCacheLayer>& kv() { return kv_; }
   int64_t pending(int seq) {
     auto& s = seqs_[seq];
     return static_cast<int64_t>(s.tokens.size()) - s.computed;

@@ -1,0 +1,56 @@
+// A greedy decode chain of a Llama-family decoder as one backend op (Backend::decoder_greedy_chain):
+// `steps` decode steps of `rows` rows (one per sequence), the argmax of each step's logits being
+// the next step's input token, with every step's K/V written into the paged cache on the way. The
+// draft model's drafts 2..k are such a chain; a backend that can run it without a kernel launch
+// per op (the CUDA backend: one persistent kernel) makes a small draft's step several times
+// cheaper than the layer-by-layer forward, whose cost at that size is launches, not work.
+#pragma once
+
+#include <vector>
+
+#include "backend/attention_metadata.h"
+#include "core/tensor.h"
+
+namespace specula {
+
+struct DecoderChainLayerWeights {
+  const Tensor* input_layernorm = nullptr;           // [H]
+  const Tensor* qkv_proj = nullptr;                  // [(Hq + 2 Hk) D, H]
+  const Tensor* qkv_bias = nullptr;                  // or null
+  const Tensor* q_norm = nullptr;                    // [D] or null (Qwen3)
+  const Tensor* k_norm = nullptr;                    // [D] or null
+  const Tensor* o_proj = nullptr;                    // [H, Hq D]
+  const Tensor* o_bias = nullptr;                    // or null
+  const Tensor* post_attention_layernorm = nullptr;  // [H]
+  const Tensor* gate_up_proj = nullptr;              // [2 I, H]
+  const Tensor* gate_up_bias = nullptr;              // or null
+  const Tensor* down_proj = nullptr;                 // [H, I]
+  const Tensor* down_bias = nullptr;                 // or null
+};
+
+struct DecoderChain {
+  // The model (its config's dims are the weights' shapes).
+  std::vector<DecoderChainLayerWeights> layers;
+  const Tensor* embed_tokens = nullptr;  // [V, H]
+  const Tensor* norm = nullptr;          // [H]
+  const Tensor* lm_head = nullptr;       // [V, H]
+  const Tensor* cos_sin = nullptr;       // F32 [max_positions, rotary_dim], neox pairs
+  int rotary_dim = 0;
+  int64_t num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
+  float eps = 1e-6f, attn_scale = 1.0f;
+  std::vector<KVCacheLayer>* kv = nullptr;  // one per layer: [num_blocks, block_size, Hk, D]
+  int block_size = 0;
+
+  // The chain. Row r of step s sits at s * rows + r in positions and slots; it attends to keys
+  // 0..position of its sequence (block_tables row r), its own K/V written at the slot first (-1:
+  // not written).
+  int rows = 0;
+  int steps = 0;
+  Tensor first_tokens;  // I32 [rows]: step 0's input tokens
+  Tensor positions;     // I32 [steps * rows]
+  Tensor slots;         // I64 [steps * rows]
+  Tensor block_tables;  // I32 [rows, width]
+  Tensor out_tokens;    // I32 [steps * rows]: step s's argmax at s * rows + r (ties: the lower id)
+};
+
+}  // namespace specula
