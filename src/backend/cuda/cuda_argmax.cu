@@ -5,17 +5,12 @@
 #include <climits>
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-// Larger value, or the same value at a lower index (the host's first argmax). NaN compares
-// false both ways, so it never replaces a number.
-__device__ __forceinline__ bool better(float v, int i, float best, int best_i) {
-  return v > best || (v == best && i < best_i);
-}
 
 __global__ void argmax_rows_kernel(const float* __restrict__ x, int64_t x_rows, int64_t vocab,
                                    const int32_t* __restrict__ rows, int32_t* __restrict__ out) {
@@ -29,7 +24,7 @@ __global__ void argmax_rows_kernel(const float* __restrict__ x, int64_t x_rows, 
   int best_i = INT_MAX;
   for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
     const float v = row[i];
-    if (better(v, static_cast<int>(i), best, best_i)) {
+    if (argmax_better(v, static_cast<int>(i), best, best_i)) {
       best = v;
       best_i = static_cast<int>(i);
     }
@@ -39,7 +34,7 @@ __global__ void argmax_rows_kernel(const float* __restrict__ x, int64_t x_rows, 
   for (int off = 16; off > 0; off >>= 1) {
     const float v = __shfl_xor_sync(0xffffffffu, best, off);
     const int i = __shfl_xor_sync(0xffffffffu, best_i, off);
-    if (better(v, i, best, best_i)) {
+    if (argmax_better(v, i, best, best_i)) {
       best = v;
       best_i = i;
     }
@@ -54,7 +49,7 @@ __global__ void argmax_rows_kernel(const float* __restrict__ x, int64_t x_rows, 
   __syncthreads();
   if (threadIdx.x == 0) {
     for (int w = 1; w < kThreads / 32; ++w)
-      if (better(sv[w], si[w], best, best_i)) {
+      if (argmax_better(sv[w], si[w], best, best_i)) {
         best = sv[w];
         best_i = si[w];
       }

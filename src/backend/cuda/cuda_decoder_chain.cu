@@ -74,10 +74,6 @@ __device__ __forceinline__ void unpack8(uint4 v, float (&out)[8]) {
   }
 }
 
-__device__ __forceinline__ bool better(float v, int i, float best, int best_i) {
-  return v > best || (v == best && i < best_i);
-}
-
 // One warp computes columns [begin, end) of y[r][c] = xs[r] . W[c] (W row-major [N, K], K a
 // multiple of 8) for `rows` rows. Short rows (the small models this kernel is for have K = 128)
 // would leave most lanes idle with a warp per column, so a column gets just enough lanes for one
@@ -377,7 +373,7 @@ __device__ void lm_head_stage(const DecoderChainParams& p, const ChainSmem& s) {
   block_columns<4>(p.lm_head, h, s.xs, h, rows, v0, v1, [&](int r, int c, float v) {
 #pragma unroll
     for (int i = 0; i < kMaxChainRows; ++i)  // registers, not a dynamically indexed array
-      if (i == r && better(v, c, best[i], best_i[i])) {
+      if (i == r && argmax_better(v, c, best[i], best_i[i])) {
         best[i] = v;
         best_i[i] = c;
       }
@@ -390,7 +386,7 @@ __device__ void lm_head_stage(const DecoderChainParams& p, const ChainSmem& s) {
     for (int off = 16; off > 0; off >>= 1) {
       const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
       const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (better(ov, oi, bv, bi)) {
+      if (argmax_better(ov, oi, bv, bi)) {
         bv = ov;
         bi = oi;
       }
@@ -406,7 +402,7 @@ __device__ void lm_head_stage(const DecoderChainParams& p, const ChainSmem& s) {
     float bv = -INFINITY;
     int bi = INT_MAX;
     for (int w = 0; w < kWarps; ++w)
-      if (better(s.bestv[w * kMaxChainRows + r], s.besti[w * kMaxChainRows + r], bv, bi)) {
+      if (argmax_better(s.bestv[w * kMaxChainRows + r], s.besti[w * kMaxChainRows + r], bv, bi)) {
         bv = s.bestv[w * kMaxChainRows + r];
         bi = s.besti[w * kMaxChainRows + r];
       }
@@ -429,7 +425,7 @@ __device__ void load_step_tokens(const DecoderChainParams& p, const ChainSmem& s
       for (int b = 0; b < p.vocab_blocks; ++b) {
         const float v = __ldcg(p.cand_val + b * kMaxChainRows + r);
         const int i = __ldcg(p.cand_idx + b * kMaxChainRows + r);
-        if (better(v, i, bv, bi)) {
+        if (argmax_better(v, i, bv, bi)) {
           bv = v;
           bi = i;
         }
@@ -511,17 +507,24 @@ cudaError_t launch_decoder_chain(const DecoderChainParams& params, int blocks, c
                                 cudaSharedmemCarveoutMaxL1);
   }();
   if (carveout != cudaSuccess) return carveout;
+  // How many blocks can be co-resident at this shared-memory size: queried once per size (the
+  // launch is on the draft's every step).
+  static int capacity_smem = -1, capacity = 0;
   if (smem > configured_smem) {
     const cudaError_t e = cudaFuncSetAttribute(decoder_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     configured_smem = smem;
   }
-  int per_sm = 0, device = 0, sms = 0;
-  cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decoder_chain_kernel, kThreads, smem);
-  if (e != cudaSuccess) return e;
-  if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
-  if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return e;
-  if (blocks <= 0 || blocks > kMaxChainBlocks || per_sm * sms < blocks) return cudaErrorCooperativeLaunchTooLarge;
+  if (smem != capacity_smem) {
+    int per_sm = 0, device = 0, sms = 0;
+    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decoder_chain_kernel, kThreads, smem);
+    if (e != cudaSuccess) return e;
+    if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
+    if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return e;
+    capacity = per_sm * sms;
+    capacity_smem = smem;
+  }
+  if (blocks <= 0 || blocks > kMaxChainBlocks || capacity < blocks) return cudaErrorCooperativeLaunchTooLarge;
   void* args[] = {&p};
   return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(decoder_chain_kernel), dim3(blocks),
                                      dim3(kThreads), args, static_cast<size_t>(smem), stream);

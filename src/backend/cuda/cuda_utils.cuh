@@ -78,6 +78,13 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
   return warp_sum(v);
 }
 
+// The argmax order of the greedy samplers (argmax_rows, the fused decoder chain): a larger value,
+// or the same value at a lower index (the host's first argmax). NaN compares false both ways, so
+// it never replaces a number.
+__device__ __forceinline__ bool argmax_better(float v, int i, float best, int best_i) {
+  return v > best || (v == best && i < best_i);
+}
+
 // 2^x on the SFU (MUFU.EX2, ~2 ulp); softmax is computed in the log2 domain so that each
 // exponential is a single instruction. ex2.approx(-inf) = +0, which masked scores rely on.
 __device__ __forceinline__ float fast_exp2(float x) {
