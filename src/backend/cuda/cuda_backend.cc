@@ -49,6 +49,10 @@ CudaBackend::CudaBackend(int device_index)
   register_allocator(Device::kCUDA, &CudaCachingAllocator::instance());
   check_cuda(cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_index),
              "CUDA backend: SM count");
+  int smem_optin = 0;
+  check_cuda(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_index),
+             "CUDA backend: shared memory per block");
+  smem_budget_ = smem_optin - 1024;  // the chain kernel's static shared memory (its DSMEM map)
   cudaDeviceProp prop{};
   check_cuda(cudaGetDeviceProperties(&prop, device_index), "CUDA backend: device properties");
   device_name_ = prop.name;

@@ -26,6 +26,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -103,8 +104,10 @@ class CudaBackend final : public Backend {
   CudaScratchArena arena_;
   std::unique_ptr<CublasLtGemm> gemm_;
   std::unique_ptr<CublasLtBatchedGemm> batched_gemm_;  // head_linear
-  // decoder_greedy_chain's scratch (activations and argmax candidates), grown on demand.
-  Tensor chain_scratch_;
+  // decoder_greedy_chain: whether a cluster of (size, shared-memory bytes) fits the GPU, asked
+  // once per shape (the launch is on every draft chain).
+  std::map<std::pair<int, int64_t>, bool> chain_cluster_fits_;
+  int64_t smem_budget_ = 0;  // dynamic shared memory a block may ask for, less the kernel's static share
   bool chain_logged_ = false;
 };
 

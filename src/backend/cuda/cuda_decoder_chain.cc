@@ -1,6 +1,7 @@
 // CUDA backend: Backend::decoder_greedy_chain as one persistent kernel (cuda_decoder_chain.cu).
 // The kernel takes bf16 Llama-family decoders small enough for its fixed limits (rows, layers,
-// shared memory); anything else returns false and the caller runs the chain layer by layer.
+// weights that fit one thread-block cluster's shared memory); anything else returns false and the
+// caller runs the chain layer by layer.
 // SPECULA_FUSED_DECODER_CHAIN=0 turns the fused form off (for comparing the two).
 #include <cstdlib>
 #include <cstring>
@@ -123,39 +124,23 @@ bool CudaBackend::decoder_greedy_chain(const DecoderChain& c) {
   p.block_tables = c.block_tables.data_as<int32_t>();
   p.out_tokens = const_cast<int32_t*>(c.out_tokens.data_as<int32_t>());
 
-  const cuda::DecoderChainPlan plan = cuda::plan_decoder_chain(p, sm_count_);
-  if (plan.smem_bytes > 200 * 1024) return false;  // a larger model or context than the kernel is for
-  p.smem_xs_bytes = plan.smem_xs_bytes;
-  p.smem_f_bytes = plan.smem_f_bytes;
-  p.hidden_per_block = plan.hidden_per_block;
-  p.gate_cols_per_block = plan.gate_cols_per_block;
-  p.vocab_per_block = plan.vocab_per_block;
-  p.vocab_blocks = plan.vocab_blocks;
-
-  // Scratch: res [rows, H], attn [rows, Hq D], act [rows, I] in bf16, then the candidates.
-  const int64_t r = cuda::kMaxChainRows;
-  const int64_t act_elems = r * (h + nq + inter);
-  const int64_t cand = static_cast<int64_t>(cuda::kMaxChainBlocks) * cuda::kMaxChainRows;
-  const int64_t bytes = act_elems * 2 + cand * 8 + 64;
-  if (!chain_scratch_.defined() || chain_scratch_.numel() < bytes) chain_scratch_ = empty({bytes}, DType::kU8);
-  auto* base = static_cast<__nv_bfloat16*>(chain_scratch_.data());
-  p.res = base;
-  p.attn = p.res + r * h;
-  p.act = p.attn + r * nq;
-  auto* cand_base = reinterpret_cast<unsigned char*>(p.act + r * inter);
-  cand_base += (16 - reinterpret_cast<uintptr_t>(cand_base) % 16) % 16;
-  p.cand_val = reinterpret_cast<float*>(cand_base);
-  p.cand_idx = reinterpret_cast<int32_t*>(p.cand_val + cand);
-
-  const cudaError_t err = cuda::launch_decoder_chain(p, plan.blocks, stream_);
-  if (err == cudaErrorCooperativeLaunchTooLarge) {
-    cudaGetLastError();
-    return false;
+  // A cluster of 16 blocks (the H100's largest) where the GPU has one free, else 8 (portable); the
+  // model's weights must fit its shared memory (plan_decoder_chain).
+  int64_t smem = 0;
+  bool planned = false;
+  for (const int cluster : {cuda::kMaxChainCluster, 8}) {
+    smem = cuda::plan_decoder_chain(p, cluster, smem_budget_);
+    if (smem <= 0) continue;
+    auto [it, added] = chain_cluster_fits_.try_emplace({cluster, smem}, false);
+    if (added) it->second = cuda::decoder_chain_max_clusters(p, smem) >= 1;
+    if ((planned = it->second)) break;
   }
-  check_cuda(err, "decoder_greedy_chain");
+  if (!planned) return false;  // a larger model or context than the kernel is for
+  check_cuda(cuda::launch_decoder_chain(p, smem, stream_), "decoder_greedy_chain");
   if (!chain_logged_) {
-    LOG_INFO("Fused decoder chain: {} layers, {} rows, {} blocks, {} KiB shared memory per block", p.num_layers,
-             c.rows, plan.blocks, plan.smem_bytes / 1024);
+    LOG_INFO("Fused decoder chain: {} layers, {} rows, a cluster of {} blocks, {} KiB shared memory per block, "
+             "lm_head in {}",
+             p.num_layers, c.rows, p.cluster, smem / 1024, p.lm_head_in_smem ? "shared memory" : "L2");
     chain_logged_ = true;
   }
   return true;

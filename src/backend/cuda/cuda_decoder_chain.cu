@@ -1,35 +1,45 @@
-// A greedy decode chain of a small Llama-family decoder in ONE persistent kernel
+// A greedy decode chain of a small Llama-family decoder in ONE kernel launch
 // (Backend::decoder_greedy_chain): `steps` decode steps of a few rows each, every step's argmax
 // feeding the next step's input, for the draft model's drafts 2..k.
 //
-// Why one kernel: a small draft (2 layers, hidden 128) decodes a step in ~24 kernels of a few
+// Why this shape: a small draft (2 layers, hidden 128) decodes a step in ~24 kernels of a few
 // microseconds each, and at such sizes a kernel's cost is its launch and its wait for the
-// previous kernel, not its work: on the H100 a draft step cost ~67 us in a CUDA graph against
-// ~245 us for the 8-layer target, which capped speculation at concurrency 1 at ~1.6x. Here the
-// blocks stay resident (cooperative launch) and meet at grid barriers only where a stage needs
-// every block's results: twice per layer and once per step.
-//
-// Stages (the small projections are computed redundantly by each block that needs their whole
-// output, which costs a few tens of KB of L2 reads instead of a barrier):
-//   A. a block per (row, kv head): the row's residual (its token's embedding at layer 0, else the
-//      previous layer's residual plus its down_proj of the row's activation), RMSNorm, the q
-//      heads of the kv group and the k and v heads (Qwen3 q/k norm, rope), k/v into the paged
-//      cache, then attention of those q heads over keys 0..position (scores in shared memory,
-//      exact softmax).                                                          -> barrier
-//   B. o_proj of every row (redundant per block) + residual, RMSNorm, and the block's slice of
-//      gate_up with SiLU(gate) * up.                                            -> barrier
-//   after the last layer, F: down_proj + residual of every row (redundant), final norm, the
-//      block's slice of lm_head with its best (value, index) per row.         -> barrier
-//   then every block reduces the candidates to the step's tokens (block 0 stores them).
+// previous one, not its work (H100: ~67 us a draft step in a CUDA graph against ~245 us for the
+// 8-layer target, which capped speculation at concurrency 1 at ~1.6x). A first fused form ran
+// the chain on 64 cooperative blocks meeting at grid barriers (1.1 us each, 9 a step) and
+// re-reading their weight slices from L2 at every stage: ~53 us a step, most of it dependent L2
+// round trips. Here ONE thread-block cluster of up to 16 blocks runs the chain (~27 us a step on
+// the H100 for the embedded draft at one row, plus ~13 us a launch for the launch and the weights'
+// copy):
+//   - the model lives in the cluster's shared memory (16 x 227 KB holds the embedded draft's
+//     2.8 MB: attention and MLP slices always, lm_head rows when they fit, else read from L2), so
+//     a stage's weights are a shared-memory read away, loaded once per chain by cp.async;
+//   - blocks exchange partial sums through distributed shared memory (DSMEM, ~200 cycles) and
+//     meet at cluster barriers (hardware, far cheaper than a grid barrier), 2 a layer + 1 a step:
+//     A. a block per (row, kv group): RMSNorm, the group's q/k/v columns (Qwen3 q/k norm, rope),
+//        k/v into the paged cache, attention of the group's q heads, and the group's split-K
+//        share of o_proj                                                       -> barrier
+//     B. every block: residual += sum of the groups' o_proj shares (the same order everywhere,
+//        so every block holds the same residual bit for bit), RMSNorm, its slice of gate_up,
+//        SiLU(gate) * up, and its split-K share of down_proj                     -> barrier
+//     then every block: residual += sum of the down_proj shares; after the last layer the final
+//     norm and the block's lm_head rows with its best (value, index) per row   -> barrier
+//     and every block reduces the candidates to the step's tokens and looks up their embeddings
+//     (tied embeddings: in the lm_head rows of the block that holds them).
+// What bounds it now (Nsight Compute): not bandwidth but the chain of short dependent phases: at
+// 2 warps a scheduler each warp issues an instruction every ~14 cycles, half the stalls at block
+// barriers between phases. Tensor-core GEMVs (mma.sync, ~10x fewer instructions than the scalar
+// ones here) would be the next step.
 //
 // Numerics follow the layer-by-layer path: every value that path stores in bf16 (normed inputs,
 // projections, q/k after norm and rope, attention output, residual, activation) is rounded to
-// bf16 here at the same point, sums are fp32, logits fp32; so drafts equal the unfused path's
-// except where two logits are within rounding of each other.
+// bf16 here at the same point, sums are fp32, logits fp32 (split-K sums differ from the
+// one-pass GEMM's only in fp32 summation order); so drafts equal the unfused path's except where
+// two logits are within rounding of each other.
 //
-// Memory ordering: values written by other blocks during the kernel (scratch, KV cache,
-// candidates) are read with ld.global.cg (L2, not L1: an SM's L1 may hold a line from an earlier
-// step); grid.sync() orders the writes before the reads.
+// Memory ordering: cluster.sync() is a release/acquire barrier at cluster scope, which orders
+// the DSMEM partials and the K/V cache writes (a (row, group)'s K/V is only ever written and read
+// by the same block) before their reads.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -45,24 +55,94 @@ namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-// Shared memory after the two planned areas: tokens, reduction slots, per-warp argmax candidates.
-constexpr int kSmemTailBytes = (kMaxChainRows + 32 + 2 * kWarps * kMaxChainRows) * 4;
+constexpr int kPvThreads = 256;  // threads of the attention's p . V (partial sums in shared memory)
 
+__host__ __device__ inline int64_t align16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
 
+// Dynamic shared memory of a block: the work area first, at the same offsets in every block (a
+// block reads another's partial sums at its own offsets through DSMEM), then the block's weights:
+// its kv group's attention weights (blocks below num_kv_heads), its MLP slice, its lm_head rows.
+struct ChainLayout {
+  int64_t x, pa, pb, xs, att, act, gu, qkv, scores, part, red, norms, cos_sin, tables, pos, slots, cand_v, cand_i, tok,
+      best_v, best_i;
+  int64_t area;         // bytes of the work area
+  int64_t attn_layer;   // bf16 elements of a layer's attention weights in a group's block
+  int64_t mlp_layer;    // bf16 elements of a layer's MLP slice
+  int64_t norms_layer;  // bf16 elements of a layer's norm weights: in, post [H]; q, k [D]
+};
+
+__host__ __device__ inline ChainLayout chain_layout(const DecoderChainParams& p) {
+  ChainLayout l{};
+  const int64_t rows = p.rows, h = p.hidden, d = p.head_dim, g = p.num_q_heads / p.num_kv_heads, n = p.mlp_cols;
+  int64_t at = 0;
+  struct Take {
+    int64_t& at;
+    __host__ __device__ int64_t operator()(int64_t bytes) const {
+      const int64_t o = at;
+      at = align16(at + bytes);
+      return o;
+    }
+  } take{at};
+  l.x = take(rows * h * 4);   // residual rows (fp32, bf16-exact)
+  l.pa = take(rows * h * 4);  // o_proj shares of this block's (row, group) tasks
+  l.pb = take(rows * h * 4);  // down_proj shares of this block's MLP slice
+  l.xs = take(rows * h * 2);  // normed rows (bf16)
+  l.att = take(rows * g * d * 2);
+  l.act = take(rows * n * 2);
+  l.gu = take(rows * 2 * n * 4);
+  l.qkv = take((g + 2) * d * 4);
+  l.scores = take(g * static_cast<int64_t>(p.max_context) * 4);
+  l.part = take(static_cast<int64_t>(kPvThreads) * 8 * 4);
+  l.red = take(kMaxChainGroup * 4);
+  l.norms_layer = 2 * h + 2 * d;
+  l.norms = take((p.num_layers * l.norms_layer + h) * 2);
+  l.cos_sin = take(static_cast<int64_t>(p.steps) * rows * p.rotary_dim * 4);
+  l.tables = take(rows * p.table_width * 4);
+  l.pos = take(static_cast<int64_t>(p.steps) * rows * 4);
+  l.slots = take(static_cast<int64_t>(p.steps) * rows * 8);
+  l.cand_v = take(rows * 4);
+  l.cand_i = take(rows * 4);
+  l.tok = take(rows * 4);
+  l.best_v = take(kWarps * rows * 4);
+  l.best_i = take(kWarps * rows * 4);
+  l.area = at;
+  l.attn_layer = (g + 2) * d * h + h * g * d;
+  l.mlp_layer = 2 * n * h + h * n;
+  return l;
+}
+
+// Byte offset of block b's MLP weights, and of its lm_head rows.
+__host__ __device__ inline int64_t mlp_offset(const DecoderChainParams& p, const ChainLayout& l, int b) {
+  return l.area + (b < p.num_kv_heads ? p.num_layers * l.attn_layer * 2 : 0);
+}
+__host__ __device__ inline int64_t lm_offset(const DecoderChainParams& p, const ChainLayout& l, int b) {
+  return mlp_offset(p, l, b) + p.num_layers * l.mlp_layer * 2;
+}
+
+// This block's pointers into its shared memory, and other blocks' (DSMEM) where it reads them.
 struct ChainSmem {
-  bf16* xs;        // [rows][kmax]: GEMV input rows (bf16, as stored)
-  float* f;        // float work area (per stage, see plan_decoder_chain)
-  int32_t* tok;    // [kMaxChainRows]: this step's input tokens
-  float* red;      // [32]: block reductions
-  float* bestv;    // [kWarps][kMaxChainRows]
-  int32_t* besti;  // [kWarps][kMaxChainRows]
+  float *x, *pa, *pb, *gu, *qkv, *scores, *part, *red, *cos_sin, *cand_v, *best_v;
+  bf16 *xs, *att, *act, *norms;
+  int32_t *tables, *pos, *cand_i, *tok, *best_i;
+  int64_t* slots;
+  const bf16* attn_w;  // blocks < num_kv_heads: their group's attention weights (see RemoteSmem)
+  bf16* mlp_w;        // [layers][gate n | up n rows of H, then down H rows of n]
+  const bf16* lm_w;   // rows vocab_begin[rank].. (shared memory or the global lm_head)
+  int rank;
+};
+
+// Other blocks' shared memory, mapped once (mapa) at the start.
+struct RemoteSmem {
+  const float* pa[kMaxChainCluster];
+  const float* pb[kMaxChainCluster];
+  const float* cand_v[kMaxChainCluster];
+  const int32_t* cand_i[kMaxChainCluster];
+  const bf16* attn_w[kMaxChainCluster];  // blocks < num_kv_heads: [layers][qkv rows (g+2) D of H, o H rows of g D]
+  const bf16* lm_w[kMaxChainCluster];    // lm_head rows (when in shared memory)
 };
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 __device__ __forceinline__ float bias_at(const bf16* b, int64_t i) { return b ? __bfloat162float(b[i]) : 0.0f; }
-
-// 8 bf16 written earlier in this kernel by another block (L2, bypassing L1).
-__device__ __forceinline__ uint4 ld_cg16(const void* p) { return __ldcg(reinterpret_cast<const uint4*>(p)); }
 
 __device__ __forceinline__ void unpack8(uint4 v, float (&out)[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
@@ -74,37 +154,41 @@ __device__ __forceinline__ void unpack8(uint4 v, float (&out)[8]) {
   }
 }
 
-// One warp computes columns [begin, end) of y[r][c] = xs[r] . W[c] (W row-major [N, K], K a
-// multiple of 8) for `rows` rows. Short rows (the small models this kernel is for have K = 128)
-// would leave most lanes idle with a warp per column, so a column gets just enough lanes for one
-// 16-byte load each per pass (lpc) and a warp works on 32 / lpc columns at once, NC each, so that
-// the weight loads of several columns are in flight together. emit(r, c, sum) runs on one lane.
-template <int NC, class Emit>
-__device__ __forceinline__ void warp_columns(const bf16* __restrict__ w, int k_dim, const bf16* xs, int ld, int rows,
-                                             int begin, int end, Emit emit) {
+// One warp computes columns [begin, end) of y[r][c] = xs[r] . W[c] (row c of W at w + c * ldw,
+// k_dim a multiple of 8; W in this block's shared memory, another block's (DSMEM) or global: a
+// generic pointer) for `rows` rows. Short rows (K = 128 in the embedded draft) would leave most
+// lanes idle with a warp per column, so a column gets just enough lanes for one 16-byte load each
+// per pass (lpc) and a warp works on 32 / lpc columns at once, NC each, so that several columns'
+// loads are in flight together. emit(r, c, sum) runs on one lane.
+template <int R, int NC, class Emit>
+__device__ __forceinline__ void warp_gemv(const bf16* w, int ldw, int k_dim, const bf16* xs, int ldx, int rows,
+                                          int begin, int end, Emit emit) {
   const int lane = threadIdx.x & 31;
-  int lpc = 32;
+  // At most 8 lanes a column: 8 lanes' 16-byte loads of one row are one conflict-free 128-byte
+  // shared-memory wavefront, and fewer lanes a column means fewer shuffles to sum it.
+  int lpc = 8;
   while (lpc > 1 && lpc * 8 > k_dim) lpc >>= 1;
   const int groups = 32 / lpc, grp = lane / lpc, gl = lane % lpc;
   for (int base = begin; base < end; base += groups * NC) {
-    float acc[NC][kMaxChainRows];
-    int64_t cols[NC];
+    float acc[NC][R];
+    int cols[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       const int col = base + grp * NC + c;
       cols[c] = col < end ? col : begin;
 #pragma unroll
-      for (int r = 0; r < kMaxChainRows; ++r) acc[c][r] = 0.0f;
+      for (int r = 0; r < R; ++r) acc[c][r] = 0.0f;
     }
+#pragma unroll 2  // K = 128 at 8 lanes a column: both passes' loads in flight together
     for (int k = gl * 8; k < k_dim; k += lpc * 8) {
       uint4 wv[NC];
 #pragma unroll
-      for (int c = 0; c < NC; ++c) wv[c] = __ldg(reinterpret_cast<const uint4*>(w + cols[c] * k_dim + k));
+      for (int c = 0; c < NC; ++c) wv[c] = *reinterpret_cast<const uint4*>(w + static_cast<int64_t>(cols[c]) * ldw + k);
 #pragma unroll
-      for (int r = 0; r < kMaxChainRows; ++r) {
+      for (int r = 0; r < R; ++r) {
         if (r >= rows) break;
         float x[8];
-        unpack8(*reinterpret_cast<const uint4*>(xs + r * ld + k), x);
+        unpack8(*reinterpret_cast<const uint4*>(xs + r * ldx + k), x);
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
           float wf[8];
@@ -114,105 +198,178 @@ __device__ __forceinline__ void warp_columns(const bf16* __restrict__ w, int k_d
         }
       }
     }
-    for (int off = lpc / 2; off > 0; off >>= 1)
 #pragma unroll
-      for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < R; ++r) {
+      if (r >= rows) break;  // warp-uniform
+      for (int off = lpc / 2; off > 0; off >>= 1)
 #pragma unroll
-        for (int r = 0; r < kMaxChainRows; ++r) acc[c][r] += __shfl_xor_sync(0xffffffffu, acc[c][r], off);
+        for (int c = 0; c < NC; ++c) acc[c][r] += __shfl_xor_sync(0xffffffffu, acc[c][r], off);
+    }
     if (gl == 0)
 #pragma unroll
       for (int c = 0; c < NC; ++c)
         if (base + grp * NC + c < end)
 #pragma unroll
-          for (int r = 0; r < kMaxChainRows; ++r)
-            if (r < rows) emit(r, static_cast<int>(cols[c]), acc[c][r]);
+          for (int r = 0; r < R; ++r)
+            if (r < rows) emit(r, cols[c], acc[c][r]);
   }
 }
 
 // The block's warps share columns [begin, end) in contiguous runs.
-template <int NC, class Emit>
-__device__ __forceinline__ void block_columns(const bf16* w, int k_dim, const bf16* xs, int ld, int rows, int begin,
-                                              int end, Emit emit) {
+template <int R, int NC, class Emit>
+__device__ __forceinline__ void block_gemv(const bf16* w, int ldw, int k_dim, const bf16* xs, int ldx, int rows,
+                                           int begin, int end, Emit emit) {
   const int warp = threadIdx.x >> 5, per = (end - begin + kWarps - 1) / kWarps;
   const int b = begin + warp * per, e = min(end, b + per);
-  if (b < e) warp_columns<NC>(w, k_dim, xs, ld, rows, b, e, emit);
+  if (b < e) warp_gemv<R, NC>(w, ldw, k_dim, xs, ldx, rows, b, e, emit);
 }
 
-// xs[r] = bf16(w * (x_r / rms(x_r))) for rows whose fp32 values (bf16-exact) are in src[r * h].
-__device__ void norm_rows(const float* src, int rows, int h, const bf16* w, float eps, bf16* xs) {
+// dst[r] = bf16(w * (src[r] / rms(src[r]))), a warp per row; ends with a block barrier.
+__device__ void norm_rows(const float* src, int rows, int h, const bf16* w, float eps, bf16* dst) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   for (int r = warp; r < rows; r += kWarps) {
     float sum_sq = 0.0f;
     for (int k = lane; k < h; k += 32) sum_sq += src[r * h + k] * src[r * h + k];
     const float inv = rsqrtf(warp_sum(sum_sq) / static_cast<float>(h) + eps);
-    for (int k = lane; k < h; k += 32) xs[r * h + k] = __float2bfloat16_rn(__bfloat162float(w[k]) * (src[r * h + k] * inv));
+    for (int k = lane; k < h; k += 32) dst[r * h + k] = __float2bfloat16_rn(__bfloat162float(w[k]) * (src[r * h + k] * inv));
   }
   __syncthreads();
 }
 
-// dst[i] = src[i] for n bf16 written by other blocks (n a multiple of 8).
-__device__ __forceinline__ void load_bf16(const bf16* src, int n, bf16* dst) {
-  for (int i = threadIdx.x * 8; i < n; i += kThreads * 8) *reinterpret_cast<uint4*>(dst + i) = ld_cg16(src + i);
+// rows x cols bf16 (cols a multiple of 8) from global to shared memory, asynchronously.
+// (32-bit index arithmetic: a 64-bit division per 16 bytes made this loop the chain's slowest part.)
+__device__ void copy_rows_async(bf16* dst, int ld_dst, const bf16* src, int64_t ld_src, int rows, int cols) {
+  const int chunks = cols / 8;
+  if (chunks <= kThreads) {  // a row per chunks threads
+    const int c = (threadIdx.x % chunks) * 8;
+    if (threadIdx.x >= kThreads / chunks * chunks) return;
+#pragma unroll 1
+    for (int r = threadIdx.x / chunks; r < rows; r += kThreads / chunks)
+      cp_async16(dst + r * ld_dst + c, src + r * ld_src + c, true);
+    return;
+  }
+#pragma unroll 1
+  for (int i = threadIdx.x; i < rows * chunks; i += kThreads) {
+    const int r = i / chunks, c = (i - r * chunks) * 8;
+    cp_async16(dst + r * ld_dst + c, src + r * ld_src + c, true);
+  }
 }
 
-// Row r's residual at column c as stored: the step's token embedding until layer 0's o_proj
-// adds to it, else the scratch residual (written by other blocks: through L2).
-__device__ __forceinline__ float residual_at(const DecoderChainParams& p, const ChainSmem& s, bool embed, int r,
-                                             int c) {
-  return embed ? __bfloat162float(p.embed[static_cast<int64_t>(s.tok[r]) * p.hidden + c])
-               : __bfloat162float(__ldcg(p.res + static_cast<int64_t>(r) * p.hidden + c));
+// The block's weights into its shared memory, asynchronously in three commit groups, each waited
+// for just before its first use so that the copies overlap the first step: (0) layer 0's attention
+// weights, (1) the other layers' and every MLP slice, (2) the lm_head rows.
+__device__ void load_weights(const DecoderChainParams& p, const ChainLayout& l, unsigned char* smem, int rank) {
+  const int64_t h = p.hidden, d = p.head_dim, hq = p.num_q_heads, hk = p.num_kv_heads, g = hq / hk, n = p.mlp_cols;
+  const int64_t inter = p.intermediate;
+  auto attention = [&](int layer) {
+    const DecoderChainLayer& L = p.layers[layer];
+    bf16* w = reinterpret_cast<bf16*>(smem + l.area) + layer * l.attn_layer;
+    copy_rows_async(w, h, L.qkv + rank * g * d * h, h, g * d, h);                        // q heads
+    copy_rows_async(w + g * d * h, h, L.qkv + (hq + rank) * d * h, h, d, h);             // k head
+    copy_rows_async(w + (g + 1) * d * h, h, L.qkv + (hq + hk + rank) * d * h, h, d, h);  // v head
+    copy_rows_async(w + (g + 2) * d * h, g * d, L.o + rank * g * d, hq * d, h, g * d);   // o columns
+  };
+  if (rank < hk) attention(0);
+  cp_async_commit();
+  for (int layer = 0; layer < p.num_layers; ++layer) {
+    if (rank < hk && layer > 0) attention(layer);
+    const DecoderChainLayer& L = p.layers[layer];
+    const int64_t j0 = static_cast<int64_t>(rank) * n, nb = min(n, inter - j0);
+    if (nb > 0) {
+      bf16* w = reinterpret_cast<bf16*>(smem + mlp_offset(p, l, rank)) + layer * l.mlp_layer;
+      copy_rows_async(w, h, L.gate_up + j0 * h, h, nb, h);                    // gate rows
+      copy_rows_async(w + n * h, h, L.gate_up + (inter + j0) * h, h, nb, h);  // up rows
+      copy_rows_async(w + 2 * n * h, n, L.down + j0, inter, h, nb);           // down columns
+    }
+  }
+  cp_async_commit();
+  if (p.lm_head_in_smem) {
+    const int v0 = p.vocab_begin[rank], v1 = p.vocab_begin[rank + 1];
+    copy_rows_async(reinterpret_cast<bf16*>(smem + lm_offset(p, l, rank)), h, p.lm_head + v0 * h, h, v1 - v0, h);
+  }
+  cp_async_commit();
 }
 
-// dst[r * h + c] = residual row r (fp32, bf16-exact) for every row.
-__device__ void load_residual(const DecoderChainParams& p, const ChainSmem& s, bool embed, int rows, float* dst) {
-  for (int i = threadIdx.x; i < rows * p.hidden; i += kThreads) dst[i] = residual_at(p, s, embed, i / p.hidden, i % p.hidden);
+// The small per-chain inputs every block needs: norms, positions, slots, rope rows, block tables,
+// the first tokens.
+__device__ void load_inputs(const DecoderChainParams& p, const ChainSmem& s) {
+  const int h = p.hidden, d = p.head_dim, rows = p.rows, rot = p.rotary_dim;
+  const int per_layer = 2 * h + 2 * d;
+  for (int i = threadIdx.x; i < p.num_layers * per_layer + h; i += kThreads) {
+    const int layer = i / per_layer, j = i % per_layer;
+    const DecoderChainLayer* L = layer < p.num_layers ? &p.layers[layer] : nullptr;
+    bf16 v = __float2bfloat16_rn(1.0f);
+    if (!L) v = p.final_norm[j];
+    else if (j < h) v = L->in_norm[j];
+    else if (j < 2 * h) v = L->post_norm[j - h];
+    else if (j < 2 * h + d) { if (L->q_norm) v = L->q_norm[j - 2 * h]; }
+    else if (L->k_norm) v = L->k_norm[j - 2 * h - d];
+    s.norms[i] = v;
+  }
+  for (int i = threadIdx.x; i < p.steps * rows; i += kThreads) {
+    s.pos[i] = p.positions[i];
+    s.slots[i] = p.slots[i];
+  }
+  for (int i = threadIdx.x; i < p.steps * rows * rot; i += kThreads) {
+    const int at = i / rot, pos = p.positions[at];
+    s.cos_sin[i] = pos >= 0 && pos < p.max_pos ? p.cos_sin[static_cast<int64_t>(pos) * rot + i % rot] : 0.0f;
+  }
+  for (int i = threadIdx.x; i < rows * p.table_width; i += kThreads) s.tables[i] = p.block_tables[i];
+  if (threadIdx.x < rows) {
+    const int32_t t = p.first_tokens[threadIdx.x];
+    s.tok[threadIdx.x] = t < 0 || t >= p.vocab ? 0 : t;
+  }
+}
+
+// x[r] = the embedding of tok[r]: from the lm_head rows of the block that holds them when the
+// embeddings are tied and those rows are in shared memory (DSMEM), else (and at step 0, while
+// they are still being copied) from global memory.
+__device__ void embed_rows(const DecoderChainParams& p, const ChainSmem& s, const RemoteSmem& rm, bool from_global) {
+  const int h = p.hidden;
+  const bool tied = !from_global && p.lm_head_in_smem && p.embed == p.lm_head;
+  for (int i = threadIdx.x; i < p.rows * h; i += kThreads) {
+    const int r = i / h, c = i % h, t = s.tok[r];
+    const bf16* row = p.embed + static_cast<int64_t>(t) * h;
+    if (tied) {
+      int b = 0;
+      while (b + 1 < p.cluster && t >= p.vocab_begin[b + 1]) ++b;
+      row = rm.lm_w[b] + static_cast<int64_t>(t - p.vocab_begin[b]) * h;
+    }
+    s.x[i] = __bfloat162float(row[c]);
+  }
   __syncthreads();
 }
 
-// The columns [b * n, (b + 1) * n) of `total` that block b owns in a column-split stage.
-__device__ __forceinline__ bool block_slice(int n, int total, int& begin, int& end) {
-  begin = blockIdx.x * n;
-  end = min(total, begin + n);
-  return begin < end;
-}
-
-// Stage A, task (row r, q head h): RMSNorm of the row's residual, the q head's and its kv group's
-// k and v columns of qkv, Qwen3 q/k norm and rope, k/v into the cache (the group's first q head's
-// block writes them), then attention of q over keys 0..position.
-__device__ void attention_task(const DecoderChainParams& p, const ChainSmem& s, int layer, int step, int r, int h) {
+// Stage A, task (row r, kv group g): the row's RMSNorm, the group's q/k/v columns, q/k norm and
+// rope, k/v into the cache, attention of the group's q heads over keys 0..position, and the
+// group's share of o_proj into pa[r]. The group's weights are in block g's shared memory.
+template <int R>
+__device__ void attention_task(const DecoderChainParams& p, const ChainLayout& l, const ChainSmem& s,
+                               const RemoteSmem& rm, int layer, int step, int r, int g) {
   const DecoderChainLayer& L = p.layers[layer];
-  const int hd = p.hidden, hq = p.num_q_heads, hk = p.num_kv_heads, d = p.head_dim, g = h / (hq / hk);
-  const int chunks = d / 8, groups = kThreads / chunks;
-  float* res = s.f;              // [hd]
-  float* hv = res + hd;          // [3 d]: q, k, v
-  float* part = hv + 3 * d;      // [groups][d]
-  float* scores = part + groups * d;  // [max_context]
-  const int64_t at = static_cast<int64_t>(step) * p.rows + r;
-  const int32_t pos = p.positions[at];
-  const int64_t slot = p.slots[at];
+  const int h = p.hidden, hq = p.num_q_heads, hk = p.num_kv_heads, d = p.head_dim, gq = hq / hk, gd = gq * d;
+  const int qkv_cols = gd + 2 * d, maxc = p.max_context;
+  const bf16* w_qkv = (g == s.rank ? s.attn_w : rm.attn_w[g]) + layer * l.attn_layer;  // own: no DSMEM hop
+  const bf16* w_o = w_qkv + static_cast<int64_t>(qkv_cols) * h;
+  const bf16* norms = s.norms + layer * l.norms_layer;
+  const int at = step * p.rows + r;
+  const int pos = s.pos[at];
+  const int64_t slot = s.slots[at];
   const bool own = slot >= 0 && slot < p.num_slots;
-  const bool writer = own && h % (hq / hk) == 0;
-
-  for (int c = threadIdx.x; c < hd; c += kThreads) res[c] = residual_at(p, s, layer == 0, r, c);
-  __syncthreads();
-  norm_rows(res, 1, hd, L.in_norm, p.eps, s.xs);
-  const int nq = hq * d, nk = hk * d, q0 = h * d, k0 = nq + g * d, v0 = nq + nk + g * d;
-  block_columns<1>(L.qkv, hd, s.xs, hd, 1, q0, q0 + d,
-                   [&](int, int c, float v) { hv[c - q0] = round_bf16(v + bias_at(L.qkv_bias, c)); });
-  block_columns<1>(L.qkv, hd, s.xs, hd, 1, k0, k0 + d,
-                   [&](int, int c, float v) { hv[d + c - k0] = round_bf16(v + bias_at(L.qkv_bias, c)); });
-  block_columns<1>(L.qkv, hd, s.xs, hd, 1, v0, v0 + d,
-                   [&](int, int c, float v) { hv[2 * d + c - v0] = round_bf16(v + bias_at(L.qkv_bias, c)); });
-  __syncthreads();
-  // Warp 0: q, warp 1: k (norm, rope; k into the cache), warp 2: v into the cache.
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  if (warp < 3) {
-    float* x = hv + warp * d;
-    if (warp == 2) {
-      if (writer)
-        for (int i = lane; i < d; i += 32) L.v_cache[(slot * hk + g) * d + i] = __float2bfloat16_rn(x[i]);
-    } else {
-      const bf16* norm = warp == 1 ? L.k_norm : L.q_norm;
+
+  bf16* xs = s.xs + r * h;
+  norm_rows(s.x + r * h, 1, h, norms, p.eps, xs);
+  block_gemv<1, 4>(w_qkv, h, h, xs, h, 1, 0, qkv_cols, [&](int, int c, float v) {
+    const int col = c < gd ? g * gd + c : c < gd + d ? hq * d + g * d + (c - gd) : (hq + hk) * d + g * d + (c - gd - d);
+    s.qkv[c] = round_bf16(v + bias_at(L.qkv_bias, col));
+  });
+  __syncthreads();
+  // A warp per head: q heads 0..gq-1, then k (norm, rope, into the cache), then v (into the cache).
+  for (int hh = warp; hh < gq + 2; hh += kWarps) {
+    float* x = s.qkv + hh * d;
+    if (hh <= gq) {
+      const bf16* norm = hh < gq ? (L.q_norm ? norms + 2 * h : nullptr) : (L.k_norm ? norms + 2 * h + d : nullptr);
       if (norm != nullptr) {
         float sum_sq = 0.0f;
         for (int i = lane; i < d; i += 32) sum_sq += x[i] * x[i];
@@ -222,7 +379,7 @@ __device__ void attention_task(const DecoderChainParams& p, const ChainSmem& s, 
       }
       if (pos >= 0 && pos < p.max_pos && p.rotary_dim > 0) {
         const int half = p.rotary_dim / 2;
-        const float* cs = p.cos_sin + static_cast<int64_t>(pos) * p.rotary_dim;
+        const float* cs = s.cos_sin + static_cast<int64_t>(at) * p.rotary_dim;
         for (int j = lane; j < half; j += 32) {  // neox pairs (j, j + half), each pair one lane's
           const float a = x[j], b = x[j + half];
           x[j] = round_bf16(a * cs[j] - b * cs[half + j]);
@@ -230,61 +387,75 @@ __device__ void attention_task(const DecoderChainParams& p, const ChainSmem& s, 
         }
       }
       __syncwarp();
-      if (warp == 1 && writer)
-        for (int i = lane; i < d; i += 32) L.k_cache[(slot * hk + g) * d + i] = __float2bfloat16_rn(x[i]);
+    }
+    if (hh >= gq && own) {
+      bf16* cache = hh == gq ? L.k_cache : L.v_cache;
+      for (int i = lane; i < d; i += 32) cache[(slot * hk + g) * d + i] = __float2bfloat16_rn(x[i]);
     }
   }
   __syncthreads();
 
-  // Attention over keys 0..pos; the row's own key and value straight from hv when it writes
-  // them (the cache entry is being written by its group's first block), else from the cache.
-  const int len = pos + 1;
-  const int32_t* table = p.block_tables + static_cast<int64_t>(r) * p.table_width;
-  const float* q = hv;
-  const float* kself = hv + d;
-  const float* vself = hv + 2 * d;
+  // Scores: thread (key, q head) pairs, q = thread % gq (keys from the cache, the row's own from
+  // qkv: its cache entry is being written by this block).
+  const int len = min(pos + 1, maxc);
+  const int32_t* table = s.tables + r * p.table_width;
+  const float* kself = s.qkv + gd;
+  const float* vself = s.qkv + gd + d;
   auto key_slot = [&](int t) { return static_cast<int64_t>(table[t / p.block_size]) * p.block_size + t % p.block_size; };
-  float mx = -INFINITY;
-  for (int t = threadIdx.x; t < len; t += kThreads) {
-    float dot = 0.0f;
-    if (t == pos && own) {
-      for (int c = 0; c < d; ++c) dot = fmaf(q[c], kself[c], dot);
-    } else {
+  const int per = kThreads / gq;
+  if (threadIdx.x < per * gq) {
+    const int q = threadIdx.x % gq;
+    const float* qv = s.qkv + q * d;
+#pragma unroll 1
+    for (int t = threadIdx.x / gq; t < len; t += per) {
+      const bool self = t == pos && own;
       const bf16* kp = L.k_cache + (key_slot(t) * hk + g) * d;
+      float dot = 0.0f;
+#pragma unroll 4
       for (int c = 0; c < d; c += 8) {
         float kf[8];
-        unpack8(ld_cg16(kp + c), kf);
+        if (self) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) dot = fmaf(q[c + i], kf[i], dot);
+          for (int i = 0; i < 8; ++i) kf[i] = kself[c + i];
+        } else {
+          unpack8(__ldcg(reinterpret_cast<const uint4*>(kp + c)), kf);
+        }
+#pragma unroll
+        for (int i = 0; i < 8; ++i) dot = fmaf(qv[c + i], kf[i], dot);
       }
+      s.scores[q * maxc + t] = dot * p.scale;
     }
-    const float sc = dot * p.scale;
-    scores[t] = sc;
-    mx = fmaxf(mx, sc);
   }
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  if (lane == 0) s.red[warp] = mx;
   __syncthreads();
-  float bmax = -INFINITY;
-  for (int w = 0; w < kWarps; ++w) bmax = fmaxf(bmax, s.red[w]);
-  float sum = 0.0f;
-  for (int t = threadIdx.x; t < len; t += kThreads) {
-    const float e = __expf(scores[t] - bmax);
-    scores[t] = e;
-    sum += e;
+  // Softmax, a warp per q head: exponentials in place, their sum into red[q].
+  for (int q = warp; q < gq; q += kWarps) {
+    float* sc = s.scores + q * maxc;
+    float m = -INFINITY;
+    for (int t = lane; t < len; t += 32) m = fmaxf(m, sc[t]);
+    m = warp_max(m);
+    float sum = 0.0f;
+    for (int t = lane; t < len; t += 32) {
+      const float e = __expf(sc[t] - m);
+      sc[t] = e;
+      sum += e;
+    }
+    sum = warp_sum(sum);
+    if (lane == 0) s.red[q] = sum;
   }
-  sum = block_sum(sum, s.red);  // its barriers also publish scores[]
-  // p . V: thread (grp, chunk) sums keys grp, grp + groups, ... of its 8 dims, four keys' loads
-  // in flight at a time.
+  __syncthreads();
+  // p . V: thread (grp, chunk) sums keys grp, grp + groups, ... of 8 dims of one q head.
+  const int chunks = gd / 8, groups = kPvThreads / chunks;
   const int grp = threadIdx.x / chunks, chunk = threadIdx.x % chunks;
   if (grp < groups) {
+    const int q = chunk * 8 / d, d0 = chunk * 8 % d;
+    const float* sc = s.scores + q * maxc;
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     auto value = [&](int t, float (&vf)[8]) {
       if (t == pos && own) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i) vf[i] = vself[chunk * 8 + i];
+        for (int i = 0; i < 8; ++i) vf[i] = vself[d0 + i];
       } else {
-        unpack8(ld_cg16(L.v_cache + (key_slot(t) * hk + g) * d + chunk * 8), vf);
+        unpack8(__ldcg(reinterpret_cast<const uint4*>(L.v_cache + (key_slot(t) * hk + g) * d + d0)), vf);
       }
     };
     int t = grp;
@@ -294,93 +465,98 @@ __device__ void attention_task(const DecoderChainParams& p, const ChainSmem& s, 
       value(t + groups, v1f);
       value(t + 2 * groups, v2f);
       value(t + 3 * groups, v3f);
-      const float w0 = scores[t], w1 = scores[t + groups], w2 = scores[t + 2 * groups], w3 = scores[t + 3 * groups];
+      const float w0 = sc[t], w1 = sc[t + groups], w2 = sc[t + 2 * groups], w3 = sc[t + 3 * groups];
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[i] += w0 * v0f[i] + w1 * v1f[i] + w2 * v2f[i] + w3 * v3f[i];
     }
     for (; t < len; t += groups) {
       float vf[8];
       value(t, vf);
-      const float w = scores[t];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] = fmaf(w, vf[i], acc[i]);
+      for (int i = 0; i < 8; ++i) acc[i] = fmaf(sc[t], vf[i], acc[i]);
     }
 #pragma unroll
-    for (int i = 0; i < 8; ++i) part[grp * d + chunk * 8 + i] = acc[i];
+    for (int i = 0; i < 8; ++i) s.part[grp * gd + chunk * 8 + i] = acc[i];
   }
   __syncthreads();
-  bf16* out = p.attn + static_cast<int64_t>(r) * nq + q0;
-  for (int i = threadIdx.x; i < d; i += kThreads) {
+  bf16* att = s.att + r * gd;
+  for (int c = threadIdx.x; c < gd; c += kThreads) {
     float v = 0.0f;
-    for (int gi = 0; gi < groups; ++gi) v += part[gi * d + i];
-    out[i] = __float2bfloat16_rn(v / sum);
+    for (int gi = 0; gi < groups; ++gi) v += s.part[gi * gd + c];
+    att[c] = __float2bfloat16_rn(v / s.red[c / d]);
   }
-}
-
-// Stages O and D: res[r][c] = bf16(residual + bf16(x[r] . W[c] + b[c])) for this block's columns
-// of every row, x = attention output (o_proj) or activation (down_proj).
-__device__ void residual_stage(const DecoderChainParams& p, const ChainSmem& s, bool embed, const bf16* x, int k_dim,
-                               const bf16* w, const bf16* bias) {
-  int c0, c1;
-  if (!block_slice(p.hidden_per_block, p.hidden, c0, c1)) return;
-  load_bf16(x, p.rows * k_dim, s.xs);
   __syncthreads();
-  block_columns<1>(w, k_dim, s.xs, k_dim, p.rows, c0, c1, [&](int r, int c, float v) {
-    const float updated = residual_at(p, s, embed, r, c) + round_bf16(v + bias_at(bias, c));
-    p.res[static_cast<int64_t>(r) * p.hidden + c] = __float2bfloat16_rn(updated);
-  });
+  // The group's share of o_proj (its g D input columns), summed with the others' after the barrier.
+  block_gemv<1, 4>(w_o, gd, gd, att, gd, 1, 0, h, [&](int, int c, float v) { s.pa[r * h + c] = v; });
 }
 
-// Stage G: post-attention RMSNorm of every row, this block's gate_up columns, SiLU(gate) * up.
-__device__ void gate_up_stage(const DecoderChainParams& p, const ChainSmem& s, int layer) {
+// x[r] = bf16(x[r] + bf16(sum of shares + bias)): shares from `share(r)`, summed in one fixed
+// order so that every block computes the same residual.
+template <class Shares>
+__device__ void add_shares(const DecoderChainParams& p, const ChainSmem& s, const bf16* bias, int count, Shares share) {
+  const int h = p.hidden;
+  for (int i = threadIdx.x; i < p.rows * h; i += kThreads) {
+    const int r = i / h, c = i % h;
+    float v = 0.0f;
+    for (int k = 0; k < count; ++k) v += share(r, k)[r * h + c];
+    s.x[i] = round_bf16(s.x[i] + round_bf16(v + bias_at(bias, c)));
+  }
+  __syncthreads();
+}
+
+// Stage B: post-attention RMSNorm of every row, the block's gate_up features, SiLU(gate) * up, and
+// its share of down_proj into pb.
+template <int R>
+__device__ void mlp_stage(const DecoderChainParams& p, const ChainLayout& l, const ChainSmem& s, int layer) {
   const DecoderChainLayer& L = p.layers[layer];
-  const int h = p.hidden, rows = p.rows, inter = p.intermediate, cpb = p.gate_cols_per_block;
-  int j0, j1;
-  if (!block_slice(cpb, inter, j0, j1)) return;
-  float* res = s.f;            // [rows][h]
-  float* gu = res + rows * h;  // [rows][2 cpb]
-  load_residual(p, s, false, rows, res);
-  norm_rows(res, rows, h, L.post_norm, p.eps, s.xs);
-  block_columns<2>(L.gate_up, h, s.xs, h, rows, j0, j1, [&](int r, int j, float v) {
-    gu[r * 2 * cpb + (j - j0)] = round_bf16(v + bias_at(L.gate_up_bias, j));
-  });
-  block_columns<2>(L.gate_up, h, s.xs, h, rows, inter + j0, inter + j1, [&](int r, int j, float v) {
-    gu[r * 2 * cpb + cpb + (j - inter - j0)] = round_bf16(v + bias_at(L.gate_up_bias, j));
+  const int h = p.hidden, rows = p.rows, inter = p.intermediate, n = p.mlp_cols;
+  cp_async_wait<1>();  // MLP weights (no-op after the first layer)
+  norm_rows(s.x, rows, h, s.norms + layer * l.norms_layer + h, p.eps, s.xs);  // its barrier publishes them
+  const int j0 = s.rank * n, nb = min(n, inter - j0);
+  if (nb <= 0) return;
+  const bf16* w_gu = s.mlp_w + layer * l.mlp_layer;
+  const bf16* w_down = w_gu + 2 * n * h;
+  // Columns [0, nb) are gate features, [n, n + nb) up features (rows nb..n of gate never filled).
+  block_gemv<R, 2>(w_gu, h, h, s.xs, h, rows, 0, n + nb, [&](int r, int c, float v) {
+    if (c < nb) s.gu[r * 2 * n + c] = round_bf16(v + bias_at(L.gate_up_bias, j0 + c));
+    else if (c >= n) s.gu[r * 2 * n + c] = round_bf16(v + bias_at(L.gate_up_bias, inter + j0 + c - n));
   });
   __syncthreads();
-  for (int i = threadIdx.x; i < rows * (j1 - j0); i += kThreads) {
-    const int r = i / (j1 - j0), j = i % (j1 - j0);
-    const float gt = gu[r * 2 * cpb + j], up = gu[r * 2 * cpb + cpb + j];
-    p.act[static_cast<int64_t>(r) * inter + j0 + j] = __float2bfloat16_rn(gt / (1.0f + __expf(-gt)) * up);
+  for (int i = threadIdx.x; i < rows * nb; i += kThreads) {
+    const int r = i / nb, j = i % nb;
+    const float gt = s.gu[r * 2 * n + j], up = s.gu[r * 2 * n + n + j];
+    s.act[r * n + j] = __float2bfloat16_rn(gt / (1.0f + __expf(-gt)) * up);
   }
+  __syncthreads();
+  block_gemv<R, 2>(w_down, n, nb, s.act, n, rows, 0, h, [&](int r, int c, float v) { s.pb[r * h + c] = v; });
 }
 
-// Stage F: final RMSNorm, this block's lm_head columns, its best (value, index) per row.
-__device__ void lm_head_stage(const DecoderChainParams& p, const ChainSmem& s) {
+// Final RMSNorm and the block's lm_head rows: its best (value, index) per row into cand.
+template <int R>
+__device__ void lm_head_stage(const DecoderChainParams& p, const ChainLayout& l, const ChainSmem& s) {
   const int h = p.hidden, rows = p.rows;
-  int v0, v1;
-  if (!block_slice(p.vocab_per_block, p.vocab, v0, v1)) return;
-  float* res = s.f;  // [rows][h]
-  load_residual(p, s, false, rows, res);
-  norm_rows(res, rows, h, p.final_norm, p.eps, s.xs);
-  float best[kMaxChainRows];
-  int best_i[kMaxChainRows];
+  cp_async_wait<0>();  // lm_head rows (no-op after the first step)
+  norm_rows(s.x, rows, h, s.norms + p.num_layers * l.norms_layer, p.eps, s.xs);  // its barrier publishes them
+  const int v0 = p.vocab_begin[s.rank], v1 = p.vocab_begin[s.rank + 1];
+  float best[R];
+  int best_i[R];
 #pragma unroll
-  for (int r = 0; r < kMaxChainRows; ++r) {
+  for (int r = 0; r < R; ++r) {
     best[r] = -INFINITY;
     best_i[r] = INT_MAX;
   }
-  block_columns<4>(p.lm_head, h, s.xs, h, rows, v0, v1, [&](int r, int c, float v) {
+  block_gemv<R, 4>(s.lm_w, h, h, s.xs, h, rows, 0, v1 - v0, [&](int r, int c, float v) {
 #pragma unroll
-    for (int i = 0; i < kMaxChainRows; ++i)  // registers, not a dynamically indexed array
-      if (i == r && argmax_better(v, c, best[i], best_i[i])) {
+    for (int i = 0; i < R; ++i)  // registers, not a dynamically indexed array
+      if (i == r && argmax_better(v, v0 + c, best[i], best_i[i])) {
         best[i] = v;
-        best_i[i] = c;
+        best_i[i] = v0 + c;
       }
   });
   const int warp = threadIdx.x >> 5;
 #pragma unroll
-  for (int r = 0; r < kMaxChainRows; ++r) {
+  for (int r = 0; r < R; ++r) {
+    if (r >= rows) break;
     float bv = best[r];
     int bi = best_i[r];
     for (int off = 16; off > 0; off >>= 1) {
@@ -392,8 +568,8 @@ __device__ void lm_head_stage(const DecoderChainParams& p, const ChainSmem& s) {
       }
     }
     if ((threadIdx.x & 31) == 0) {
-      s.bestv[warp * kMaxChainRows + r] = bv;
-      s.besti[warp * kMaxChainRows + r] = bi;
+      s.best_v[warp * rows + r] = bv;
+      s.best_i[warp * rows + r] = bi;
     }
   }
   __syncthreads();
@@ -402,132 +578,237 @@ __device__ void lm_head_stage(const DecoderChainParams& p, const ChainSmem& s) {
     float bv = -INFINITY;
     int bi = INT_MAX;
     for (int w = 0; w < kWarps; ++w)
-      if (argmax_better(s.bestv[w * kMaxChainRows + r], s.besti[w * kMaxChainRows + r], bv, bi)) {
-        bv = s.bestv[w * kMaxChainRows + r];
-        bi = s.besti[w * kMaxChainRows + r];
+      if (argmax_better(s.best_v[w * rows + r], s.best_i[w * rows + r], bv, bi)) {
+        bv = s.best_v[w * rows + r];
+        bi = s.best_i[w * rows + r];
       }
-    p.cand_val[blockIdx.x * kMaxChainRows + r] = bv;
-    p.cand_idx[blockIdx.x * kMaxChainRows + r] = bi;
+    s.cand_v[r] = bv;
+    s.cand_i[r] = bi;
   }
 }
 
-// The step's input tokens: the given first tokens, or the argmax over the lm_head blocks'
-// candidates of the previous step (block 0 stores it as that step's output).
-__device__ void load_step_tokens(const DecoderChainParams& p, const ChainSmem& s, int step) {
+// The step's tokens: the best of every block's candidates (the same in every block); block 0
+// stores them as the step's output.
+__device__ void reduce_tokens(const DecoderChainParams& p, const ChainSmem& s, const RemoteSmem& rm, int step) {
   if (threadIdx.x < p.rows) {
     const int r = threadIdx.x;
-    int32_t tok;
-    if (step == 0) {
-      tok = p.first_tokens[r];
-    } else {
-      float bv = -INFINITY;
-      int bi = INT_MAX;
-      for (int b = 0; b < p.vocab_blocks; ++b) {
-        const float v = __ldcg(p.cand_val + b * kMaxChainRows + r);
-        const int i = __ldcg(p.cand_idx + b * kMaxChainRows + r);
-        if (argmax_better(v, i, bv, bi)) {
-          bv = v;
-          bi = i;
-        }
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int b = 0; b < p.cluster; ++b) {
+      const float v = rm.cand_v[b][r];
+      const int i = rm.cand_i[b][r];
+      if (argmax_better(v, i, bv, bi)) {
+        bv = v;
+        bi = i;
       }
-      tok = bi == INT_MAX ? 0 : bi;
-      if (blockIdx.x == 0) p.out_tokens[static_cast<int64_t>(step - 1) * p.rows + r] = tok;
     }
-    s.tok[r] = tok < 0 || tok >= p.vocab ? 0 : tok;
+    const int32_t tok = bi == INT_MAX || bi < 0 || bi >= p.vocab ? 0 : bi;
+    if (s.rank == 0) p.out_tokens[static_cast<int64_t>(step) * p.rows + r] = tok;
+    s.tok[r] = tok;
   }
   __syncthreads();
 }
 
-__global__ void __launch_bounds__(kThreads, 1) decoder_chain_kernel(DecoderChainParams p) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+// R: the rows the kernel is compiled for (>= p.rows): unrolled per-row accumulators stay small.
+template <int R>
+__global__ void __launch_bounds__(kThreads, 1) decoder_chain_kernel(const __grid_constant__ DecoderChainParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ RemoteSmem rm;
+  cg::cluster_group cluster = cg::this_cluster();
+  const ChainLayout l = chain_layout(p);
   ChainSmem s;
-  s.xs = reinterpret_cast<bf16*>(smem_raw);
-  s.f = reinterpret_cast<float*>(smem_raw + p.smem_xs_bytes);
-  s.tok = reinterpret_cast<int32_t*>(smem_raw + p.smem_xs_bytes + p.smem_f_bytes);
-  s.red = reinterpret_cast<float*>(s.tok + kMaxChainRows);
-  s.bestv = s.red + 32;
-  s.besti = reinterpret_cast<int32_t*>(s.bestv + kWarps * kMaxChainRows);  // kSmemTailBytes in all
-  cg::grid_group grid = cg::this_grid();
-  const int tasks = p.rows * p.num_q_heads;
-  for (int step = 0; step <= p.steps; ++step) {
-    load_step_tokens(p, s, step);
-    if (step == p.steps) break;
+  s.rank = static_cast<int>(cluster.block_rank());
+  s.x = reinterpret_cast<float*>(smem + l.x);
+  s.pa = reinterpret_cast<float*>(smem + l.pa);
+  s.pb = reinterpret_cast<float*>(smem + l.pb);
+  s.gu = reinterpret_cast<float*>(smem + l.gu);
+  s.qkv = reinterpret_cast<float*>(smem + l.qkv);
+  s.scores = reinterpret_cast<float*>(smem + l.scores);
+  s.part = reinterpret_cast<float*>(smem + l.part);
+  s.red = reinterpret_cast<float*>(smem + l.red);
+  s.cos_sin = reinterpret_cast<float*>(smem + l.cos_sin);
+  s.cand_v = reinterpret_cast<float*>(smem + l.cand_v);
+  s.best_v = reinterpret_cast<float*>(smem + l.best_v);
+  s.xs = reinterpret_cast<bf16*>(smem + l.xs);
+  s.att = reinterpret_cast<bf16*>(smem + l.att);
+  s.act = reinterpret_cast<bf16*>(smem + l.act);
+  s.norms = reinterpret_cast<bf16*>(smem + l.norms);
+  s.tables = reinterpret_cast<int32_t*>(smem + l.tables);
+  s.pos = reinterpret_cast<int32_t*>(smem + l.pos);
+  s.cand_i = reinterpret_cast<int32_t*>(smem + l.cand_i);
+  s.tok = reinterpret_cast<int32_t*>(smem + l.tok);
+  s.best_i = reinterpret_cast<int32_t*>(smem + l.best_i);
+  s.slots = reinterpret_cast<int64_t*>(smem + l.slots);
+  s.attn_w = reinterpret_cast<const bf16*>(smem + l.area);
+  s.mlp_w = reinterpret_cast<bf16*>(smem + mlp_offset(p, l, s.rank));
+  s.lm_w = p.lm_head_in_smem ? reinterpret_cast<const bf16*>(smem + lm_offset(p, l, s.rank))
+                             : p.lm_head + static_cast<int64_t>(p.vocab_begin[s.rank]) * p.hidden;
+
+  load_weights(p, l, smem, s.rank);
+  if (threadIdx.x < p.cluster) {
+    const int b = threadIdx.x;
+    rm.pa[b] = cluster.map_shared_rank(s.pa, b);
+    rm.pb[b] = cluster.map_shared_rank(s.pb, b);
+    rm.cand_v[b] = cluster.map_shared_rank(s.cand_v, b);
+    rm.cand_i[b] = cluster.map_shared_rank(s.cand_i, b);
+    rm.attn_w[b] = b < p.num_kv_heads ? cluster.map_shared_rank(reinterpret_cast<bf16*>(smem + l.area), b) : nullptr;
+    rm.lm_w[b] = cluster.map_shared_rank(reinterpret_cast<bf16*>(smem + lm_offset(p, l, b)), b);
+  }
+  load_inputs(p, s);
+  cp_async_wait<2>();
+  __syncthreads();
+  cluster.sync();  // every block's layer-0 attention weights are in place before any block reads them
+  embed_rows(p, s, rm, true);
+
+  const int tasks = p.rows * p.num_kv_heads;
+  for (int step = 0; step < p.steps; ++step) {
     for (int layer = 0; layer < p.num_layers; ++layer) {
       const DecoderChainLayer& L = p.layers[layer];
-      for (int task = blockIdx.x; task < tasks; task += gridDim.x) {
-        attention_task(p, s, layer, step, task / p.num_q_heads, task % p.num_q_heads);
+      for (int task = s.rank; task < tasks; task += p.cluster) {
+        attention_task<R>(p, l, s, rm, layer, step, task / p.num_kv_heads, task % p.num_kv_heads);
         __syncthreads();
       }
-      grid.sync();
-      residual_stage(p, s, layer == 0, p.attn, p.num_q_heads * p.head_dim, L.o, L.o_bias);
-      grid.sync();
-      gate_up_stage(p, s, layer);
-      grid.sync();
-      residual_stage(p, s, false, p.act, p.intermediate, L.down, L.down_bias);
-      grid.sync();
+      cluster.sync();
+      add_shares(p, s, L.o_bias, p.num_kv_heads,
+                 [&](int r, int g) { return rm.pa[(r * p.num_kv_heads + g) % p.cluster]; });
+      mlp_stage<R>(p, l, s, layer);
+      cluster.sync();
+      add_shares(p, s, L.down_bias, p.mlp_blocks, [&](int, int b) { return rm.pb[b]; });
     }
-    lm_head_stage(p, s);
-    grid.sync();
+    lm_head_stage<R>(p, l, s);
+    cluster.sync();
+    reduce_tokens(p, s, rm, step);
+    if (step + 1 < p.steps) embed_rows(p, s, rm, false);
   }
+  cluster.sync();  // no block leaves while another may still read its shared memory
 }
 
 }  // namespace
 
-DecoderChainPlan plan_decoder_chain(const DecoderChainParams& p, int sm_count) {
-  DecoderChainPlan plan;
-  const int d = p.head_dim, chunks = d / 8, groups = chunks > 0 ? kThreads / chunks : 0;
-  const int kmax = std::max({p.hidden, p.num_q_heads * p.head_dim, p.intermediate});
-  // Blocks: one per (row, kv head) in stage A; stage B's gate_up columns in slices of at least 16
-  // per block (2 per warp); lm_head columns in slices of at least 128.
-  plan.gate_cols_per_block = std::max(16, (p.intermediate + sm_count - 1) / sm_count);
-  const int gate_blocks = (p.intermediate + plan.gate_cols_per_block - 1) / plan.gate_cols_per_block;
-  plan.vocab_per_block = std::max(128, (p.vocab + sm_count - 1) / sm_count);
-  plan.vocab_blocks = (p.vocab + plan.vocab_per_block - 1) / plan.vocab_per_block;
-  plan.hidden_per_block = 8;  // a column per warp
-  const int hidden_blocks = (p.hidden + plan.hidden_per_block - 1) / plan.hidden_per_block;
-  plan.blocks = std::min(std::max({p.rows * p.num_q_heads, gate_blocks, plan.vocab_blocks, hidden_blocks}), sm_count);
-  plan.blocks = std::min(plan.blocks, kMaxChainBlocks);
-  plan.smem_xs_bytes = (static_cast<int64_t>(p.rows) * kmax * 2 + 15) / 16 * 16;
-  const int64_t a_floats = p.hidden + 3LL * d + static_cast<int64_t>(groups) * d + p.max_context;
-  const int64_t b_floats = static_cast<int64_t>(p.rows) * p.hidden + 2LL * p.rows * plan.gate_cols_per_block;
-  plan.smem_f_bytes = (std::max(a_floats, b_floats) * 4 + 15) / 16 * 16;
-  plan.smem_bytes = plan.smem_xs_bytes + plan.smem_f_bytes + kSmemTailBytes;
-  return plan;
+int64_t plan_decoder_chain(DecoderChainParams& p, int cluster, int64_t smem_budget) {
+  const int hk = p.num_kv_heads;
+  if (cluster <= 0 || cluster > kMaxChainCluster || hk <= 0 || hk > cluster || p.num_q_heads % hk != 0 ||
+      p.num_q_heads / hk > kMaxChainGroup || p.num_q_heads / hk * p.head_dim > 8 * kPvThreads)
+    return 0;
+  p.cluster = cluster;
+  p.mlp_cols = ((p.intermediate + cluster - 1) / cluster + 7) / 8 * 8;
+  p.mlp_blocks = (p.intermediate + p.mlp_cols - 1) / p.mlp_cols;
+  const ChainLayout l = chain_layout(p);
+  const int64_t row_bytes = static_cast<int64_t>(p.hidden) * 2;
+  int64_t fixed[kMaxChainCluster], cap[kMaxChainCluster], total_cap = 0;
+  for (int b = 0; b < cluster; ++b) {
+    fixed[b] = lm_offset(p, l, b);
+    if (fixed[b] > smem_budget) return 0;
+    cap[b] = (smem_budget - fixed[b]) / row_bytes;
+    total_cap += cap[b];
+  }
+  // lm_head rows: in shared memory if they fit, spread so that the fullest block holds the fewest
+  // rows possible (the stage lasts as long as its slowest block); else an even split read from L2.
+  int64_t rows[kMaxChainCluster];
+  p.lm_head_in_smem = total_cap >= p.vocab;
+  if (p.lm_head_in_smem) {
+    int64_t lo = 0, hi = p.vocab;  // the smallest per-block ceiling that covers the vocabulary
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      int64_t covered = 0;
+      for (int b = 0; b < cluster; ++b) covered += std::min(cap[b], mid);
+      if (covered >= p.vocab) hi = mid;
+      else lo = mid + 1;
+    }
+    int64_t left = p.vocab;
+    for (int b = 0; b < cluster; ++b) {
+      rows[b] = std::min({cap[b], lo, left});
+      left -= rows[b];
+    }
+  } else {
+    const int64_t per = (p.vocab + cluster - 1) / cluster;
+    int64_t left = p.vocab;
+    for (int b = 0; b < cluster; ++b) {
+      rows[b] = std::min(per, left);
+      left -= rows[b];
+    }
+  }
+  int64_t smem = 0;
+  p.vocab_begin[0] = 0;
+  for (int b = 0; b < cluster; ++b) {
+    p.vocab_begin[b + 1] = p.vocab_begin[b] + static_cast<int>(rows[b]);
+    smem = std::max(smem, fixed[b] + (p.lm_head_in_smem ? rows[b] * row_bytes : 0));
+  }
+  return smem;
 }
 
-cudaError_t launch_decoder_chain(const DecoderChainParams& params, int blocks, cudaStream_t stream) {
-  DecoderChainParams p = params;
-  const int smem = static_cast<int>(p.smem_xs_bytes + p.smem_f_bytes + kSmemTailBytes);
-  // The attribute is per kernel; the largest size asked so far stays set.
-  static int configured_smem = 48 * 1024;
-  static const cudaError_t carveout = [] {
-    // As much L1 as the shared memory leaves: each block re-reads its slices of the weights
-    // (~100 KB for the embedded draft) every step, which L1 can then serve instead of L2.
-    return cudaFuncSetAttribute(decoder_chain_kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                cudaSharedmemCarveoutMaxL1);
-  }();
-  if (carveout != cudaSuccess) return carveout;
-  // How many blocks can be co-resident at this shared-memory size: queried once per size (the
-  // launch is on the draft's every step).
-  static int capacity_smem = -1, capacity = 0;
-  if (smem > configured_smem) {
-    const cudaError_t e = cudaFuncSetAttribute(decoder_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+namespace {
+
+using ChainKernel = void (*)(DecoderChainParams);
+
+// The instance compiled for the fewest rows >= p.rows, and its index.
+ChainKernel kernel_for(int rows, int& index) {
+  static const ChainKernel kernels[] = {decoder_chain_kernel<1>, decoder_chain_kernel<2>, decoder_chain_kernel<4>,
+                                        decoder_chain_kernel<8>};
+  index = rows <= 1 ? 0 : rows <= 2 ? 1 : rows <= 4 ? 2 : 3;
+  return kernels[index];
+}
+
+cudaLaunchConfig_t chain_config(const DecoderChainParams& p, int64_t smem, cudaStream_t stream,
+                                cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(p.cluster));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+  cfg.stream = stream;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = static_cast<unsigned>(p.cluster);
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cfg;
+}
+
+// Cluster sizes above 8 are non-portable (the H100 has them), and shared memory above 48 KB must
+// be asked for; each instance keeps the largest size asked so far.
+cudaError_t configure_kernel(ChainKernel kernel, int index, int64_t smem) {
+  static int64_t configured[4] = {0, 0, 0, 0};
+  if (configured[index] == 0) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     if (e != cudaSuccess) return e;
-    configured_smem = smem;
+    configured[index] = 48 * 1024;
   }
-  if (smem != capacity_smem) {
-    int per_sm = 0, device = 0, sms = 0;
-    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decoder_chain_kernel, kThreads, smem);
+  if (smem > configured[index]) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
-    if ((e = cudaGetDevice(&device)) != cudaSuccess) return e;
-    if ((e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device)) != cudaSuccess) return e;
-    capacity = per_sm * sms;
-    capacity_smem = smem;
+    configured[index] = smem;
   }
-  if (blocks <= 0 || blocks > kMaxChainBlocks || capacity < blocks) return cudaErrorCooperativeLaunchTooLarge;
-  void* args[] = {&p};
-  return cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(decoder_chain_kernel), dim3(blocks),
-                                     dim3(kThreads), args, static_cast<size_t>(smem), stream);
+  return cudaSuccess;
+}
+
+}  // namespace
+
+int decoder_chain_max_clusters(const DecoderChainParams& p, int64_t smem) {
+  int index = 0;
+  const ChainKernel kernel = kernel_for(p.rows, index);
+  if (configure_kernel(kernel, index, smem) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = chain_config(p, smem, nullptr, &attr);
+  int clusters = 0;
+  if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return clusters;
+}
+
+cudaError_t launch_decoder_chain(const DecoderChainParams& p, int64_t smem, cudaStream_t stream) {
+  int index = 0;
+  const ChainKernel kernel = kernel_for(p.rows, index);
+  const cudaError_t e = configure_kernel(kernel, index, smem);
+  if (e != cudaSuccess) return e;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = chain_config(p, smem, stream, &attr);
+  return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
 }  // namespace specula::cuda

@@ -1,5 +1,6 @@
-// The persistent greedy decode-chain kernel's parameters and launcher (cuda_decoder_chain.cu):
-// a small Llama-family decoder's `steps` decode steps of `rows` rows in one cooperative launch.
+// The persistent greedy decode-chain kernel's parameters, plan and launcher
+// (cuda_decoder_chain.cu): a small Llama-family decoder's `steps` decode steps of `rows` rows in
+// one launch of one thread-block cluster whose shared memory holds the model's weights.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -9,9 +10,10 @@
 
 namespace specula::cuda {
 
-constexpr int kMaxChainRows = 8;     // rows (padded sequences) of a chain
-constexpr int kMaxChainLayers = 16;  // decoder layers (the parameters travel by value)
-constexpr int kMaxChainBlocks = 132; // resident blocks (one per SM on the H100)
+constexpr int kMaxChainRows = 8;      // rows (padded sequences) of a chain
+constexpr int kMaxChainLayers = 16;   // decoder layers (the parameters travel by value)
+constexpr int kMaxChainCluster = 16;  // blocks of the cluster (the H100's non-portable maximum)
+constexpr int kMaxChainGroup = 8;     // q heads per kv head
 
 struct DecoderChainLayer {
   const __nv_bfloat16* in_norm = nullptr;       // [H]
@@ -35,7 +37,7 @@ struct DecoderChainParams {
   int num_layers = 0;
   const __nv_bfloat16* embed = nullptr;       // [V, H]
   const __nv_bfloat16* final_norm = nullptr;  // [H]
-  const __nv_bfloat16* lm_head = nullptr;     // [V, H]
+  const __nv_bfloat16* lm_head = nullptr;     // [V, H] (may be embed: tied)
   const float* cos_sin = nullptr;             // [max_pos, rotary_dim]: cos | sin (neox pairs)
   int rotary_dim = 0;
   int max_pos = 0;
@@ -54,34 +56,23 @@ struct DecoderChainParams {
   const int32_t* block_tables = nullptr;  // [rows, table_width]
   int32_t* out_tokens = nullptr;          // [steps * rows]: each step's argmax (the next step's input)
 
-  // Device scratch (bf16 as the layer-by-layer path stores them): the residual [rows, H], the
-  // attention output [rows, Hq D], the activation [rows, I]; the per-block argmax candidates
-  // [kMaxChainBlocks, kMaxChainRows].
-  __nv_bfloat16* res = nullptr;
-  __nv_bfloat16* attn = nullptr;
-  __nv_bfloat16* act = nullptr;
-  float* cand_val = nullptr;
-  int32_t* cand_idx = nullptr;
-
-  // Work split and dynamic shared memory layout, from plan_decoder_chain.
-  int hidden_per_block = 0;     // stages O and D: block b computes hidden columns [b * n, (b + 1) * n)
-  int gate_cols_per_block = 0;  // stage G: block b computes gate_up columns [b * n, (b + 1) * n)
-  int vocab_per_block = 0;      // stage F: block b computes lm_head columns [b * n, (b + 1) * n)
-  int vocab_blocks = 0;         // blocks with lm_head columns (argmax candidates)
-  int64_t smem_xs_bytes = 0;
-  int64_t smem_f_bytes = 0;
+  // The plan (plan_decoder_chain): the cluster's blocks; block b computes MLP features
+  // [b * mlp_cols, (b + 1) * mlp_cols) (mlp_blocks have any) and logits [vocab_begin[b],
+  // vocab_begin[b + 1]), their lm_head rows in its shared memory when lm_head_in_smem.
+  int cluster = 0;
+  int mlp_cols = 0;
+  int mlp_blocks = 0;
+  int vocab_begin[kMaxChainCluster + 1] = {};
+  int lm_head_in_smem = 0;
 };
 
-struct DecoderChainPlan {
-  int hidden_per_block = 0, gate_cols_per_block = 0, vocab_per_block = 0, vocab_blocks = 0;
-  int64_t smem_xs_bytes = 0, smem_f_bytes = 0, smem_bytes = 0;
-  int blocks = 0;
-};
-
-// Shared memory and grid for these shapes (rows, dims and max_context set) on `sm_count` SMs.
-DecoderChainPlan plan_decoder_chain(const DecoderChainParams& p, int sm_count);
-// Launches with the plan's smem fields set in p; cudaErrorCooperativeLaunchTooLarge when `blocks`
-// cannot all be resident.
-cudaError_t launch_decoder_chain(const DecoderChainParams& p, int blocks, cudaStream_t stream);
+// Plans p for a cluster of `cluster` blocks of at most `smem_budget` bytes of dynamic shared
+// memory each: returns the bytes a block needs, or 0 when the model's per-block weights (the
+// attention and MLP slices; lm_head rows go to L2 if they must) or the shapes do not fit.
+int64_t plan_decoder_chain(DecoderChainParams& p, int cluster, int64_t smem_budget);
+// Clusters of p.cluster blocks with `smem` bytes each that the GPU can hold at once (0: none).
+int decoder_chain_max_clusters(const DecoderChainParams& p, int64_t smem);
+// One cluster of p.cluster blocks on `stream`.
+cudaError_t launch_decoder_chain(const DecoderChainParams& p, int64_t smem, cudaStream_t stream);
 
 }  // namespace specula::cuda
