@@ -2,7 +2,7 @@
 // `steps` decode steps of `rows` rows (one per sequence), the argmax of each step's logits being
 // the next step's input token, with every step's K/V written into the paged cache on the way. The
 // draft model's drafts 2..k are such a chain; a backend that can run it without a kernel launch
-// per op (the CUDA backend: one persistent kernel) makes a small draft's step several times
+// per op (the CUDA backend: one kernel on one thread-block cluster) makes a small draft's step several times
 // cheaper than the layer-by-layer forward, whose cost at that size is launches, not work.
 #pragma once
 

@@ -63,7 +63,7 @@ struct DraftModelProposerConfig {
   // draft sampler (tests compare the two).
   bool greedy_chain = true;
   // Run a greedy chain's drafts 2..k as one fused op where the draft model and backend have one
-  // (Model::greedy_chain: one persistent kernel on CUDA); false: a draft step per draft (tests
+  // (Model::greedy_chain: one cluster kernel on CUDA); false: a draft step per draft (tests
   // compare the two).
   bool fused_chain = true;
 };
