@@ -13,6 +13,13 @@
 namespace specula {
 namespace {
 
+// SPECULA_FUSED_CHAIN_LM_HEAD=l2 keeps the lm_head rows in L2 (the kernel's other lm_head path:
+// for tests and comparisons). Read on every chain so that a test can switch it.
+bool lm_head_in_l2() {
+  const char* v = std::getenv("SPECULA_FUSED_CHAIN_LM_HEAD");
+  return v && std::strcmp(v, "l2") == 0;
+}
+
 bool fused_chain_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("SPECULA_FUSED_DECODER_CHAIN");
@@ -129,7 +136,7 @@ bool CudaBackend::decoder_greedy_chain(const DecoderChain& c) {
   int64_t smem = 0;
   bool planned = false;
   for (const int cluster : {cuda::kMaxChainCluster, 8}) {
-    smem = cuda::plan_decoder_chain(p, cluster, smem_budget_);
+    smem = cuda::plan_decoder_chain(p, cluster, smem_budget_, lm_head_in_l2());
     if (smem <= 0) continue;
     auto [it, added] = chain_cluster_fits_.try_emplace({cluster, smem}, false);
     if (added) it->second = cuda::decoder_chain_max_clusters(p, smem) >= 1;

@@ -8,7 +8,7 @@
 // 8-layer target, which capped speculation at concurrency 1 at ~1.6x). A first fused form ran
 // the chain on 64 cooperative blocks meeting at grid barriers (1.1 us each, 9 a step) and
 // re-reading their weight slices from L2 at every stage: ~53 us a step, most of it dependent L2
-// round trips. Here ONE thread-block cluster of up to 16 blocks runs the chain (~27 us a step on
+// round trips. Here ONE thread-block cluster of up to 16 blocks runs the chain (~25 us a step on
 // the H100 for the embedded draft at one row, plus ~13 us a launch for the launch and the weights'
 // copy):
 //   - the model lives in the cluster's shared memory (16 x 227 KB holds the embedded draft's
@@ -23,13 +23,17 @@
 //        so every block holds the same residual bit for bit), RMSNorm, its slice of gate_up,
 //        SiLU(gate) * up, and its split-K share of down_proj                     -> barrier
 //     then every block: residual += sum of the down_proj shares; after the last layer the final
-//     norm and the block's lm_head rows with its best (value, index) per row   -> barrier
+//     norm and the block's lm_head rows (tensor cores, lm_head_mma) with its best (value, index)
+//     per row                                                                  -> barrier
 //     and every block reduces the candidates to the step's tokens and looks up their embeddings
 //     (tied embeddings: in the lm_head rows of the block that holds them).
 // What bounds it now (Nsight Compute): not bandwidth but the chain of short dependent phases: at
 // 2 warps a scheduler each warp issues an instruction every ~14 cycles, half the stalls at block
-// barriers between phases. Tensor-core GEMVs (mma.sync, ~10x fewer instructions than the scalar
-// ones here) would be the next step.
+// barriers between phases, each phase ~0.5-1 us however little it computes. Measured and dropped:
+// 512 threads a block (slower), the parameters copied to shared memory (no faster), and together
+// K/V loads hoisted ahead of the projections, a warp-shuffle p . V and 16-byte DSMEM sums (~31 us
+// a step instead of ~27; every phase slowed, which points at the larger code rather than at the
+// phases changed). The lm_head on tensor cores saved ~2 us a step.
 //
 // Numerics follow the layer-by-layer path: every value that path stores in bf16 (normed inputs,
 // projections, q/k after norm and rope, attention output, residual, activation) is rounded to
@@ -237,22 +241,33 @@ __device__ void norm_rows(const float* src, int rows, int h, const bf16* w, floa
 }
 
 // rows x cols bf16 (cols a multiple of 8) from global to shared memory, asynchronously.
-// (32-bit index arithmetic: a 64-bit division per 16 bytes made this loop the chain's slowest part.)
-__device__ void copy_rows_async(bf16* dst, int ld_dst, const bf16* src, int64_t ld_src, int rows, int cols) {
+// (32-bit index arithmetic: no 64-bit division per 16 bytes.)
+// swizzle: 16-byte chunk c of row r goes to chunk c ^ (r & 7) (see lm_head_mma).
+__device__ void copy_rows_async(bf16* dst, int ld_dst, const bf16* src, int64_t ld_src, int rows, int cols,
+                                bool swizzle = false) {
   const int chunks = cols / 8;
+  auto copy = [&](int r, int c) {
+    cp_async16(dst + r * ld_dst + (swizzle ? c ^ (r & 7) : c) * 8, src + r * ld_src + c * 8, true);
+  };
   if (chunks <= kThreads) {  // a row per chunks threads
-    const int c = (threadIdx.x % chunks) * 8;
+    const int c = threadIdx.x % chunks;
     if (threadIdx.x >= kThreads / chunks * chunks) return;
 #pragma unroll 1
-    for (int r = threadIdx.x / chunks; r < rows; r += kThreads / chunks)
-      cp_async16(dst + r * ld_dst + c, src + r * ld_src + c, true);
+    for (int r = threadIdx.x / chunks; r < rows; r += kThreads / chunks) copy(r, c);
     return;
   }
 #pragma unroll 1
   for (int i = threadIdx.x; i < rows * chunks; i += kThreads) {
-    const int r = i / chunks, c = (i - r * chunks) * 8;
-    cp_async16(dst + r * ld_dst + c, src + r * ld_src + c, true);
+    const int r = i / chunks;
+    copy(r, i - r * chunks);
   }
+}
+
+// lm_head rows in shared memory go through the tensor cores (lm_head_mma) when the hidden size
+// is a multiple of 64 (so that the row swizzle stays within a row) and at most kMmaMaxHidden.
+constexpr int kMmaMaxHidden = 256;
+__host__ __device__ inline bool lm_head_mma_applies(const DecoderChainParams& p) {
+  return p.lm_head_in_smem && p.hidden % 64 == 0 && p.hidden <= kMmaMaxHidden;
 }
 
 // The block's weights into its shared memory, asynchronously in three commit groups, each waited
@@ -285,7 +300,8 @@ __device__ void load_weights(const DecoderChainParams& p, const ChainLayout& l, 
   cp_async_commit();
   if (p.lm_head_in_smem) {
     const int v0 = p.vocab_begin[rank], v1 = p.vocab_begin[rank + 1];
-    copy_rows_async(reinterpret_cast<bf16*>(smem + lm_offset(p, l, rank)), h, p.lm_head + v0 * h, h, v1 - v0, h);
+    copy_rows_async(reinterpret_cast<bf16*>(smem + lm_offset(p, l, rank)), h, p.lm_head + v0 * h, h, v1 - v0, h,
+                    lm_head_mma_applies(p));
   }
   cp_async_commit();
 }
@@ -330,12 +346,15 @@ __device__ void embed_rows(const DecoderChainParams& p, const ChainSmem& s, cons
   for (int i = threadIdx.x; i < p.rows * h; i += kThreads) {
     const int r = i / h, c = i % h, t = s.tok[r];
     const bf16* row = p.embed + static_cast<int64_t>(t) * h;
+    int at = c;
     if (tied) {
       int b = 0;
       while (b + 1 < p.cluster && t >= p.vocab_begin[b + 1]) ++b;
-      row = rm.lm_w[b] + static_cast<int64_t>(t - p.vocab_begin[b]) * h;
+      const int local = t - p.vocab_begin[b];
+      row = rm.lm_w[b] + static_cast<int64_t>(local) * h;
+      if (lm_head_mma_applies(p)) at = ((c >> 3) ^ (local & 7)) * 8 + (c & 7);  // swizzled rows
     }
-    s.x[i] = __bfloat162float(row[c]);
+    s.x[i] = __bfloat162float(row[at]);
   }
   __syncthreads();
 }
@@ -531,13 +550,73 @@ __device__ void mlp_stage(const DecoderChainParams& p, const ChainLayout& l, con
   block_gemv<R, 2>(w_down, n, nb, s.act, n, rows, 0, h, [&](int r, int c, float v) { s.pb[r * h + c] = v; });
 }
 
-// Final RMSNorm and the block's lm_head rows: its best (value, index) per row into cand.
+// The block's lm_head rows on the tensor cores: D[16 vocab rows][8 x rows] += A[16][16] (lm_head
+// rows, from shared memory by ldmatrix) * B[16][8] (the normed rows, held in registers for the
+// whole stage), one mma.sync per 16 rows and 16 of K: ~10x fewer instructions than the scalar
+// GEMV, which at this size is what the stage's time is. The rows are stored with their 16-byte
+// chunks XOR-swizzled by row (copy_rows_async), since ldmatrix reads one chunk of 8 rows at a
+// time and rows 256 bytes apart would otherwise all hit the same 4 banks. Each lane keeps the best
+// (value, index) of the x rows 2 (lane % 4) and +1; s.best_v/best_i get each warp's.
+__device__ void lm_head_mma(const DecoderChainParams& p, const ChainSmem& s, int n, int v0) {
+  const int h = p.hidden, rows = p.rows, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+  uint32_t b[kMmaMaxHidden / 16][2];
+  const int xr = min(lane & 7, rows - 1);  // x rows past `rows` repeat the last (results ignored)
+#pragma unroll
+  for (int ks = 0; ks < kMmaMaxHidden / 16; ks += 2) {
+    if (ks * 16 >= h) break;
+    uint32_t f[4];
+    ldmatrix_x4(f, s.xs + xr * h + (ks * 2 + (lane >> 3)) * 8);
+    b[ks][0] = f[0];
+    b[ks][1] = f[1];
+    b[ks + 1][0] = f[2];
+    b[ks + 1][1] = f[3];
+  }
+  float bv[2] = {-INFINITY, -INFINITY};
+  int bi[2] = {INT_MAX, INT_MAX};
+  for (int tile = warp; tile * 16 < n; tile += kWarps) {
+    const int ar = min(tile * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, n - 1);
+    const bf16* arow = s.lm_w + ar * h;
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int ks = 0; ks < kMmaMaxHidden / 16; ++ks) {
+      if (ks * 16 >= h) break;
+      uint32_t a[4];
+      ldmatrix_x4(a, arow + ((ks * 2 + (lane >> 4)) ^ (ar & 7)) * 8);
+      mma_bf16_16816(d, a, b[ks][0], b[ks][1]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {  // d[j]: vocab row g (+8 for j >= 2), x row 2 t4 + (j & 1)
+      const int v = tile * 16 + g + (j >= 2 ? 8 : 0);
+      if (v < n && argmax_better(d[j], v0 + v, bv[j & 1], bi[j & 1])) {
+        bv[j & 1] = d[j];
+        bi[j & 1] = v0 + v;
+      }
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    for (int off = 4; off < 32; off <<= 1) {  // lanes of the same t4 hold the same x rows
+      const float ov = __shfl_xor_sync(0xffffffffu, bv[k], off);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi[k], off);
+      if (argmax_better(ov, oi, bv[k], bi[k])) {
+        bv[k] = ov;
+        bi[k] = oi;
+      }
+    }
+    const int xrow = 2 * t4 + k;
+    if (g == 0 && xrow < rows) {
+      s.best_v[warp * rows + xrow] = bv[k];
+      s.best_i[warp * rows + xrow] = bi[k];
+    }
+  }
+}
+
+// The block's lm_head rows as a scalar GEMV (rows in L2, or a hidden size lm_head_mma does not
+// take): each warp's best (value, index) per row into s.best_v/best_i.
 template <int R>
-__device__ void lm_head_stage(const DecoderChainParams& p, const ChainLayout& l, const ChainSmem& s) {
+__device__ void lm_head_scalar(const DecoderChainParams& p, const ChainSmem& s, int v0, int v1) {
   const int h = p.hidden, rows = p.rows;
-  cp_async_wait<0>();  // lm_head rows (no-op after the first step)
-  norm_rows(s.x, rows, h, s.norms + p.num_layers * l.norms_layer, p.eps, s.xs);  // its barrier publishes them
-  const int v0 = p.vocab_begin[s.rank], v1 = p.vocab_begin[s.rank + 1];
   float best[R];
   int best_i[R];
 #pragma unroll
@@ -572,6 +651,17 @@ __device__ void lm_head_stage(const DecoderChainParams& p, const ChainLayout& l,
       s.best_i[warp * rows + r] = bi;
     }
   }
+}
+
+// Final RMSNorm and the block's lm_head rows: its best (value, index) per row into cand.
+template <int R>
+__device__ void lm_head_stage(const DecoderChainParams& p, const ChainLayout& l, const ChainSmem& s) {
+  const int h = p.hidden, rows = p.rows;
+  cp_async_wait<0>();  // lm_head rows (no-op after the first step)
+  norm_rows(s.x, rows, h, s.norms + p.num_layers * l.norms_layer, p.eps, s.xs);  // its barrier publishes them
+  const int v0 = p.vocab_begin[s.rank], v1 = p.vocab_begin[s.rank + 1];
+  if (lm_head_mma_applies(p) && v1 > v0) lm_head_mma(p, s, v1 - v0, v0);
+  else lm_head_scalar<R>(p, s, v0, v1);
   __syncthreads();
   if (threadIdx.x < rows) {
     const int r = threadIdx.x;
@@ -685,7 +775,7 @@ __global__ void __launch_bounds__(kThreads, 1) decoder_chain_kernel(const __grid
 
 }  // namespace
 
-int64_t plan_decoder_chain(DecoderChainParams& p, int cluster, int64_t smem_budget) {
+int64_t plan_decoder_chain(DecoderChainParams& p, int cluster, int64_t smem_budget, bool lm_head_in_l2) {
   const int hk = p.num_kv_heads;
   if (cluster <= 0 || cluster > kMaxChainCluster || hk <= 0 || hk > cluster || p.num_q_heads % hk != 0 ||
       p.num_q_heads / hk > kMaxChainGroup || p.num_q_heads / hk * p.head_dim > 8 * kPvThreads)
@@ -705,7 +795,7 @@ int64_t plan_decoder_chain(DecoderChainParams& p, int cluster, int64_t smem_budg
   // lm_head rows: in shared memory if they fit, spread so that the fullest block holds the fewest
   // rows possible (the stage lasts as long as its slowest block); else an even split read from L2.
   int64_t rows[kMaxChainCluster];
-  p.lm_head_in_smem = total_cap >= p.vocab;
+  p.lm_head_in_smem = !lm_head_in_l2 && total_cap >= p.vocab;
   if (p.lm_head_in_smem) {
     int64_t lo = 0, hi = p.vocab;  // the smallest per-block ceiling that covers the vocabulary
     while (lo < hi) {

@@ -68,8 +68,9 @@ struct DecoderChainParams {
 
 // Plans p for a cluster of `cluster` blocks of at most `smem_budget` bytes of dynamic shared
 // memory each: returns the bytes a block needs, or 0 when the model's per-block weights (the
-// attention and MLP slices; lm_head rows go to L2 if they must) or the shapes do not fit.
-int64_t plan_decoder_chain(DecoderChainParams& p, int cluster, int64_t smem_budget);
+// attention and MLP slices; lm_head rows go to L2 if they must, or if lm_head_in_l2) or the shapes
+// do not fit.
+int64_t plan_decoder_chain(DecoderChainParams& p, int cluster, int64_t smem_budget, bool lm_head_in_l2 = false);
 // Clusters of p.cluster blocks with `smem` bytes each that the GPU can hold at once (0: none).
 int decoder_chain_max_clusters(const DecoderChainParams& p, int64_t smem);
 // One cluster of p.cluster blocks on `stream`.

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <random>
 
 #include "model/model.h"
@@ -118,8 +119,21 @@ void expect_chain_matches_forward(int real_rows, int padding_rows, int steps, un
 TEST(DecoderChain, FusedChainIsTheLayerByLayerForwardsArgmax) {
   SKIP_WITHOUT_GPU();
   expect_chain_matches_forward(1, 0, 4, 1);
+  expect_chain_matches_forward(1, 0, 9, 4);
   expect_chain_matches_forward(3, 1, 5, 2);
   expect_chain_matches_forward(8, 0, 2, 3);
+}
+
+// The kernel's other lm_head path (rows read from L2 by the scalar GEMV, where the tensor-core path
+// reads them from shared memory) gives the same tokens.
+TEST(DecoderChain, LmHeadFromL2IsTheForwardsArgmaxToo) {
+  SKIP_WITHOUT_GPU();
+  struct LmHeadInL2 {  // the backend reads it on every chain; unset however the test ends
+    LmHeadInL2() { setenv("SPECULA_FUSED_CHAIN_LM_HEAD", "l2", 1); }
+    ~LmHeadInL2() { unsetenv("SPECULA_FUSED_CHAIN_LM_HEAD"); }
+  } l2;
+  expect_chain_matches_forward(1, 0, 4, 5);
+  expect_chain_matches_forward(3, 1, 3, 6);
 }
 
 // Shapes the kernel is not for are declined without running anything.
