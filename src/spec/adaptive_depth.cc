@@ -70,8 +70,14 @@ int AdaptiveDepth::best_depth(int num_seqs) const {
 
 bool AdaptiveDepth::draft_could_pay(int num_seqs) const {
   num_seqs = std::max(1, num_seqs);
-  const double t1 = cost_->target_seconds(num_seqs, 2) + cost_->draft_seconds(num_seqs, 1);
-  return t1 > 0.0 && 2.0 / t1 > tokens_per_second(num_seqs, 0) * config_.min_gain;
+  // Every depth, not just 1: where further drafts cost little beside the first (a fused draft
+  // chain), one draft may not pay where five would.
+  const double bar = tokens_per_second(num_seqs, 0) * config_.min_gain;
+  for (int d = 1; d <= config_.max_depth; ++d) {
+    const double t = cost_->target_seconds(num_seqs, 1 + d) + cost_->draft_seconds(num_seqs, d);
+    if (t > 0.0 && (1.0 + d) / t > bar) return true;
+  }
+  return false;
 }
 
 int AdaptiveDepth::current(int num_seqs) const {

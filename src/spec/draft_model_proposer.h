@@ -81,6 +81,7 @@ class DraftModelProposer : public Proposer {
   const Tensor* draft_probs() const override { return &q_store_; }
   int draft_probs_row(std::string_view req_id) const override;
   double relative_step_cost() const override { return config_.relative_step_cost; }
+  double draft_fixed_cost() const override;
   int64_t last_catch_up_tokens() const override { return last_catch_up_tokens_; }
 
   Model& model() { return *draft_; }

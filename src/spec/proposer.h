@@ -86,6 +86,10 @@ class Proposer {
   // A prior for the adaptive depth's cost model before anything is measured: the cost of one
   // draft step relative to one target decode step at the same batch size.
   virtual double relative_step_cost() const = 0;
+  // A prior for how the proposer's cost grows with depth: what it pays once per step whatever the
+  // depth (catch-up, staging, the drafts' copy to the host), in units of one further draft; the
+  // cost model's prior is draft(d) ~ d + this.
+  virtual double draft_fixed_cost() const { return 0.5; }
   // True when the proposer's state can only be built from every step as it happens (MTP reads
   // the target's hidden states, which exist only in their step): a step skipped leaves it stale
   // (lower acceptance later), where a draft model simply catches up from the tokens.

@@ -30,7 +30,8 @@ Speculator::Speculator(std::unique_ptr<Proposer> proposer, const SpeculatorConfi
       depth_(depth_config(config),
              cost ? std::move(cost)
                   : std::make_unique<OnlineCostModel>(config.max_depth + 1,
-                                                      proposer_ ? proposer_->relative_step_cost() : 0.2)) {
+                                                      proposer_ ? proposer_->relative_step_cost() : 0.2, 0.2,
+                                                      proposer_ ? proposer_->draft_fixed_cost() : 0.5)) {
   SPECULA_CHECK(proposer_ != nullptr, "speculator: no proposer");
 }
 

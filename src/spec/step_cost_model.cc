@@ -12,8 +12,8 @@ namespace {
 constexpr int kNumBuckets = 16;  // batches up to 2^15 requests
 }  // namespace
 
-OnlineCostModel::OnlineCostModel(int max_rows, double draft_ratio, double ema_weight)
-    : max_rows_(std::max(1, max_rows)), draft_ratio_(draft_ratio), ema_weight_(ema_weight),
+OnlineCostModel::OnlineCostModel(int max_rows, double draft_ratio, double ema_weight, double draft_fixed)
+    : max_rows_(std::max(1, max_rows)), draft_ratio_(draft_ratio), ema_weight_(ema_weight), draft_fixed_(draft_fixed),
       target_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_) + 1)),
       draft_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_))) {}
 

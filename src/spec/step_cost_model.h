@@ -10,7 +10,8 @@
 // depth made every other depth look worse or better than it is, so the choice stuck wherever it
 // started. Before a key has been measured it is estimated from the nearest measured key, scaled
 // by a prior shape: t(B, r) proportional to 1 + B r / 256 (flat while the GPU is weight-bandwidth
-// bound, growing once B r rows make it compute bound), drafting d proportional to d + 0.5, and one
+// bound, growing once B r rows make it compute bound), drafting d proportional to d + f (f: the
+// proposer's per-step fixed cost in further drafts, draft_fixed_cost(); 0.5 by default), and one
 // draft at `draft_ratio` times a target decode step. With nothing measured at all the prior itself
 // is used (its unit is arbitrary, the same for target and draft, which is all the choice of depth
 // compares).
@@ -38,7 +39,7 @@ class StepCostModel {
 class OnlineCostModel : public StepCostModel {
  public:
   // max_rows: the most rows per request a target forward verifies (1 + k).
-  OnlineCostModel(int max_rows, double draft_ratio, double ema_weight = 0.2);
+  OnlineCostModel(int max_rows, double draft_ratio, double ema_weight = 0.2, double draft_fixed = 0.5);
 
   double target_seconds(int num_seqs, int rows) const override;
   double draft_seconds(int num_seqs, int depth) const override;
@@ -47,7 +48,7 @@ class OnlineCostModel : public StepCostModel {
 
   static int bucket_of(int num_seqs);  // 0 for 1, 1 for 2, 2 for 3..4, 3 for 5..8, ...
   static double prior_target(double num_seqs, int rows);
-  static double prior_draft_shape(int depth) { return (depth + 0.5) / 1.5; }
+  double prior_draft_shape(int depth) const { return (depth + draft_fixed_) / (1.0 + draft_fixed_); }
 
  private:
   struct Entry {
@@ -70,6 +71,7 @@ class OnlineCostModel : public StepCostModel {
   int max_rows_;
   double draft_ratio_;
   double ema_weight_;
+  double draft_fixed_;
   std::vector<std::vector<Entry>> target_;  // [bucket][rows]
   std::vector<std::vector<Entry>> draft_;   // [bucket][depth]
 };
