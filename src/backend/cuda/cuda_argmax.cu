@@ -30,15 +30,7 @@ __global__ void argmax_rows_kernel(const float* __restrict__ x, int64_t x_rows, 
     }
   }
   // Warp, then block: 8 warps' winners through shared memory.
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float v = __shfl_xor_sync(0xffffffffu, best, off);
-    const int i = __shfl_xor_sync(0xffffffffu, best_i, off);
-    if (argmax_better(v, i, best, best_i)) {
-      best = v;
-      best_i = i;
-    }
-  }
+  warp_argmax(best, best_i);
   __shared__ float sv[kThreads / 32];
   __shared__ int si[kThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -596,14 +596,7 @@ __device__ void lm_head_mma(const DecoderChainParams& p, const ChainSmem& s, int
   }
 #pragma unroll
   for (int k = 0; k < 2; ++k) {
-    for (int off = 4; off < 32; off <<= 1) {  // lanes of the same t4 hold the same x rows
-      const float ov = __shfl_xor_sync(0xffffffffu, bv[k], off);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi[k], off);
-      if (argmax_better(ov, oi, bv[k], bi[k])) {
-        bv[k] = ov;
-        bi[k] = oi;
-      }
-    }
+    warp_argmax(bv[k], bi[k], 4);  // lanes of the same t4 hold the same x rows
     const int xrow = 2 * t4 + k;
     if (g == 0 && xrow < rows) {
       s.best_v[warp * rows + xrow] = bv[k];
@@ -638,14 +631,7 @@ __device__ void lm_head_scalar(const DecoderChainParams& p, const ChainSmem& s, 
     if (r >= rows) break;
     float bv = best[r];
     int bi = best_i[r];
-    for (int off = 16; off > 0; off >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, off);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, off);
-      if (argmax_better(ov, oi, bv, bi)) {
-        bv = ov;
-        bi = oi;
-      }
-    }
+    warp_argmax(bv, bi);
     if ((threadIdx.x & 31) == 0) {
       s.best_v[warp * rows + r] = bv;
       s.best_i[warp * rows + r] = bi;

@@ -22,26 +22,9 @@ namespace {
 constexpr int kRowsPerBlock = 4;  // one warp per row
 constexpr int kPerLane = kMaxRouteExperts / 32;
 
-// (v, i) beats (bv, bi): larger value, or the same value at a lower index.
-__device__ __forceinline__ bool beats(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
-
 // NaN ranks as -inf, so that a row of garbage (e.g. an uninitialised padding row) still selects
 // valid, distinct experts instead of no expert at all.
 __device__ __forceinline__ float rank_value(float v) { return v != v ? -INFINITY : v; }
-
-// Every lane ends with the warp's best (value, index). Lanes without a candidate pass
-// (-inf, INT_MAX), which any real candidate beats.
-__device__ __forceinline__ void warp_argmax(float& v, int& i) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float ov = __shfl_xor_sync(0xffffffffu, v, off);
-    const int oi = __shfl_xor_sync(0xffffffffu, i, off);
-    if (beats(ov, oi, v, i)) {
-      v = ov;
-      i = oi;
-    }
-  }
-}
 
 __global__ void __launch_bounds__(kRowsPerBlock * 32) moe_route_kernel(MoeRouteParams p) {
   __shared__ float scores_all[kRowsPerBlock][kMaxRouteExperts];
@@ -103,7 +86,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) moe_route_kernel(MoeRouteP
       int best_i = INT_MAX;
       for (int j = 0, g = lane; g < p.num_groups; ++j, g += 32) {
         const float v = rank_value(group_scores[g]);
-        if (!(taken >> j & 1u) && beats(v, g, best, best_i)) {
+        if (!(taken >> j & 1u) && argmax_better(v, g, best, best_i)) {
           best = v;
           best_i = g;
         }
@@ -126,7 +109,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) moe_route_kernel(MoeRouteP
       if (i >= e || (taken >> j & 1u)) continue;
       if (p.num_groups > 1 && !kept[i / group_size]) continue;
       const float v = rank_value(choice[i]);
-      if (beats(v, i, best, best_i)) {
+      if (argmax_better(v, i, best, best_i)) {
         best = v;
         best_i = i;
       }

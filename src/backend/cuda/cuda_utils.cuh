@@ -78,11 +78,26 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
   return warp_sum(v);
 }
 
-// The argmax order of the greedy samplers (argmax_rows, the fused decoder chain): a larger value,
-// or the same value at a lower index (the host's first argmax). NaN compares false both ways, so
-// it never replaces a number.
+// The argmax order of the greedy samplers (argmax_rows, the fused decoder chain) and of the MoE
+// router's top-k: a larger value, or the same value at a lower index (the host's first argmax).
+// NaN compares false both ways, so it never replaces a number.
 __device__ __forceinline__ bool argmax_better(float v, int i, float best, int best_i) {
   return v > best || (v == best && i < best_i);
+}
+
+// The best (value, index) in argmax_better's order over the lanes that differ from this one in
+// the bits of `from`..16 (from = 1: the whole warp; from = 4: the lanes of the same lane % 4).
+// Lanes without a candidate pass (-inf, INT_MAX), which any real candidate beats.
+__device__ __forceinline__ void warp_argmax(float& best, int& best_i, int from = 1) {
+#pragma unroll
+  for (int off = 16; off >= from; off >>= 1) {
+    const float v = __shfl_xor_sync(0xffffffffu, best, off);
+    const int i = __shfl_xor_sync(0xffffffffu, best_i, off);
+    if (argmax_better(v, i, best, best_i)) {
+      best = v;
+      best_i = i;
+    }
+  }
 }
 
 // 2^x on the SFU (MUFU.EX2, ~2 ulp); softmax is computed in the log2 domain so that each
