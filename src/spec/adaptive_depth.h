@@ -58,8 +58,8 @@ class AdaptiveDepth {
   // probe.
   int current(int num_seqs) const;
 
-  // Could speculation pay at this batch size at some depth, were every draft accepted? (No:
-  // speculation is off here whatever the acceptance, until the costs say otherwise.)
+  // Could one draft pay at this batch size, were it always accepted? (No: speculation is off
+  // here whatever the acceptance, until the costs say otherwise.)
   bool draft_could_pay(int num_seqs) const;
 
   double expected_tokens(int depth) const;

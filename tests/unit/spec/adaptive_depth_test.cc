@@ -124,25 +124,6 @@ TEST(AdaptiveDepth, AProbeThatFindsHighAcceptanceTurnsSpeculationOn) {
   EXPECT_GT(d.choose(1), 0);
 }
 
-// A proposer whose first draft carries most of the cost (a fused draft chain: catch-up and launch
-// once, then cheap further drafts): one draft cannot pay for itself, four can. The probe must
-// still run, or speculation would never be measured at this batch size.
-TEST(AdaptiveDepth, CouldPayWhenOnlyDeeperDraftsPay) {
-  class FrontLoaded : public StepCostModel {
-   public:
-    double target_seconds(int, int) const override { return 0.010; }
-    double draft_seconds(int, int depth) const override { return depth > 0 ? 0.009 + 0.0001 * depth : 0.0; }
-  };
-  AdaptiveDepthConfig c;
-  c.max_depth = 4;
-  c.prior_acceptance = 0.9;
-  c.probe_interval = 0;
-  AdaptiveDepth d(c, std::make_unique<FrontLoaded>());
-  EXPECT_LT(2.0 / (0.010 + 0.0091), d.tokens_per_second(8, 0) * c.min_gain);  // depth 1 alone cannot pay
-  EXPECT_TRUE(d.draft_could_pay(8));
-  EXPECT_EQ(d.choose(8), 4);
-}
-
 TEST(OnlineCostModel, TheProposersFixedCostShapesUnmeasuredDepths) {
   OnlineCostModel m(8, 0.25, 0.2, 3.0);  // draft(d) ~ d + 3
   m.record_draft(1, 1, 0.004);
