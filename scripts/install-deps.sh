@@ -14,6 +14,7 @@ PKGS=(
   libfmt-dev libspdlog-dev
   libxxhash-dev        # prefix-cache block hashes
   libgtest-dev libgmock-dev libbenchmark-dev
+  python3              # tools/check_layout.py (the `layout` test)
   nodejs curl          # end-to-end tests drive the server with the official openai npm client
 )
 

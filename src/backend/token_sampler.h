@@ -2,10 +2,10 @@
 // tokens (and the logprobs a row asks for) coming back to the host, once per call. Rows may also
 // verify a speculative draft token against the draft's distribution (the rejection sampler).
 //
-// This is the device half of the engine's Sampler (engine/sampler.h): the engine turns its
+// This is the device half of the engine's Sampler (sampling/sampler.h): the engine turns its
 // per-request SamplingRows into TokenSamplingRows (computing each row's random draw `uniform`
 // from the request's counter-based stream), and back. The math is the engine's
-// engine/sampling_math.h, step for step:
+// sampling/sampling_math.h, step for step:
 //   processed logits l' = raw, then masked ids -> -inf, repetition penalty (each distinct id of
 //   prompt + output once: divided when positive, multiplied otherwise), frequency and presence
 //   penalties (output counts: l' -= frequency * count + presence);

@@ -22,6 +22,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "app/create_engine.h"
 #include "engine/llm_engine.h"
 
 namespace specula::cli {
@@ -84,7 +85,7 @@ std::unique_ptr<LLMEngine> make_engine(BenchArgs& a) {
   cfg.skip_tokenizer_init = a.skip_tokenizer_init || !fs::exists(tok_dir / "tokenizer.json");
   if (cfg.skip_tokenizer_init && !a.skip_tokenizer_init)
     LOG_INFO("No tokenizer.json in {}: benchmarking without a tokenizer (no detokenisation)", tok_dir.string());
-  return LLMEngine::create(cfg);
+  return create_engine(cfg);
 }
 
 // vLLM's benchmark requests: temperature 1 (--temperature), top_p 1, ignore_eos, exactly

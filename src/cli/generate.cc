@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "engine/generation_defaults.h"
+#include "app/create_engine.h"
 #include "engine/llm_engine.h"
 #include "tokenizer/tokenizer.h"
 
@@ -27,7 +28,7 @@ struct GenerateArgs {
 };
 
 int run_generate(GenerateArgs& a) {
-  auto engine = LLMEngine::create(a.engine);
+  auto engine = create_engine(a.engine);
   engine->start();
 
   // generation_config.json's defaults, then the flags given.

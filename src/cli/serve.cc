@@ -21,6 +21,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "app/create_engine.h"
 #include "engine/llm_engine.h"
 #include "server/openai_server.h"
 #include "tokenizer/chat_template.h"
@@ -228,7 +229,7 @@ int run_serve(const ServeArgs& a, CLI::App* cmd) {
       if (gib > 0) cfg.cpu_kv_cache_bytes = static_cast<size_t>(gib * (1ULL << 30));
     }
 
-    std::unique_ptr<LLMEngine> engine = LLMEngine::create(cfg);
+    std::unique_ptr<LLMEngine> engine = create_engine(cfg);
     engine->start();
 
     std::unique_ptr<ChatTemplate> chat_template;

@@ -14,20 +14,10 @@
 #include <variant>
 #include <vector>
 
-#include "engine/sampling_params.h"
+#include "sampling/logprobs.h"
+#include "sampling/sampling_params.h"
 
 namespace specula {
-
-struct TokenLogprob {
-  int32_t token_id = 0;
-  float logprob = 0.0f;
-  int rank = 0;                   // 1 = most likely
-};
-// One generated (or prompt) position: the chosen token's logprob and the top-N alternatives.
-struct PositionLogprobs {
-  TokenLogprob chosen;
-  std::vector<TokenLogprob> top;  // sorted, most likely first
-};
 
 // Why a choice stopped, as OpenAI reports it.
 enum class FinishReason { kNone, kStop, kLength, kAbort };

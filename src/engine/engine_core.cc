@@ -19,7 +19,7 @@ SchedulerConfig scheduler_config(const EngineCoreConfig& c) {
   s.block_size = c.block_size;
   s.num_blocks = c.num_blocks;
   s.enable_prefix_caching = c.enable_prefix_caching;
-  s.num_spec_tokens = c.num_spec_tokens;
+  s.num_speculative_tokens = c.num_speculative_tokens;
   return s;
 }
 
@@ -174,7 +174,7 @@ EngineMetrics EngineCore::metrics() const {
   m.spec_num_draft_tokens = s.spec_num_draft_tokens;
   m.spec_num_accepted_tokens = s.spec_num_accepted_tokens;
   m.spec_accepted_per_pos = s.spec_accepted_per_pos;
-  m.spec_num_speculative_tokens = config_.num_spec_tokens;
+  m.spec_num_speculative_tokens = config_.num_speculative_tokens;
   m.spec_adaptive = config_.spec_adaptive;
   m.spec_depth_steps = spec_depth_steps_;
   m.spec_depth_sum = spec_depth_sum_;

@@ -4,7 +4,7 @@
 // values override them.
 #pragma once
 
-#include "engine/sampling_params.h"
+#include "sampling/sampling_params.h"
 #include "model/config.h"
 
 namespace specula {

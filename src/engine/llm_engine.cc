@@ -8,7 +8,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/logging.h"
-#include "engine/device_sampler.h"
+#include "sampling/device_sampler.h"
 #include "engine/kv_cache_sizing.h"
 #include "engine/load_progress.h"
 #include "engine/memory_plan.h"
@@ -17,10 +17,7 @@
 #include "model/model.h"
 #include "model/shared_expert_fusion.h"
 #include "model/weight_source.h"
-#include "spec/device_rejection_sampler.h"
-#include "spec/proposer_registry.h"
-#include "spec/speculative_config.h"
-#include "spec/speculator.h"
+#include "sampling/device_rejection_sampler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {
@@ -60,11 +57,11 @@ std::vector<int32_t> eos_token_ids(const Tokenizer& tok, const GenerationConfig&
 
 }  // namespace
 
-std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
+std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const SpeculatorFactory& make_speculator) {
   SPECULA_CHECK(!config.model.empty(), "no model given");
-  // Parsed first: a typo in the JSON fails before any weight is loaded.
-  std::optional<SpeculativeConfig> spec;
-  if (!config.speculative_config.empty()) spec = parse_speculative_config(config.speculative_config);
+  SPECULA_CHECK(config.speculative_config.empty() || make_speculator,
+                "--speculative-config given but no speculator factory: build the engine with create_engine "
+                "(app/create_engine.h)");
   SPECULA_CHECK(config.block_size > 0, "--block-size must be positive, got {}", config.block_size);
   EngineComponents parts;
   parts.config = config;
@@ -75,7 +72,6 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
                         : Tokenizer::from_dir(config.tokenizer.empty() ? config.model : config.tokenizer);
   parts.backend = make_backend(config);
   const ModelConfig& mc = parts.model_config;
-  if (spec) resolve_speculative_config(*spec, mc, config.model);  // e.g. mtp on a model without MTP layers
   // --shared-expert-fusion -1 (auto) becomes a number here; an MTP proposer reads the same one.
   parts.config.shared_expert_fusion =
       resolve_shared_expert_fusion(config.shared_expert_fusion, mc, parts.backend->device());
@@ -112,22 +108,23 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
                 "max_num_batched_tokens ({}) must be greater than or equal to max_num_seqs ({})", batched,
                 config.max_num_seqs);
 
-  // ---- speculative decoding: the proposer (a draft model loads here) ----
-  std::unique_ptr<Proposer> proposer;
-  if (spec) {
-    ProposerContext ctx{*spec, parts.config, mc, *parts.model, *parts.tokenizer, *parts.backend,
-                        max_model_len, config.max_num_seqs, batched};
-    proposer = create_proposer(ctx);
-    SPECULA_CHECK(spec->num_speculative_tokens >= 1, "--speculative-config: num_speculative_tokens is required for {}",
-                  spec->method);
+  // ---- speculative decoding: the speculator (a draft model loads here) ----
+  std::unique_ptr<Speculator> speculator;
+  if (make_speculator) {
+    SpeculatorContext ctx{config.model, config.load_format, config.seed, parts.config.shared_expert_fusion,
+                          mc, *parts.model, *parts.tokenizer, *parts.backend, max_model_len, config.max_num_seqs,
+                          batched};
+    speculator = make_speculator(ctx);
+    SPECULA_CHECK(speculator->num_speculative_tokens() >= 1, "--speculative-config: num_speculative_tokens must be "
+                  "at least 1, got {}", speculator->num_speculative_tokens());
   }
 
   // ---- sampler, then (on a device with a memory plan) the profile run that sizes the KV cache ----
-  const int num_spec_tokens = spec ? spec->num_speculative_tokens : 0;
+  const int num_speculative_tokens = speculator ? speculator->num_speculative_tokens() : 0;
   const std::optional<DeviceMemoryInfo> memory_after_weights = parts.backend->memory_info();
   // Logits stay on the device where the backend can sample there; else the CPU sampler reads
   // them back.
-  parts.sampler = make_sampler(*parts.backend, config.max_num_seqs * (1 + num_spec_tokens), mc.vocab_size);
+  parts.sampler = make_sampler(*parts.backend, config.max_num_seqs * (1 + num_speculative_tokens), mc.vocab_size);
   std::optional<DeviceMemoryPlan> device_plan;
   MemoryPlanConfig mp;
   if (memory_before_weights && memory_after_weights && !config.num_gpu_blocks_override) {
@@ -135,7 +132,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
     mp.max_num_seqs = config.max_num_seqs;
     mp.max_model_len = max_model_len;
     mp.block_size = config.block_size;
-    mp.num_spec_tokens = num_spec_tokens;
+    mp.num_speculative_tokens = num_speculative_tokens;
     mp.gpu_memory_utilization = config.gpu_memory_utilization;
     mp.reserve_bytes = graph_and_buffer_reserve(mp, parts.model->kv_cache_spec());
     device_plan =
@@ -144,11 +141,11 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
 
   // ---- KV cache ----
   KVCacheSpec kv_spec = parts.model->kv_cache_spec();
-  if (proposer && proposer->kv_cache_spec().num_layers > 0) {
+  if (speculator && speculator->kv_cache_spec().num_layers > 0) {
     // A draft cache shares the target's blocks, so a block costs both: size the cache by their
     // summed bytes per token (plan_kv_cache only reads bytes_per_token).
     auto elems = [](const KVCacheSpec& s) { return s.num_layers * s.num_kv_heads * (s.head_dim + s.v_head_dim); };
-    kv_spec = KVCacheSpec{1, 1, elems(kv_spec) + elems(proposer->kv_cache_spec()), 0};
+    kv_spec = KVCacheSpec{1, 1, elems(kv_spec) + elems(speculator->kv_cache_spec()), 0};
   }
   std::optional<size_t> kv_budget;
   if (device_plan) {  // one max_model_len sequence must fit, or the error names every size
@@ -175,8 +172,8 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
   cc.block_size = config.block_size;
   cc.num_blocks = plan.num_blocks;
   cc.enable_prefix_caching = config.enable_prefix_caching;
-  cc.num_spec_tokens = spec ? spec->num_speculative_tokens : 0;
-  cc.spec_adaptive = spec && spec->adaptive;
+  cc.num_speculative_tokens = num_speculative_tokens;
+  cc.spec_adaptive = speculator && speculator->adaptive();
   cc.seed = config.seed;
   cc.vocab_size = mc.vocab_size;
   cc.eos_token_ids = eos_token_ids(*parts.tokenizer, parts.generation_config, mc);
@@ -187,20 +184,17 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
   rc.max_model_len = cc.max_model_len;
   rc.block_size = cc.block_size;
   rc.num_blocks = cc.num_blocks;
-  rc.num_spec_tokens = cc.num_spec_tokens;
+  rc.num_speculative_tokens = cc.num_speculative_tokens;
   auto runner = std::make_unique<ModelRunner>(*parts.model, *parts.backend, *parts.sampler, rc);
-  if (proposer) {
-    proposer->allocate_kv_cache(cc.num_blocks, cc.block_size);
-    parts.speculator = std::make_unique<Speculator>(std::move(proposer),
-                                                    SpeculatorConfig{spec->num_speculative_tokens, spec->adaptive});
+  if (speculator) {
+    speculator->allocate_kv_cache(cc.num_blocks, cc.block_size);
+    parts.speculator = std::move(speculator);
     runner->set_speculator(parts.speculator.get());
     // Verification on the device where the backend samples there (the draft probabilities stay).
-    if (auto device = make_device_rejection_sampler(*parts.backend, cc.max_num_seqs * (1 + cc.num_spec_tokens),
+    if (auto device = make_device_rejection_sampler(*parts.backend, cc.max_num_seqs * (1 + cc.num_speculative_tokens),
                                                     mc.vocab_size))
       runner->set_rejection_sampler(std::move(device));
-    LOG_INFO("Speculative decoding: method {}{}, num_speculative_tokens={}, adaptive depth {}", spec->method,
-             spec->model.empty() ? "" : " (" + spec->model + ")", spec->num_speculative_tokens,
-             spec->adaptive ? "on" : "off");
+    LOG_INFO("Speculative decoding: {}", parts.speculator->describe());
   }
   if (on_cuda && !config.enforce_eager) {
     // CUDA graphs for decode steps of up to max_num_seqs sequences (vLLM caps captures at 512).
@@ -210,7 +204,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config) {
     const size_t n = runner->capture_decode_graphs(sizes);
     // The proposer's draft steps after the target's: both carve their scratch from the arena the
     // target's largest graph sized (model_runner_graphs.cc says why sharing it is safe).
-    const size_t n_draft = parts.speculator ? parts.speculator->proposer().capture_graphs(sizes) : 0;
+    const size_t n_draft = parts.speculator ? parts.speculator->capture_graphs(sizes) : 0;
     const std::optional<DeviceMemoryInfo> after = parts.backend->memory_info();
     const size_t taken = before && after && before->free > after->free ? before->free - after->free : 0;
     LOG_INFO("Graph capturing finished in {:.1f} secs, took {} ({} decode graphs, {} of them verification graphs; {} "

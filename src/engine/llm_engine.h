@@ -8,6 +8,7 @@
 #include <string>
 
 #include "engine/api.h"
+#include "engine/speculator.h"
 #include "model/config.h"
 
 namespace specula {
@@ -30,7 +31,9 @@ struct EngineConfig {
   std::optional<int> num_gpu_blocks_override;
   bool enforce_eager = false;        // no CUDA graphs
   int cpu_threads = 0;               // 0: all cores
-  std::string speculative_config;    // JSON, as vLLM's --speculative-config ("" = off)
+  // JSON, as vLLM's --speculative-config ("" = off); app/create_engine.h turns it into the
+  // speculator factory that LLMEngine::create takes.
+  std::string speculative_config;
   // No tokenizer (vLLM's --skip-tokenizer-init): prompts are token ids and outputs carry no text.
   // Benchmarks of checkpoints shipped without tokenizer files use it.
   bool skip_tokenizer_init = false;
@@ -64,8 +67,9 @@ struct EngineMetrics {
 class LLMEngine {
  public:
   // Loads config, tokenizer, weights and sizes the KV cache. Throws specula::Error with one clear
-  // line on any failure.
-  static std::unique_ptr<LLMEngine> create(const EngineConfig& config);
+  // line on any failure. make_speculator (null: no speculative decoding) builds the speculator
+  // once the target is loaded; app/create_engine.h makes it from config.speculative_config.
+  static std::unique_ptr<LLMEngine> create(const EngineConfig& config, const SpeculatorFactory& make_speculator = {});
   virtual ~LLMEngine() = default;
 
   virtual const ModelConfig& model_config() const = 0;

@@ -18,7 +18,7 @@ Tensor upload_i32(Backend& backend, const std::vector<int32_t>& host, Shape shap
 }
 
 // The profile step: `tokens` tokens over `seqs` sequences of near-equal length, the last
-// (1 + num_spec_tokens) tokens of each producing logits (the rows a step samples at most). Every
+// (1 + num_speculative_tokens) tokens of each producing logits (the rows a step samples at most). Every
 // block table entry names block 0 of a one-block cache and no K/V is written (slot -1): the
 // point is the activations' footprint, not the values.
 ForwardInput profile_input(Backend& backend, int tokens, int seqs, int block_size, int logits_per_seq) {
@@ -64,7 +64,7 @@ size_t used_bytes(const DeviceMemoryInfo& m) { return m.total - m.free - std::mi
 }  // namespace
 
 size_t graph_and_buffer_reserve(const MemoryPlanConfig& c, const KVCacheSpec& kv_spec) {
-  const size_t k = static_cast<size_t>(c.num_spec_tokens);
+  const size_t k = static_cast<size_t>(c.num_speculative_tokens);
   const size_t seqs = static_cast<size_t>(c.max_num_seqs), tokens = static_cast<size_t>(c.max_num_batched_tokens);
   const size_t width = (static_cast<size_t>(c.max_model_len) + k + c.block_size - 1) / c.block_size;
   const size_t tables = 2 * seqs * width * sizeof(int32_t);  // the step's block table + the graphs' static one
@@ -99,7 +99,7 @@ DeviceMemoryPlan plan_device_memory(Model& model, Backend& backend, Sampler& sam
       backend.zero(layer.k);
       if (layer.v.numel() > 0) backend.zero(layer.v);
     }
-    const int logits_per_seq = std::min(1 + config.num_spec_tokens, std::max(1, tokens / seqs));
+    const int logits_per_seq = std::min(1 + config.num_speculative_tokens, std::max(1, tokens / seqs));
     ForwardInput in = profile_input(backend, tokens, seqs, config.block_size, logits_per_seq);
     backend.reset_scratch();
     ForwardOutput out = model.forward(in, kv);

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "backend/backend.h"
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 #include "model/model.h"
 
 namespace specula {
@@ -24,7 +24,7 @@ struct MemoryPlanConfig {
   int max_num_seqs = 256;
   int max_model_len = 2048;
   int block_size = 16;
-  int num_spec_tokens = 0;
+  int num_speculative_tokens = 0;
   double gpu_memory_utilization = 0.9;
   size_t reserve_bytes = 0;  // CUDA graphs, the runner's persistent buffers, allocation rounding
 };

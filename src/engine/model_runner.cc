@@ -5,8 +5,8 @@
 
 #include "core/error.h"
 #include "core/phase_profile.h"
-#include "spec/rejection_sampler.h"
-#include "spec/speculator.h"
+#include "sampling/rejection_sampler.h"
+#include "engine/speculator.h"
 
 namespace specula {
 
@@ -36,8 +36,8 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const
 
   const int64_t max_tokens = config.max_num_batched_tokens;
   const int64_t max_seqs = config.max_num_seqs;
-  const int64_t max_blocks_per_seq = ceil_div(config.max_model_len + config.num_spec_tokens, config.block_size);
-  const int64_t max_logits = max_tokens + max_seqs * (1 + config.num_spec_tokens);
+  const int64_t max_blocks_per_seq = ceil_div(config.max_model_len + config.num_speculative_tokens, config.block_size);
+  const int64_t max_logits = max_tokens + max_seqs * (1 + config.num_speculative_tokens);
   auto pair = [&](Tensor& h, Tensor& d, int64_t n, DType t) {
     h = backend.empty_host({n}, t);
     d = backend.empty({n}, t);
@@ -332,7 +332,7 @@ void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const Fo
 
   ProposeBatch batch;
   batch.target_hidden_states = fwd.hidden_states;
-  const int k = speculator_->max_depth();
+  const int k = speculator_->num_speculative_tokens();
   for (size_t s = 0; s < plans.size(); ++s) {
     const RequestPlan& plan = plans[s];
     const RequestState& st = *plan.state;

@@ -18,15 +18,15 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "engine/padded_graphs.h"
-#include "engine/sampler.h"
+#include "backend/padded_graphs.h"
+#include "sampling/sampler.h"
 #include "engine/scheduler_output.h"
 #include "model/model.h"
 
 namespace specula {
 
 class RejectionSampler;  // spec/rejection_sampler.h
-class Speculator;        // spec/speculator.h
+class Speculator;        // engine/speculator.h
 
 // What the engine core drives each step: the ModelRunner, or a fake in tests.
 class ModelExecutor {
@@ -41,7 +41,7 @@ struct ModelRunnerConfig {
   int max_model_len = 2048;
   int block_size = 16;
   int num_blocks = 0;
-  int num_spec_tokens = 0;
+  int num_speculative_tokens = 0;
 };
 
 class ModelRunner : public ModelExecutor {
@@ -60,8 +60,8 @@ class ModelRunner : public ModelExecutor {
   void set_rejection_sampler(std::unique_ptr<RejectionSampler> sampler);
 
   // CUDA graphs of uniform decode steps (model_runner_graphs.cc): captures the forward of a decode
-  // batch for each padded batch size, and with speculation (num_spec_tokens > 0) the forward of a
-  // verification batch of r = 2 .. 1 + num_spec_tokens rows per sequence for each padded size up
+  // batch for each padded batch size, and with speculation (num_speculative_tokens > 0) the forward of a
+  // verification batch of r = 2 .. 1 + num_speculative_tokens rows per sequence for each padded size up
   // to kMaxVerifyGraphBatch; execute() then replays the smallest graph that fits a step in which
   // every sequence runs r rows that are all logits rows, instead of launching the forward (a
   // ragged decode step, sequences verifying different numbers of drafts, replays the graph of

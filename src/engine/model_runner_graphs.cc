@@ -2,7 +2,7 @@
 //
 // A uniform step is one in which every scheduled sequence runs the same number r of query rows and
 // every row is a logits row, in order: pure decode (r = 1), and speculative verification where
-// every request verifies r - 1 drafts (r = 2 .. 1 + num_spec_tokens). A uniform step of n
+// every request verifies r - 1 drafts (r = 2 .. 1 + num_speculative_tokens). A uniform step of n
 // sequences runs as the captured graph of (the smallest padded size B >= n, r); so does a ragged
 // decode step, its sequences padded to the longest one's r rows (pad_ragged_decode). The graph reads
 // its inputs from the runner's static device buffers (the first B*r entries of the token,
@@ -112,7 +112,7 @@ size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
   graphs_.clear();
   graph_outputs_.clear();
   if (batch_sizes.empty()) return 0;
-  const int64_t width = (config_.max_model_len + config_.num_spec_tokens + config_.block_size - 1) / config_.block_size;
+  const int64_t width = (config_.max_model_len + config_.num_speculative_tokens + config_.block_size - 1) / config_.block_size;
   d_graph_block_tables_ = backend_.empty({config_.max_num_seqs, width}, DType::kI32);
   backend_.zero(d_graph_block_tables_);
 
@@ -124,7 +124,7 @@ size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
   std::vector<std::pair<int, std::vector<int>>> plan;
   int max_tokens = 0;
   std::pair<int, int> largest{0, 0};  // (size, rows) of the step with the most rows
-  for (int rows = 1; rows <= 1 + std::max(0, config_.num_spec_tokens); ++rows) {
+  for (int rows = 1; rows <= 1 + std::max(0, config_.num_speculative_tokens); ++rows) {
     std::vector<int> sizes;
     for (int s : batch_sizes) {
       if (s <= 0 || s > config_.max_num_seqs || s * rows > config_.max_num_batched_tokens) continue;

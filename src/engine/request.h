@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "engine/api.h"
-#include "engine/sampling_params.h"
+#include "sampling/sampling_params.h"
 
 namespace specula {
 

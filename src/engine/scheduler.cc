@@ -82,7 +82,7 @@ SchedulerOutput Scheduler::schedule() {
       continue;
     }
     std::optional<std::vector<int32_t>> new_blocks;
-    while (!(new_blocks = kv_.allocate_slots(*r, n, {}, config_.num_spec_tokens))) {
+    while (!(new_blocks = kv_.allocate_slots(*r, n, {}, config_.num_speculative_tokens))) {
       Request* victim = running_.back();
       running_.pop_back();
       preempt(victim);
@@ -111,7 +111,7 @@ SchedulerOutput Scheduler::schedule() {
       SPECULA_ASSERT(r->num_computed_tokens == 0);
       ComputedBlocks hit = kv_.get_computed_blocks(*r);
       int n = std::min(r->num_tokens() - hit.num_tokens, budget);
-      std::optional<std::vector<int32_t>> new_blocks = kv_.allocate_slots(*r, n, hit, config_.num_spec_tokens);
+      std::optional<std::vector<int32_t>> new_blocks = kv_.allocate_slots(*r, n, hit, config_.num_speculative_tokens);
       if (!new_blocks) break;  // FCFS: nobody overtakes the head of the queue
       kv_.record_prefix_cache_query(*r, hit.num_tokens);
       waiting_.pop_front();

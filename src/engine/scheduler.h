@@ -30,7 +30,7 @@ struct SchedulerConfig {
   int block_size = 16;
   int num_blocks = 0;
   bool enable_prefix_caching = true;
-  int num_spec_tokens = 0;  // KV slots reserved ahead of each request for draft tokens
+  int num_speculative_tokens = 0;  // KV slots reserved ahead of each request for draft tokens
 };
 
 // Cumulative counters (the engine turns them into metrics and the periodic stats line).

@@ -15,7 +15,7 @@
 
 #include "engine/api.h"
 #include "engine/request.h"
-#include "engine/sampling_params.h"
+#include "sampling/sampling_params.h"
 
 namespace specula {
 

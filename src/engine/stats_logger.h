@@ -10,7 +10,7 @@
 #include <string>
 
 #include "engine/llm_engine.h"
-#include "spec/spec_decoding_log.h"
+#include "engine/spec_decoding_log.h"
 
 namespace specula {
 

@@ -10,10 +10,10 @@
 #include "engine/engine_core.h"
 #include "engine/llm_engine.h"
 #include "engine/model_runner.h"
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 #include "model/config.h"
 #include "model/model.h"
-#include "spec/speculator.h"
+#include "engine/speculator.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {

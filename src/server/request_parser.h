@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "engine/sampling_params.h"
+#include "sampling/sampling_params.h"
 #include "model/config.h"
 
 namespace specula::server {

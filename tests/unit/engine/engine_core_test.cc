@@ -6,7 +6,7 @@
 #include <map>
 
 #include "engine/engine_core.h"
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 #include "engine_fakes.h"
 
 namespace specula {
@@ -53,7 +53,7 @@ class TestEngine {
     rc.max_model_len = c.max_model_len;
     rc.block_size = c.block_size;
     rc.num_blocks = c.num_blocks;
-    rc.num_spec_tokens = c.num_spec_tokens;
+    rc.num_speculative_tokens = c.num_speculative_tokens;
     runner = std::make_unique<ModelRunner>(model, *backend_, *sampler_, rc);
     core = std::make_unique<EngineCore>(c, *runner, tok);
   }
@@ -246,7 +246,7 @@ TEST(EngineCore, VerifyingDraftsNeverChangesTheOutput) {
     plain.run();
 
     EngineCoreConfig c = core_config(64, 32, 8);
-    c.num_spec_tokens = 3;
+    c.num_speculative_tokens = 3;
     TestEngine spec(c);
     for (auto& [id, prompt] : prompts) spec.add(id, prompt, p);
     int counter = 0;

@@ -11,7 +11,7 @@
 
 #include "engine/engine_core.h"
 #include "engine/llm_engine.h"
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 #include "engine_fakes.h"
 #include "model/model.h"
 #include "model/weight_source.h"

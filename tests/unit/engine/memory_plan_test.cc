@@ -10,7 +10,7 @@
 
 #include "engine/kv_cache_sizing.h"
 #include "engine/memory_plan.h"
-#include "engine/sampler.h"
+#include "sampling/sampler.h"
 #include "model/model.h"
 #include "model/weight_source.h"
 #include "test_paths.h"
@@ -132,7 +132,7 @@ TEST(MemoryPlan, NoProfiledSequenceExceedsMaxModelLenAndDraftsAddLogitsRows) {
   c.max_num_batched_tokens = 500;
   c.max_num_seqs = 4;
   c.max_model_len = 40;
-  c.num_spec_tokens = 2;
+  c.num_speculative_tokens = 2;
   plan_device_memory(model, dev, *sampler, c, mem(80, 79, 0, 0), mem(80, 63, 16, 0));
   const ForwardInput& in = model.seen.at(0);
   EXPECT_EQ(in.token_ids.size(0), 160) << "4 sequences of at most 40 tokens";

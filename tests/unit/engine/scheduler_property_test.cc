@@ -45,7 +45,7 @@ void check_step(const Scheduler& s, const SchedulerOutput& so) {
   }
 }
 
-void run_property(uint64_t seed, int steps, bool prefix_caching, int num_spec_tokens) {
+void run_property(uint64_t seed, int steps, bool prefix_caching, int num_speculative_tokens) {
   std::mt19937_64 rng(seed);
   auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
 
@@ -56,7 +56,7 @@ void run_property(uint64_t seed, int steps, bool prefix_caching, int num_spec_to
   c.max_num_seqs = 6;
   c.max_model_len = 48;
   c.enable_prefix_caching = prefix_caching;
-  c.num_spec_tokens = num_spec_tokens;
+  c.num_speculative_tokens = num_speculative_tokens;
   Scheduler s(c);
 
   // A few shared prefixes so that prompts hit the prefix cache.
@@ -123,9 +123,9 @@ void run_property(uint64_t seed, int steps, bool prefix_caching, int num_spec_to
     for (const auto& id : std::vector<std::string>(live.begin(), live.end())) {
       const Request* r = s.find(id);
       if (!r) continue;
-      if (num_spec_tokens > 0 && r->status == RequestStatus::kRunning && r->num_output_tokens() > 0 && uni(0, 1)) {
+      if (num_speculative_tokens > 0 && r->status == RequestStatus::kRunning && r->num_output_tokens() > 0 && uni(0, 1)) {
         std::vector<int32_t> d;
-        for (int j = uni(1, num_spec_tokens); j > 0; --j) d.push_back(uni(0, 60));
+        for (int j = uni(1, num_speculative_tokens); j > 0; --j) d.push_back(uni(0, 60));
         s.set_draft_tokens(id, d);
       }
       if (r->num_output_tokens() > 0 && uni(0, 200) == 0)
@@ -156,7 +156,7 @@ void run_property(uint64_t seed, int steps, bool prefix_caching, int num_spec_to
   for (const auto& [id, times] : tally.finished) EXPECT_EQ(times, 1) << id << " finished " << times << " times";
   EXPECT_GT(s.stats().num_preemptions, 0) << "the test never preempted: make the pool smaller";
   if (prefix_caching) EXPECT_GT(s.kv_cache().prefix_cache_stats().hits, 0);
-  if (num_spec_tokens) EXPECT_GT(s.stats().spec_num_drafts, 0);
+  if (num_speculative_tokens) EXPECT_GT(s.stats().spec_num_drafts, 0);
 }
 
 TEST(SchedulerProperty, BlocksAndRequestsAreConservedWithPrefixCaching) {

@@ -252,7 +252,7 @@ TEST(Scheduler, StopsAtMaxModelLen) {
 
 TEST(Scheduler, VerifiesDraftTokensAndRollsBackRejectedOnes) {
   SchedulerConfig c = small_config(64);
-  c.num_spec_tokens = 3;
+  c.num_speculative_tokens = 3;
   Scheduler s(c);
   s.add_request(make_request("r", iota_tokens(5), 50));
   auto so = s.schedule();

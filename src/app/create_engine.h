@@ -1,0 +1,15 @@
+// Where an engine is assembled from its command-line config. The engine knows speculative
+// decoding only as the Speculator interface; here --speculative-config is parsed (before any
+// weight loads, so that a typo fails at once), checked against the target's config.json, and
+// turned into the factory LLMEngine::create takes.
+#pragma once
+
+#include <memory>
+
+#include "engine/llm_engine.h"
+
+namespace specula {
+
+std::unique_ptr<LLMEngine> create_engine(const EngineConfig& config);
+
+}  // namespace specula

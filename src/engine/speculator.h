@@ -1,0 +1,122 @@
+// The engine's seam for speculative decoding: what the model runner drives each step. The engine
+// owns this interface and knows nothing of how drafts are made; spec_decode/ implements it
+// (AdaptiveSpeculator: a proposer and the adaptive depth) and app/create_engine.h hands
+// LLMEngine::create a SpeculatorFactory built from --speculative-config.
+//
+// Per step the runner
+//   1. verifies the drafts the previous step proposed, against draft_probs() (q; null when every
+//      draft is deterministic), and reports each request's result (record_verification) and the
+//      step's target time (record_target_step);
+//   2. calls propose() with every request the step ran; the drafts travel in
+//      ModelRunnerOutput::draft_token_ids to Scheduler::set_draft_tokens.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/model.h"
+#include "sampling/sampling_params.h"
+
+namespace specula {
+
+class Backend;
+class Tokenizer;
+struct ModelConfig;
+
+// One request of the step, as the proposer sees it once the step's tokens are accepted.
+struct ProposerRequest {
+  std::string_view req_id;
+  std::span<const int32_t> tokens;      // prompt + output, this step's accepted tokens included
+  int num_prompt_tokens = 0;
+  // Tokens whose target K/V is valid now (positions < this). A request that sampled has exactly
+  // one more token (the last sampled one, not yet through the target); a prefill chunk has fewer.
+  int num_target_computed = 0;
+  bool sampled = false;                 // this step produced tokens for it (else: a prefill chunk)
+  bool verified_drafts = false;         // this step verified drafts of it (it drafted last step)
+  int max_drafts = 0;                   // drafts the next step could verify for it (0: none)
+  std::span<const int32_t> block_ids;   // its block table: also the block table of proposer caches
+  const SamplingParams* params = nullptr;
+  uint64_t seed = 0;                    // its RNG stream (draws keyed by position, see sampling_math.h)
+  std::span<const int32_t> min_tokens_stop_ids;  // masked while fewer than min_tokens are generated
+  // Its rows of this step's target forward: rows [first_row, first_row + num_rows) of
+  // ProposeBatch::target_hidden_states are positions [first_position, first_position + num_rows)
+  // (including drafts that were rejected: only positions < num_target_computed are real).
+  int first_row = 0;
+  int num_rows = 0;
+  int first_position = 0;
+};
+
+struct ProposeBatch {
+  std::vector<ProposerRequest> requests;
+  // Drafts wanted per request this step (chosen by the speculator); each request also caps at its
+  // max_drafts. 0: no drafts, but a proposer that cannot catch up later (one that needs the
+  // target's hidden states of every position) must still consume this step.
+  int depth = 0;
+  // F32/compute dtype [T, hidden] after the final norm, on the device. Backend scratch memory:
+  // valid until the next forward on the backend, so a proposer copies the rows it needs before
+  // running a model of its own. Undefined when the model did not return it.
+  Tensor target_hidden_states;
+};
+
+class Speculator {
+ public:
+  virtual ~Speculator() = default;
+
+  // The most drafts a request verifies in one step: the scheduler reserves this many KV slots
+  // ahead of each request, the runner sizes its verification rows by it.
+  virtual int num_speculative_tokens() const = 0;
+  // The depth is chosen per step in 0..num_speculative_tokens (false: always all of them).
+  virtual bool adaptive() const = 0;
+  // One line for the engine's start-up log ("method draft_model (path), ...").
+  virtual std::string describe() const = 0;
+
+  // A paged KV cache kept beside the target's on the target's block tables (a draft model's
+  // layers); empty when there is none. Sized together with the target's, then allocated once.
+  virtual KVCacheSpec kv_cache_spec() const { return {}; }
+  virtual void allocate_kv_cache(int num_blocks, int block_size) {}
+  // Device graphs of the speculator's fixed-shape work, after the target's; returns how many.
+  virtual size_t capture_graphs(const std::vector<int>& batch_sizes) { return 0; }
+
+  // The request finished or was preempted (a preempted one comes back new).
+  virtual void drop_request(std::string_view req_id) = 0;
+  // The distributions q the last drafts were sampled from: F32 [rows, vocab] on the device, row
+  // draft_probs_row(id) + j for draft j of the request; nullptr / -1 where drafts are
+  // deterministic (q one-hot at the draft).
+  virtual const Tensor* draft_probs() const = 0;
+  virtual int draft_probs_row(std::string_view req_id) const = 0;
+
+  // A request verified num_drafts drafts and accepted the first num_accepted of them.
+  virtual void record_verification(int num_drafts, int num_accepted) = 0;
+  // A step in which every scheduled request decoded with `rows` query rows (1 + drafts) took
+  // `seconds` for the target's forward and verification.
+  virtual void record_target_step(int num_seqs, int rows, double seconds) = 0;
+  // Chooses this step's depth (setting batch.depth), proposes, and returns the depth;
+  // drafts[i] are the drafts of batch.requests[i].
+  virtual int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) = 0;
+};
+
+// What a speculator may need when the engine builds it: the target is loaded, the KV cache is not
+// sized yet (kv_cache_spec is asked next, allocate_kv_cache follows).
+struct SpeculatorContext {
+  std::string target_model;           // the target checkpoint folder (MTP reads its own layers there)
+  std::string load_format;            // auto | safetensors | dummy, as the target's
+  uint64_t seed = 0;
+  int shared_expert_fusion = 0;       // as resolved for the target
+  const ModelConfig& target_config;
+  Model& target;                      // MTP/EAGLE share its embedding and head
+  const Tokenizer& target_tokenizer;
+  Backend& backend;
+  int max_model_len = 0;              // the target's
+  int max_num_seqs = 0;
+  int max_num_batched_tokens = 0;
+};
+
+using SpeculatorFactory = std::function<std::unique_ptr<Speculator>(const SpeculatorContext&)>;
+
+}  // namespace specula

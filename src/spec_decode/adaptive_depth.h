@@ -1,0 +1,92 @@
+// How many drafts to propose this step (0..k), so that speculation pays for itself.
+//
+// For batch size B and depth d the expected tokens per request per step are
+//     E(d) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_d
+// where a_i is the measured acceptance of draft i given drafts 1..i-1 were accepted (an
+// exponential moving average per position, seeded with a prior), and a step costs
+//     T(d) = target(B, 1 + d) + draft(B, d)
+// from the MEASURED cost model (step_cost_model.h). The depth maximises E(d) / T(d), the tokens
+// per second of every request (so both throughput and TPOT), and a depth d > 0 is only taken when
+// it beats plain decoding (d = 0) by `min_gain`: under heavy load, where verifying d extra rows is
+// no longer nearly free, or when acceptance is low, the answer is 0 and the step is a plain decode.
+//
+// Exploration: a choice only measures what it runs. Every `probe_interval` steps one step runs a
+// depth that was not chosen lately (1 when speculation is off, 0 when it is on) so acceptance and
+// costs stay fresh, but only where the probe could pay (a depth-1 probe is skipped when even
+// certain acceptance could not beat plain decoding at this batch size).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "spec_decode/step_cost_model.h"
+
+namespace specula {
+
+struct AdaptiveDepthConfig {
+  int num_speculative_tokens = 1;              // k
+  bool adaptive = true;           // false: always k
+  double prior_acceptance = 0.7;  // a_i before any draft at position i was verified
+  // Weight of one verified draft position: 1 / (n + 2) for the n-th (the prior counts as one
+  // observation, so the first probes move the estimate at once), then this EMA floor.
+  double acceptance_weight = 0.01;
+  // Speculate only for at least 10 % more tokens per second. The model's step times are EMAs of
+  // wall times that move by 5-10 % from run to run on the H100, and what it does not model
+  // (the draft mirroring new prompts, per-step bookkeeping) all counts against speculation: with
+  // 3 % it chose depth ~1 at 64 requests where that measured 0.81x of no speculation (pinned k=1
+  // needs 1.92x a plain step for 1.86 tokens there).
+  double min_gain = 1.10;
+  // Steps between probes (a plain step while speculating, a depth-1 step while not), per batch
+  // bucket. A probe from depth 0 that does not turn speculation on doubles that bucket's interval
+  // up to max_probe_interval: under load a probe costs a verification and the draft's catch-up
+  // of every request, which every 32 steps cost 3-7 % of throughput on the H100.
+  int probe_interval = 32;
+  int max_probe_interval = 1024;
+};
+
+class AdaptiveDepth {
+ public:
+  AdaptiveDepth(const AdaptiveDepthConfig& config, std::unique_ptr<StepCostModel> cost);
+
+  // One request's verification: num_drafts proposed, the first num_accepted accepted.
+  void record_verification(int num_drafts, int num_accepted);
+  // The depth for a step over num_seqs requests (advances the probe clock).
+  int choose(int num_seqs);
+  // The depth in force without choosing anew (a step with no decoding request, whose prompt
+  // chunks the draft mirrors only while speculation is on): the best for num_seqs requests, no
+  // probe.
+  int current(int num_seqs) const;
+
+  // Could one draft pay at this batch size, were it always accepted? (No: speculation is off
+  // here whatever the acceptance, until the costs say otherwise.)
+  bool draft_could_pay(int num_seqs) const;
+
+  double expected_tokens(int depth) const;
+  // Expected tokens per second of one request at this depth (the objective).
+  double tokens_per_second(int num_seqs, int depth) const;
+  // a_1..a_k (conditional acceptance per position).
+  std::vector<double> acceptance() const;
+  const AdaptiveDepthConfig& config() const { return config_; }
+  // The last choice was 0 only to re-measure a plain step while speculation pays: proposers that
+  // must see every step (MTP) should still be given it.
+  bool plain_probe() const { return plain_probe_; }
+  // The last choice was 1 only to probe whether speculation pays again (from depth 0).
+  bool draft_probe() const { return probe_bucket_ >= 0; }
+  StepCostModel& cost() { return *cost_; }
+
+ private:
+  int best_depth(int num_seqs) const;
+
+  AdaptiveDepthConfig config_;
+  std::unique_ptr<StepCostModel> cost_;
+  std::vector<double> accept_;     // conditional acceptance per position
+  std::vector<int64_t> observed_;  // verified drafts per position
+  std::vector<int> probe_every_;      // per batch bucket (OnlineCostModel::bucket_of)
+  std::vector<int> since_probe_;      // steps since that bucket's last probe
+  int probe_bucket_ = -1;             // the previous step probed from depth 0 in this bucket
+  int probe_num_seqs_ = 0;
+  bool plain_probe_ = false;
+};
+
+}  // namespace specula

@@ -1,0 +1,123 @@
+#include "spec_decode/adaptive_speculator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "core/phase_profile.h"
+
+namespace specula {
+
+namespace {
+
+AdaptiveDepthConfig depth_config(const AdaptiveSpeculatorConfig& c) {
+  AdaptiveDepthConfig a;
+  a.num_speculative_tokens = c.num_speculative_tokens;
+  a.adaptive = c.adaptive;
+  return a;
+}
+
+}  // namespace
+
+AdaptiveSpeculator::AdaptiveSpeculator(std::unique_ptr<Proposer> proposer, const AdaptiveSpeculatorConfig& config,
+                                       std::unique_ptr<StepCostModel> cost)
+    : proposer_(std::move(proposer)), config_(config),
+      depth_(depth_config(config),
+             cost ? std::move(cost)
+                  : std::make_unique<OnlineCostModel>(config.num_speculative_tokens + 1,
+                                                      proposer_ ? proposer_->relative_step_cost() : 0.2, 0.2,
+                                                      proposer_ ? proposer_->draft_fixed_cost() : 0.5)) {
+  SPECULA_CHECK(proposer_ != nullptr, "speculator: no proposer");
+}
+
+AdaptiveSpeculator::~AdaptiveSpeculator() {
+  if (!phase_profile::enabled() || !config_.adaptive) return;
+  const int k = config_.num_speculative_tokens;
+  std::string text = "== SPECULA_PROFILE: adaptive depth (microseconds; tok/s of one request at each depth)\n";
+  text += fmt::format("acceptance per position: {:.3f}\n", fmt::join(depth_.acceptance(), ", "));
+  for (int b : {1, 4, 16, 64, 256}) {
+    StepCostModel& c = depth_.cost();
+    std::vector<std::string> target, draft, rate;
+    for (int r = 1; r <= k + 1; ++r) target.push_back(fmt::format("{:.0f}", 1e6 * c.target_seconds(b, r)));
+    for (int d = 1; d <= k; ++d) draft.push_back(fmt::format("{:.0f}", 1e6 * c.draft_seconds(b, d)));
+    for (int d = 0; d <= k; ++d) rate.push_back(fmt::format("{:.0f}", depth_.tokens_per_second(b, d)));
+    text += fmt::format("batch {:>3}: target rows 1..{} [{}]  draft depth 1..{} [{}]  tok/s depth 0..{} [{}]  -> depth {}\n",
+                        b, k + 1, fmt::join(target, " "), k, fmt::join(draft, " "), k, fmt::join(rate, " "),
+                        depth_.current(b));
+  }
+  std::fputs(text.c_str(), stderr);
+}
+
+int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
+  int num_decoding = 0;
+  for (const ProposerRequest& r : batch.requests) num_decoding += r.sampled ? 1 : 0;
+  // Only decoding requests can draft; a step of prompt chunks alone takes the best depth for its
+  // batch (no probe), so that the draft mirrors the chunks where speculation will run and stays
+  // idle where it will not.
+  batch.depth = num_decoding > 0 ? depth_.choose(num_decoding)
+                                 : depth_.current(static_cast<int>(batch.requests.size()));
+  // Load shedding: a decode step that the adaptive depth runs without speculation (depth 0: the
+  // batch is large enough that drafts cost more than they gain) does not call the proposer at
+  // all, so that speculation then costs nothing. The draft model catches up when it drafts again;
+  // the MTP layer skips the catch-up forward it would otherwise run every step (at 64 concurrent
+  // requests on the H100 that forward took specula-tiny-moe from 106k to 62k tokens/s): the
+  // positions skipped count as inherited, their cache entries stale (mtp_proposer.h), which can
+  // lower acceptance and never change the output. A plain step that only re-measures the target
+  // while speculation pays (a probe) is still given to the proposer. So is every depth-0 step of
+  // a proposer that needs every step (MTP) in a batch no larger than a probe, where one draft
+  // could pay: there speculation is off only for want of acceptance, and a cache gone stale in
+  // the depth-0 stretch would be what keeps the probes' acceptance low, so that speculation never
+  // came back (on the H100, specula-tiny-moe at concurrency 1 stayed at depth 0 where k = 1 pinned
+  // gains 18 %). Such a step costs one catch-up forward of a few requests; under load the
+  // shedding stays (that forward for 64 requests cost 40 % of throughput).
+  const bool feed = depth_.plain_probe() || (proposer_->needs_every_step() && num_decoding <= kProbeRequests &&
+                                             depth_.draft_could_pay(num_decoding));
+  if (batch.depth == 0 && num_decoding > 0 && !feed) {
+    drafts.assign(batch.requests.size(), {});
+    return 0;
+  }
+  // A probe from depth 0 drafts for a few requests only: it is there to measure acceptance, and
+  // under load the draft's catch-up of every request (all the tokens since it last drafted)
+  // would cost more than the whole probe is worth (on the H100 at 64 requests, 7-11 % of
+  // throughput). The others verify nothing this step.
+  if (depth_.draft_probe()) {
+    int kept = 0;
+    for (ProposerRequest& r : batch.requests)
+      if (r.sampled && r.max_drafts > 0 && ++kept > kProbeRequests) r.max_drafts = 0;
+  }
+  // Steady state: every request verified drafts this step, so it drafted in the previous one and
+  // catches up at most 1 + k tokens. Only such steps teach the cost model a draft step's cost: the
+  // first drafting step of a request also runs its prompt (or the tokens of a depth-0 stretch)
+  // through the draft, and recording that once made the H100's cost model think drafts cost more
+  // than target steps, so that the depth stuck at 0.
+  bool steady = true;
+  for (const ProposerRequest& r : batch.requests) steady = steady && r.sampled && r.verified_drafts;
+  const auto t0 = std::chrono::steady_clock::now();
+  proposer_->propose(batch, drafts);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int drafting = 0, most = 0;
+  for (const std::vector<int32_t>& d : drafts) {
+    drafting += d.empty() ? 0 : 1;
+    most = std::max(most, static_cast<int>(d.size()));
+  }
+  // The proposer's cost at this depth: its time, steady catch-up included, but not from a step
+  // whose catch-up also ran more than the steady 1 + k positions a request (a prompt, a depth-0
+  // stretch): that is not what a draft step costs, and a draft cost learned too high keeps
+  // speculation off where no steady step corrects it.
+  const int64_t steady_catch_up = static_cast<int64_t>(batch.requests.size()) * (config_.num_speculative_tokens + 1);
+  if (drafting > 0 && steady && proposer_->last_catch_up_tokens() <= steady_catch_up)
+    depth_.cost().record_draft(drafting, most, seconds);
+  return batch.depth;
+}
+
+std::string AdaptiveSpeculator::describe() const {
+  return fmt::format("{}, num_speculative_tokens={}, adaptive depth {}", config_.description,
+                     config_.num_speculative_tokens, config_.adaptive ? "on" : "off");
+}
+
+}  // namespace specula

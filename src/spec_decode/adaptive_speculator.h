@@ -1,0 +1,65 @@
+// The engine's Speculator (engine/speculator.h) as spec_decode builds it: a proposer, the
+// adaptive depth and its cost model. Each step the model runner reports verification results
+// (record_verification) and the target's step time (record_target_step); propose() picks the
+// step's depth and runs the proposer, timing it for the cost model.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/speculator.h"
+#include "spec_decode/adaptive_depth.h"
+#include "spec_decode/proposer.h"
+#include "spec_decode/step_cost_model.h"
+
+namespace specula {
+
+struct AdaptiveSpeculatorConfig {
+  int num_speculative_tokens = 1;  // the most drafts per request per step
+  bool adaptive = true;            // false: always num_speculative_tokens
+  std::string description;         // the start-up log's "method ... (model)"
+};
+
+class AdaptiveSpeculator final : public Speculator {
+ public:
+  // cost: the cost model (an OnlineCostModel seeded with the proposer's relative cost when null).
+  AdaptiveSpeculator(std::unique_ptr<Proposer> proposer, const AdaptiveSpeculatorConfig& config,
+                     std::unique_ptr<StepCostModel> cost = nullptr);
+  // With SPECULA_PROFILE=1, prints what the adaptive depth learned (step costs, acceptance, the
+  // depth it would choose) for a few batch sizes to stderr.
+  ~AdaptiveSpeculator() override;
+
+  Proposer& proposer() { return *proposer_; }
+  AdaptiveDepth& depth() { return depth_; }
+
+  int num_speculative_tokens() const override { return config_.num_speculative_tokens; }
+  bool adaptive() const override { return config_.adaptive; }
+  std::string describe() const override;
+
+  KVCacheSpec kv_cache_spec() const override { return proposer_->kv_cache_spec(); }
+  void allocate_kv_cache(int num_blocks, int block_size) override { proposer_->allocate_kv_cache(num_blocks, block_size); }
+  size_t capture_graphs(const std::vector<int>& batch_sizes) override { return proposer_->capture_graphs(batch_sizes); }
+
+  void drop_request(std::string_view req_id) override { proposer_->drop_request(req_id); }
+  const Tensor* draft_probs() const override { return proposer_->draft_probs(); }
+  int draft_probs_row(std::string_view req_id) const override { return proposer_->draft_probs_row(req_id); }
+
+  void record_verification(int num_drafts, int num_accepted) override {
+    depth_.record_verification(num_drafts, num_accepted);
+  }
+  void record_target_step(int num_seqs, int rows, double seconds) override {
+    depth_.cost().record_target(num_seqs, rows, seconds);
+  }
+  int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
+
+  static constexpr int kProbeRequests = 4;  // requests that draft in a probe from depth 0
+
+ private:
+  std::unique_ptr<Proposer> proposer_;
+  AdaptiveSpeculatorConfig config_;
+  AdaptiveDepth depth_;
+};
+
+}  // namespace specula

@@ -1,0 +1,81 @@
+// The static inputs of a padded draft step: drafts 2..k of the draft_model and mtp proposers run
+// one decode row per drafting request over these buffers, at a padded batch size, so that a step
+// reads nothing else and a CUDA graph captured over them replays with new contents (prepare()
+// refills them with plain copies before each step). What a step computes (the draft model, an
+// MTP layer with its chained hidden state) stays with the proposer; this is only its inputs.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "spec_decode/draft_step_helpers.h"
+
+namespace specula {
+
+class DraftStepBuffers {
+ public:
+  // [max_num_seqs] rows; block tables [max_num_seqs, max_blocks_per_seq]. `cache` names the
+  // proposer's cache in errors. max_chain_steps: the longest chain prepare_chain stages (0: none).
+  void allocate(Backend& backend, int max_num_seqs, int max_blocks_per_seq, int block_size, const char* cache,
+                int max_chain_steps = 0);
+
+  // Fills the first `padded` rows for draft `step` (2..k) of the requests `rows` (batch indices):
+  // row i's input is draft step-1 at position tokens.size() - first_back + step - 1, where the row
+  // that sampled draft 1 sits at tokens.size() - first_back. A row that has all its drafts idles
+  // on that position without writing K/V; rows past the real ones are padding. The block tables
+  // only upload when `upload_tables` (they do not change between the steps of one propose).
+  // Waits for the previous step's uploads first (pinned staging).
+  void prepare(const ProposeBatch& batch, const std::vector<size_t>& rows, int step, int padded,
+               const std::vector<std::vector<int32_t>>& drafts, const std::vector<int>& num_drafts,
+               bool upload_tables, int first_back);
+  // A chain: drafts 2..1+steps run back to back with no host round trip, each step's tokens
+  // written on the device (by the caller's argmax) into tokens(). prepare_chain stages every
+  // step's positions, slots and lengths at once (rows as prepare() fills them for that step) and
+  // uploads them with the block tables; load_chain_step(j) then makes step j current with device
+  // copies enqueued behind the previous step's forward (and sets the host lengths input() reports).
+  // Waits for earlier uploads first (pinned staging).
+  void prepare_chain(const ProposeBatch& batch, const std::vector<size_t>& rows, int steps, int padded,
+                     const std::vector<int>& num_drafts, int first_back);
+  void load_chain_step(int step);
+  // The staged chain as a fused chain's inputs (Model::greedy_chain): rows, steps, positions,
+  // slots and block tables, every step's rows at once.
+  void fill_chain(DecoderChain& chain) const;
+  // The static token input of the first `padded` rows.
+  Tensor tokens(int padded) const { return tokens_.device.slice(0, padded); }
+
+  // The forward input of the first `padded` rows, with the lengths prepare() set.
+  ForwardInput input(int padded) const;
+  // The same for a graph capture: every row claims `longest` (launch shapes come from the host
+  // metadata; the kernels read the true lengths at replay).
+  ForwardInput capture_input(int padded, int longest) const;
+  // An all-padding batch of `most` rows, for a capture: token 0 at position 0, no K/V write, one
+  // key in block 0 (zeroed or written K/V: finite). Synchronizes before and after.
+  void fill_padding(int most);
+
+ private:
+  ForwardInput input_shell(int padded) const;
+  // Row `row`'s position, slot and length in draft step `step` (its token aside); padding rows
+  // past the real ones write nothing at position 0.
+  void fill_row(const ProposeBatch& batch, const std::vector<size_t>& rows, int row, int step,
+                const std::vector<int>& num_drafts, int first_back, int32_t& position, int64_t& slot,
+                int32_t& seq_len) const;
+  // Block table rows of the first `padded` rows (padding rows attend to `pad_block`'s first entry).
+  void fill_tables(const ProposeBatch& batch, const std::vector<size_t>& rows, int padded);
+
+  Backend* backend_ = nullptr;
+  int block_size_ = 0;
+  int max_blocks_per_seq_ = 0;
+  const char* cache_ = "";
+  StagedTensor tokens_, positions_, slots_, seq_lens_, tables_;
+  // One query row per sequence: query_start_loc and the logits rows are 0, 1, 2, ... whatever
+  // the batch, so they are uploaded once.
+  Tensor qsl_, logits_idx_;
+  std::vector<int32_t> qsl_host_, seq_lens_host_;
+  int max_seq_len_ = 1;
+  // The staged chain: step j's rows at offset (j - 2) * chain_padded_.
+  StagedTensor chain_positions_, chain_slots_, chain_seq_lens_;
+  int max_chain_steps_ = 0, chain_steps_ = 0, chain_padded_ = 0;
+};
+
+}  // namespace specula

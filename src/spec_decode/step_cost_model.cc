@@ -1,0 +1,91 @@
+#include "spec_decode/step_cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <utility>
+
+namespace specula {
+
+namespace {
+constexpr int kNumBuckets = 16;  // batches up to 2^15 requests
+}  // namespace
+
+OnlineCostModel::OnlineCostModel(int max_rows, double draft_ratio, double ema_weight, double draft_fixed)
+    : max_rows_(std::max(1, max_rows)), draft_ratio_(draft_ratio), ema_weight_(ema_weight), draft_fixed_(draft_fixed),
+      target_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_) + 1)),
+      draft_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_))) {}
+
+int OnlineCostModel::bucket_of(int num_seqs) {
+  int b = 0;
+  while (b + 1 < kNumBuckets && (1 << b) < num_seqs) ++b;
+  return b;
+}
+
+double OnlineCostModel::prior_target(double num_seqs, int rows) { return 1.0 + num_seqs * rows / 256.0; }
+
+void OnlineCostModel::update(Entry& e, int num_seqs, double seconds) {
+  if (e.samples < kSettleSamples) {
+    if (!e.measured || seconds < e.seconds) {
+      e.seconds = seconds;
+      e.num_seqs = num_seqs;
+    }
+    e.measured = true;
+    ++e.samples;
+    return;
+  }
+  seconds = std::min(seconds, kMaxJump * e.seconds);
+  e.seconds += ema_weight_ * (seconds - e.seconds);
+  e.num_seqs += ema_weight_ * (num_seqs - e.num_seqs);
+}
+
+void OnlineCostModel::record_target(int num_seqs, int rows, double seconds) {
+  if (num_seqs < 1 || rows < 1 || rows > max_rows_ || !(seconds >= 0.0)) return;
+  update(target_[bucket_of(num_seqs)][rows], num_seqs, seconds);
+}
+
+void OnlineCostModel::record_draft(int num_seqs, int depth, double seconds) {
+  if (num_seqs < 1 || depth < 1 || depth >= max_rows_ || !(seconds >= 0.0)) return;
+  update(draft_[bucket_of(num_seqs)][depth], num_seqs, seconds);
+}
+
+std::optional<std::pair<int, int>> OnlineCostModel::nearest(const std::vector<std::vector<Entry>>& table, int bucket,
+                                                            int col) {
+  // Same bucket first (rows and depths are cheap to extrapolate with the prior), then
+  // neighbouring buckets.
+  std::optional<std::pair<int, int>> best;
+  int best_d = 1 << 30;
+  for (int b = 0; b < static_cast<int>(table.size()); ++b) {
+    for (int r = 1; r < static_cast<int>(table[b].size()); ++r) {
+      if (!table[b][r].measured) continue;
+      const int d = 4 * std::abs(b - bucket) + std::abs(r - col);
+      if (d < best_d) {
+        best_d = d;
+        best = std::make_pair(b, r);
+      }
+    }
+  }
+  return best;
+}
+
+double OnlineCostModel::target_seconds(int num_seqs, int rows) const {
+  num_seqs = std::max(1, num_seqs);
+  rows = std::clamp(rows, 1, max_rows_);
+  const std::optional<std::pair<int, int>> near = nearest(target_, bucket_of(num_seqs), rows);
+  if (!near) return prior_target(num_seqs, rows);
+  const Entry& e = target_[near->first][near->second];
+  return e.seconds * prior_target(num_seqs, rows) / prior_target(e.num_seqs, near->second);
+}
+
+double OnlineCostModel::draft_seconds(int num_seqs, int depth) const {
+  if (depth <= 0) return 0.0;
+  num_seqs = std::max(1, num_seqs);
+  const std::optional<std::pair<int, int>> near = nearest(draft_, bucket_of(num_seqs), depth);
+  if (!near) return draft_ratio_ * target_seconds(num_seqs, 1) * prior_draft_shape(depth);
+  const Entry& e = draft_[near->first][near->second];
+  return e.seconds * prior_target(num_seqs, 1) / prior_target(e.num_seqs, 1) * prior_draft_shape(depth) /
+         prior_draft_shape(near->second);
+}
+
+}  // namespace specula

@@ -1,0 +1,205 @@
+// CUDA graphs of decode steps, at two levels:
+//  - PaddedGraphs over a real model's forward (the Qwen3 fixture): a replay gives bit for bit the
+//    logits of an eager forward of the same inputs, and follows new inputs copied into the same
+//    buffers;
+//  - the ModelRunner through the EngineCore: greedy continuations of several batches (sizes that
+//    pad up to a captured size and ones that match one) are the same with decode graphs as
+//    without, on the embedded specula-tiny model, with the device sampler.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "sampling/device_sampler.h"
+#include "engine/engine_core.h"
+#include "backend/padded_graphs.h"
+#include "model/model.h"
+#include "model/weight_source.h"
+#include "test_paths.h"
+#include "tokenizer/tokenizer.h"
+#include "unit/backend/cuda/cuda_test_util.h"
+
+namespace specula {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::to_gpu;
+using testing::to_host;
+
+// A decode batch of `size` sequences, sequence s with `len[s]` tokens in blocks s*4 .. s*4+3.
+struct DecodeBuffers {
+  Tensor tokens, positions, slots, qsl, lens, tables, logits_idx;
+  ForwardInput input(int size, int max_len) const {
+    ForwardInput in;
+    in.token_ids = tokens.slice(0, size);
+    in.positions = positions.slice(0, size);
+    in.logits_indices = logits_idx.slice(0, size);
+    in.attn.num_seqs = size;
+    in.attn.num_tokens = size;
+    in.attn.max_query_len = 1;
+    in.attn.max_seq_len = max_len;
+    in.attn.block_size = 16;
+    in.attn.query_start_loc = qsl.slice(0, size + 1);
+    in.attn.seq_lens = lens.slice(0, size);
+    in.attn.slot_mapping = slots.slice(0, size);
+    in.attn.block_tables = tables.slice(0, size);
+    in.attn.query_start_loc_host.resize(size + 1);
+    std::iota(in.attn.query_start_loc_host.begin(), in.attn.query_start_loc_host.end(), 0);
+    in.attn.seq_lens_host.assign(size, max_len);
+    return in;
+  }
+};
+
+TEST(PaddedGraphs, ReplayEqualsEagerBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const fs::path dir = testing::fixtures_dir() / "models" / "qwen3_yarn_tied";
+  auto gpu = make_cuda_backend(0);
+  auto weights = open_safetensors_checkpoint(dir);
+  auto model = create_model(load_model_config(dir), *weights, *gpu);
+  const KVCacheSpec spec = model->kv_cache_spec();
+  const int max_seqs = 4, blocks_per_seq = 4, max_len = 64;
+  std::vector<KVCacheLayer> kv;
+  for (int64_t l = 0; l < spec.num_layers; ++l) {
+    kv.push_back({gpu->empty({max_seqs * blocks_per_seq, 16, spec.num_kv_heads, spec.head_dim}, DType::kBF16),
+                  gpu->empty({max_seqs * blocks_per_seq, 16, spec.num_kv_heads, spec.v_head_dim}, DType::kBF16)});
+    gpu->zero(kv.back().k);
+    gpu->zero(kv.back().v);
+  }
+  // Fill the cache with a prefill of each sequence (different lengths), eagerly.
+  const std::vector<int32_t> lens{9, 33, 17, 50};
+  for (int s = 0; s < max_seqs; ++s) {
+    std::vector<int32_t> ids(lens[s] - 1), pos(ids.size());
+    std::vector<int64_t> slots(ids.size());
+    for (size_t j = 0; j < ids.size(); ++j) {
+      ids[j] = 3 + (static_cast<int>(j) * 37 + s * 11) % 300;
+      pos[j] = static_cast<int32_t>(j);
+      slots[j] = s * blocks_per_seq * 16 + static_cast<int64_t>(j);
+    }
+    std::vector<int32_t> table(blocks_per_seq);
+    std::iota(table.begin(), table.end(), s * blocks_per_seq);
+    ForwardInput in;
+    in.token_ids = to_gpu(*gpu, Tensor::from_i32(ids));
+    in.positions = to_gpu(*gpu, Tensor::from_i32(pos));
+    in.logits_indices = to_gpu(*gpu, Tensor::from_i32({static_cast<int32_t>(ids.size()) - 1}));
+    in.attn.num_seqs = 1;
+    in.attn.num_tokens = static_cast<int32_t>(ids.size());
+    in.attn.max_query_len = in.attn.num_tokens;
+    in.attn.max_seq_len = in.attn.num_tokens;
+    in.attn.query_start_loc = to_gpu(*gpu, Tensor::from_i32({0, in.attn.num_tokens}));
+    in.attn.seq_lens = to_gpu(*gpu, Tensor::from_i32({in.attn.num_tokens}));
+    in.attn.block_tables = to_gpu(*gpu, Tensor::from_i32(table, {1, blocks_per_seq}));
+    in.attn.slot_mapping = to_gpu(*gpu, Tensor::from_i64(slots));
+    in.attn.query_start_loc_host = {0, in.attn.num_tokens};
+    in.attn.seq_lens_host = {in.attn.num_tokens};
+    model->forward(in, kv);
+  }
+  // Static decode buffers: token lens[s] - 1 of each sequence.
+  DecodeBuffers b;
+  std::vector<int32_t> tokens, positions, qsl{0}, seq_lens, table, idx;
+  std::vector<int64_t> slots;
+  for (int s = 0; s < max_seqs; ++s) {
+    tokens.push_back(100 + s);
+    positions.push_back(lens[s] - 1);
+    slots.push_back(s * blocks_per_seq * 16 + lens[s] - 1);
+    qsl.push_back(s + 1);
+    seq_lens.push_back(lens[s]);
+    idx.push_back(s);
+    for (int j = 0; j < blocks_per_seq; ++j) table.push_back(s * blocks_per_seq + j);
+  }
+  b.tokens = to_gpu(*gpu, Tensor::from_i32(tokens));
+  b.positions = to_gpu(*gpu, Tensor::from_i32(positions));
+  b.slots = to_gpu(*gpu, Tensor::from_i64(slots));
+  b.qsl = to_gpu(*gpu, Tensor::from_i32(qsl));
+  b.lens = to_gpu(*gpu, Tensor::from_i32(seq_lens));
+  b.tables = to_gpu(*gpu, Tensor::from_i32(table, {max_seqs, blocks_per_seq}));
+  b.logits_idx = to_gpu(*gpu, Tensor::from_i32(idx));
+
+  PaddedGraphs graphs(*gpu);
+  std::map<int, ForwardOutput> outs;
+  graphs.capture({1, 2, 4}, [&](int size) { outs[size] = model->forward(b.input(size, max_len), kv); });
+  ASSERT_EQ(graphs.sizes(), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(graphs.padded_size(3), 4);
+  EXPECT_EQ(graphs.padded_size(5), 0);
+  for (int size : {1, 2, 4}) {
+    gpu->zero(outs[size].logits);
+    ASSERT_TRUE(graphs.replay(size));
+    const std::vector<float> replayed = to_host(*gpu, outs[size].logits);
+    const std::vector<float> eager = to_host(*gpu, model->forward(b.input(size, max_len), kv).logits);
+    EXPECT_EQ(replayed, eager) << "size " << size;
+  }
+  // New tokens in the same buffers: the replay follows them.
+  Tensor fresh = Tensor::from_i32({7, 8, 9, 10});
+  gpu->copy(fresh, b.tokens);
+  ASSERT_TRUE(graphs.replay(4));
+  const std::vector<float> replayed = to_host(*gpu, outs[4].logits);
+  EXPECT_EQ(replayed, to_host(*gpu, model->forward(b.input(4, max_len), kv).logits));
+}
+
+// Greedy continuations through EngineCore + ModelRunner on the GPU, with or without graphs.
+std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& gpu, const Tokenizer& tok,
+                                             const std::vector<std::vector<int32_t>>& prompts, bool graphs,
+                                             size_t* num_graphs) {
+  EngineCoreConfig c;
+  c.max_model_len = 256;
+  c.max_num_seqs = 8;
+  c.max_num_batched_tokens = 64;
+  c.block_size = 16;
+  c.num_blocks = 256;
+  c.vocab_size = model.config().vocab_size;
+  auto sampler = make_sampler(gpu, c.max_num_seqs, c.vocab_size);
+  ModelRunnerConfig rc;
+  rc.max_num_seqs = c.max_num_seqs;
+  rc.max_num_batched_tokens = c.max_num_batched_tokens;
+  rc.max_model_len = c.max_model_len;
+  rc.block_size = c.block_size;
+  rc.num_blocks = c.num_blocks;
+  ModelRunner runner(model, gpu, *sampler, rc);
+  if (graphs) *num_graphs = runner.capture_decode_graphs(PaddedGraphs::default_sizes(c.max_num_seqs));
+  EngineCore core(c, runner, tok);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    p.max_tokens = 32;
+    p.ignore_eos = true;
+    streams.push_back(std::make_shared<RequestStream>());
+    core.add_request(NewRequest{"r" + std::to_string(i), prompts[i], p}, streams.back());
+  }
+  while (core.step()) {
+  }
+  std::vector<std::vector<int32_t>> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    RequestOutput o;
+    while (streams[i]->pop(&o, std::chrono::milliseconds(0))) {
+      EXPECT_FALSE(o.error.has_value()) << *o.error;
+      for (const ChoiceDelta& d : o.choices) out[i].insert(out[i].end(), d.token_ids.begin(), d.token_ids.end());
+    }
+  }
+  return out;
+}
+
+TEST(DecodeGraphs, GreedyContinuationsEqualEagerOnes) {
+  SKIP_WITHOUT_GPU();
+  const fs::path dir = testing::models_dir() / "specula-tiny";
+  auto gpu = make_cuda_backend(0);
+  auto weights = open_safetensors_checkpoint(dir);
+  auto model = create_model(load_model_config(dir), *weights, *gpu);
+  auto tok = Tokenizer::from_dir(dir);
+  const std::vector<std::string> texts{"The quick brown fox", "Once upon a time, in a small village,",
+                                       "def fibonacci(n):", "1, 2, 3, 4,", "The capital of France is",
+                                       "Hello"};
+  for (size_t batch : {1u, 3u, 4u, 6u}) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t i = 0; i < batch; ++i) prompts.push_back(tok->encode(texts[i]));
+    size_t num_graphs = 0;
+    const auto eager = run_greedy(*model, *gpu, *tok, prompts, false, nullptr);
+    const auto graphed = run_greedy(*model, *gpu, *tok, prompts, true, &num_graphs);
+    EXPECT_EQ(num_graphs, 4u) << "sizes 1, 2, 4, 8";
+    for (size_t i = 0; i < batch; ++i) {
+      EXPECT_EQ(eager[i].size(), 32u);
+      EXPECT_EQ(graphed[i], eager[i]) << "batch " << batch << " prompt " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace specula

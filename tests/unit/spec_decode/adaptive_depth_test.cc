@@ -1,0 +1,178 @@
+// Adaptive depth: the choice of k per step from measured acceptance and a cost model, and the
+// online cost model itself.
+#include <gtest/gtest.h>
+
+#include "spec_decode/adaptive_depth.h"
+#include "spec_decode/step_cost_model.h"
+
+namespace specula {
+namespace {
+
+// A GPU-like cost: a target forward costs 10 ms flat until B * rows reaches 64 rows, then grows
+// linearly (compute bound); a draft step costs 1 ms + 0.01 ms per request.
+class FakeCost : public StepCostModel {
+ public:
+  double target_seconds(int num_seqs, int rows) const override {
+    return 0.010 * std::max(1.0, num_seqs * rows / 64.0);
+  }
+  double draft_seconds(int num_seqs, int depth) const override { return depth * (0.001 + 0.00001 * num_seqs); }
+};
+
+AdaptiveDepth make(int k, double acceptance, bool adaptive = true) {
+  AdaptiveDepthConfig c;
+  c.num_speculative_tokens = k;
+  c.adaptive = adaptive;
+  c.prior_acceptance = acceptance;
+  c.probe_interval = 0;  // no exploration: the choice alone
+  return AdaptiveDepth(c, std::make_unique<FakeCost>());
+}
+
+TEST(AdaptiveDepth, HighAcceptanceAtBatchOneTakesAllK) {
+  AdaptiveDepth d = make(5, 0.9);
+  EXPECT_EQ(d.choose(1), 5);
+  EXPECT_NEAR(d.expected_tokens(5), 1 + 0.9 + 0.81 + 0.729 + 0.6561 + 0.59049, 1e-9);
+}
+
+TEST(AdaptiveDepth, LowAcceptanceOrALargeBatchMeansNoSpeculation) {
+  EXPECT_EQ(make(5, 0.05).choose(1), 0);
+  // Batch 256: every extra row per request costs a whole forward's worth.
+  EXPECT_EQ(make(5, 0.9).choose(256), 0);
+  // In between, the depth shrinks as the batch grows.
+  AdaptiveDepth d = make(5, 0.8);
+  const int at1 = d.choose(1), at16 = d.choose(16), at32 = d.choose(32);
+  EXPECT_GE(at1, at16);
+  EXPECT_GE(at16, at32);
+  EXPECT_GT(at1, 0);
+}
+
+TEST(AdaptiveDepth, NeverChoosesADepthSlowerThanPlainDecoding) {
+  for (double a : {0.0, 0.2, 0.5, 0.8, 1.0}) {
+    for (int b : {1, 4, 16, 64, 256, 1024}) {
+      AdaptiveDepth d = make(4, a);
+      const int k = d.choose(b);
+      EXPECT_GE(d.tokens_per_second(b, k), d.tokens_per_second(b, 0)) << "acceptance " << a << " batch " << b;
+    }
+  }
+}
+
+TEST(AdaptiveDepth, LearnsAcceptanceFromVerifications) {
+  AdaptiveDepth d = make(3, 0.9);
+  EXPECT_EQ(d.choose(1), 3);
+  // Every first draft rejected: acceptance of position 1 collapses and speculation stops.
+  for (int i = 0; i < 2000; ++i) d.record_verification(3, 0);
+  EXPECT_LT(d.acceptance()[0], 0.05);
+  EXPECT_EQ(d.choose(1), 0);
+  // Then every draft accepted: back to full depth.
+  for (int i = 0; i < 2000; ++i) d.record_verification(3, 3);
+  EXPECT_GT(d.acceptance()[2], 0.95);
+  EXPECT_EQ(d.choose(1), 3);
+  // Position 2 and 3 are conditional on reaching them: first accepted, second rejected.
+  AdaptiveDepth e = make(3, 0.5);
+  for (int i = 0; i < 3000; ++i) e.record_verification(3, 1);
+  EXPECT_GT(e.acceptance()[0], 0.95);
+  EXPECT_LT(e.acceptance()[1], 0.05);
+  EXPECT_NEAR(e.acceptance()[2], 0.05, 0.05);  // never reached: follows position 2
+}
+
+TEST(AdaptiveDepth, PinnedWhenNotAdaptive) {
+  AdaptiveDepth d = make(4, 0.01, /*adaptive=*/false);
+  EXPECT_EQ(d.choose(1), 4);
+  EXPECT_EQ(d.choose(1000), 4);
+}
+
+TEST(AdaptiveDepth, ProbesOccasionallyWhereSpeculationCouldPay) {
+  AdaptiveDepthConfig c;
+  c.num_speculative_tokens = 3;
+  c.prior_acceptance = 0.02;
+  c.probe_interval = 8;
+  AdaptiveDepth d(c, std::make_unique<FakeCost>());
+  // Depth 1 at step 8 at batch 1; the probe's drafts are all rejected, so speculation stays off
+  // and the next probes come after 16, then 32 steps (backoff): steps 8, 24, 56.
+  std::vector<int> probed;
+  for (int i = 1; i <= 64; ++i) {
+    if (d.choose(1) > 0) {
+      probed.push_back(i);
+      d.record_verification(1, 0);
+    }
+  }
+  EXPECT_EQ(probed, (std::vector<int>{8, 24, 56}));
+  int probes = 0;
+  for (int i = 0; i < 64; ++i) probes += d.choose(1024) > 0 ? 1 : 0;
+  EXPECT_EQ(probes, 0);  // at batch 1024 not even certain acceptance would pay: no probes
+  AdaptiveDepthConfig hi = c;
+  hi.prior_acceptance = 0.9;
+  AdaptiveDepth e(hi, std::make_unique<FakeCost>());
+  int plain = 0;
+  for (int i = 0; i < 64; ++i) plain += e.choose(1) == 0 ? 1 : 0;
+  EXPECT_EQ(plain, 8);  // a plain step every 8th, to keep its cost measured
+}
+
+TEST(AdaptiveDepth, AProbeThatFindsHighAcceptanceTurnsSpeculationOn) {
+  // The prior says drafts are rarely accepted; the probe's drafts all are. The first
+  // observations weigh 1/(n+2), so one probe is enough to start speculating.
+  AdaptiveDepthConfig c;
+  c.num_speculative_tokens = 3;
+  c.prior_acceptance = 0.05;
+  c.probe_interval = 8;
+  AdaptiveDepth d(c, std::make_unique<FakeCost>());
+  int first_probe = 0;
+  for (int i = 1; i <= 8 && first_probe == 0; ++i)
+    if (d.choose(1) > 0) first_probe = i;
+  ASSERT_EQ(first_probe, 8);
+  d.record_verification(1, 1);
+  EXPECT_GT(d.acceptance()[0], 0.5);
+  EXPECT_GT(d.choose(1), 0);
+}
+
+TEST(OnlineCostModel, TheProposersFixedCostShapesUnmeasuredDepths) {
+  OnlineCostModel m(8, 0.25, 0.2, 3.0);  // draft(d) ~ d + 3
+  m.record_draft(1, 1, 0.004);
+  EXPECT_NEAR(m.draft_seconds(1, 5), 0.004 * 8.0 / 4.0, 1e-12);
+  EXPECT_NEAR(m.prior_draft_shape(1), 1.0, 1e-12);
+}
+
+TEST(OnlineCostModel, MeasuresAndExtrapolatesWithThePriorShape) {
+  OnlineCostModel m(4, 0.25);
+  // Nothing measured: the prior, draft at its ratio.
+  EXPECT_DOUBLE_EQ(m.target_seconds(1, 1), OnlineCostModel::prior_target(1, 1));
+  EXPECT_DOUBLE_EQ(m.draft_seconds(1, 1), 0.25 * OnlineCostModel::prior_target(1, 1));
+  EXPECT_DOUBLE_EQ(m.draft_seconds(1, 0), 0.0);
+  // One measurement anchors everything to seconds.
+  m.record_target(1, 1, 0.010);
+  EXPECT_DOUBLE_EQ(m.target_seconds(1, 1), 0.010);
+  EXPECT_NEAR(m.target_seconds(1, 4), 0.010 * OnlineCostModel::prior_target(1, 4) / OnlineCostModel::prior_target(1, 1),
+              1e-12);
+  EXPECT_NEAR(m.draft_seconds(1, 1), 0.25 * 0.010, 1e-12);
+  // A measured key wins over extrapolation; repeated measurements are averaged.
+  m.record_target(1, 4, 0.030);
+  EXPECT_NEAR(m.target_seconds(1, 4), 0.030, 1e-12);
+  for (int i = 0; i < 100; ++i) m.record_target(1, 4, 0.020);
+  EXPECT_NEAR(m.target_seconds(1, 4), 0.020, 1e-6);
+  m.record_draft(1, 1, 0.002);
+  EXPECT_NEAR(m.draft_seconds(1, 1), 0.002, 1e-12);
+  // Drafting is keyed by depth: a measured depth is what it measured, the others scale from the
+  // nearest measured one by d + 0.5, not by d.
+  EXPECT_NEAR(m.draft_seconds(1, 3), 0.002 * 3.5 / 1.5, 1e-12);
+  m.record_draft(1, 3, 0.004);
+  EXPECT_NEAR(m.draft_seconds(1, 3), 0.004, 1e-12);
+  EXPECT_NEAR(m.draft_seconds(1, 1), 0.002, 1e-12);
+  EXPECT_NEAR(m.draft_seconds(1, 4), 0.004 * 4.5 / 3.5, 1e-12);
+  // One slow sample at the start (a kernel's first launch) does not stick: the first samples
+  // settle on their minimum, and later outliers move the average by a bounded step.
+  OnlineCostModel fresh(4, 0.25);
+  fresh.record_draft(1, 1, 0.050);
+  fresh.record_draft(1, 1, 0.002);
+  fresh.record_draft(1, 1, 0.0021);
+  EXPECT_DOUBLE_EQ(fresh.draft_seconds(1, 1), 0.002);
+  fresh.record_draft(1, 1, 1.0);
+  EXPECT_NEAR(fresh.draft_seconds(1, 1), 0.002 + 0.2 * (3 * 0.002 - 0.002), 1e-12);
+  // Other batch sizes scale from the nearest measured bucket.
+  EXPECT_GT(m.target_seconds(200, 1), m.target_seconds(1, 1));
+  EXPECT_EQ(OnlineCostModel::bucket_of(1), 0);
+  EXPECT_EQ(OnlineCostModel::bucket_of(2), 1);
+  EXPECT_EQ(OnlineCostModel::bucket_of(3), 2);
+  EXPECT_EQ(OnlineCostModel::bucket_of(256), 8);
+}
+
+}  // namespace
+}  // namespace specula

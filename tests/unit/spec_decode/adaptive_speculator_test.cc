@@ -1,0 +1,194 @@
+// AdaptiveSpeculator: which proposer calls teach the cost model a draft step's cost, and load shedding.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <unordered_set>
+
+#include "spec_decode/adaptive_speculator.h"
+
+namespace specula {
+namespace {
+
+// A proposer whose first call for a request is slow (it runs the prompt through the draft) and
+// whose later calls are fast; it drafts `depth` copies of token 7.
+class CatchUpProposer : public Proposer {
+ public:
+  std::string_view method() const override { return "fake"; }
+  double relative_step_cost() const override { return 0.2; }
+  void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
+    ++calls;
+    drafts.assign(batch.requests.size(), {});
+    for (size_t i = 0; i < batch.requests.size(); ++i) {
+      const ProposerRequest& r = batch.requests[i];
+      if (seen_.insert(std::string(r.req_id)).second)
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the prompt's catch-up
+      if (r.sampled) drafts[i].assign(static_cast<size_t>(std::min(batch.depth, r.max_drafts)), 7);
+    }
+  }
+  void drop_request(std::string_view id) override { seen_.erase(std::string(id)); }
+  int calls = 0;
+
+ private:
+  std::unordered_set<std::string> seen_;
+};
+
+// Decoding requests; verified: each verified drafts this step (it drafted in the previous one).
+ProposeBatch decode_batch(const std::vector<std::string>& ids, bool verified = false) {
+  ProposeBatch b;
+  for (const std::string& id : ids) {
+    ProposerRequest r;
+    r.req_id = id;
+    r.sampled = true;
+    r.verified_drafts = verified;
+    r.max_drafts = 3;
+    b.requests.push_back(r);
+  }
+  return b;
+}
+
+TEST(AdaptiveSpeculator, OnlySteadyStepsTeachTheDraftCost) {
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  // A target decode step of 1 ms measured, as the runner records it.
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(1, r, 0.001 * (1.0 + 0.05 * (r - 1)));
+  const std::vector<std::string> ids = {"a"};
+  std::vector<std::vector<int32_t>> drafts;
+  ProposeBatch b = decode_batch(ids);
+  const int first = spec.propose(b, drafts);
+  ASSERT_GT(first, 0);  // priors: drafting pays
+  ASSERT_EQ(drafts[0].size(), static_cast<size_t>(first));
+  // The first call ran the 30 ms catch-up of the prompt: not a draft step's cost. Had it been
+  // recorded (10 ms per draft against a 1 ms target step) the depth would drop to 0 for good.
+  for (int step = 0; step < 20; ++step) {
+    b = decode_batch(ids, /*verified=*/true);
+    for (int i = 0; i < 3; ++i) spec.record_verification(3, 3);
+    EXPECT_GT(spec.propose(b, drafts), 0) << "step " << step;
+  }
+  EXPECT_LT(spec.depth().cost().draft_seconds(1, 3), 0.015);
+  EXPECT_EQ(p->calls, 21);
+}
+
+// A steady step (every request verified drafts) whose proposer still caught up more than 1 + k
+// positions a request (a prompt, a depth-0 stretch) does not teach the draft cost either.
+class LongCatchUpProposer : public CatchUpProposer {
+ public:
+  int64_t last_catch_up_tokens() const override { return catch_up; }
+  int64_t catch_up = 0;
+};
+
+TEST(AdaptiveSpeculator, StepsWithLongCatchUpsDoNotTeachTheDraftCost) {
+  auto proposer = std::make_unique<LongCatchUpProposer>();
+  LongCatchUpProposer* p = proposer.get();
+  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(2, r, 0.001);
+  const double prior = spec.depth().cost().draft_seconds(2, 3);
+  std::vector<std::vector<int32_t>> drafts;
+  ProposeBatch first = decode_batch({"a", "b"});
+  spec.propose(first, drafts);  // their first calls (slow, not steady)
+  p->catch_up = 2 * 4 + 1;      // one more than the steady 1 + k per request
+  ProposeBatch b = decode_batch({"a", "b"}, /*verified=*/true);
+  ASSERT_GT(spec.propose(b, drafts), 0);
+  EXPECT_DOUBLE_EQ(spec.depth().cost().draft_seconds(2, 3), prior) << "a long catch-up was learned";
+  p->catch_up = 2 * 4;
+  b = decode_batch({"a", "b"}, /*verified=*/true);
+  ASSERT_GT(spec.propose(b, drafts), 0);
+  EXPECT_NE(spec.depth().cost().draft_seconds(2, 3), prior) << "a steady step was not learned";
+}
+
+TEST(AdaptiveSpeculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  // Drafts never accepted and a draft step as costly as the target: speculation cannot pay.
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001 * r);
+  spec.depth().cost().record_draft(64, 1, 0.001);
+  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 64; ++i) ids.push_back("r" + std::to_string(i));
+  std::vector<std::vector<int32_t>> drafts;
+  ProposeBatch b = decode_batch(ids);
+  EXPECT_EQ(spec.propose(b, drafts), 0);
+  EXPECT_EQ(p->calls, 0);
+  ASSERT_EQ(drafts.size(), 64u);
+  for (const auto& d : drafts) EXPECT_TRUE(d.empty());
+}
+
+// A proposer that must see every step (MTP): a depth-0 step still reaches it while the batch is
+// no larger than a probe and one draft could pay there (it is off for want of acceptance, which a
+// stale cache would keep low); under load, or where no draft can pay, it is shed as any other.
+class EveryStepProposer : public CatchUpProposer {
+ public:
+  bool needs_every_step() const override { return true; }
+};
+
+TEST(AdaptiveSpeculator, SmallBatchesOfAnEveryStepProposerAreFedAtDepthZero) {
+  for (int n : {1, 4, 5, 64}) {
+    for (bool draft_can_pay : {true, false}) {
+      SCOPED_TRACE(std::to_string(n) + (draft_can_pay ? " requests, drafts could pay" : " requests, drafts cannot pay"));
+      auto proposer = std::make_unique<EveryStepProposer>();
+      EveryStepProposer* p = proposer.get();
+      AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+      for (int r = 1; r <= 4; ++r) spec.record_target_step(n, r, 0.001);
+      spec.depth().cost().record_draft(n, 1, draft_can_pay ? 0.0001 : 0.002);
+      for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);  // never accepted: depth 0
+      std::vector<std::string> ids;
+      for (int i = 0; i < n; ++i) ids.push_back("r" + std::to_string(i));
+      std::vector<std::vector<int32_t>> drafts;
+      ProposeBatch b = decode_batch(ids);
+      EXPECT_EQ(spec.propose(b, drafts), 0);
+      EXPECT_EQ(p->calls, draft_can_pay && n <= AdaptiveSpeculator::kProbeRequests ? 1 : 0);
+      for (const auto& d : drafts) EXPECT_TRUE(d.empty());
+    }
+  }
+}
+
+TEST(AdaptiveSpeculator, APlainProbeWhileSpeculatingStillReachesTheProposer) {
+  // Speculation pays (every draft accepted, drafts cheap): every 32nd step is a plain step that
+  // re-measures the target, and a proposer that must see every step (MTP) is still called then.
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(1, r, 0.001);
+  spec.depth().cost().record_draft(1, 1, 0.0001);
+  std::vector<std::vector<int32_t>> drafts;
+  int plain_steps = 0;
+  for (int step = 0; step < 64; ++step) {
+    for (int i = 0; i < 3; ++i) spec.record_verification(3, 3);
+    ProposeBatch b = decode_batch({"a"});
+    if (spec.propose(b, drafts) == 0) {
+      ++plain_steps;
+      EXPECT_TRUE(drafts[0].empty());
+    }
+  }
+  EXPECT_EQ(plain_steps, 2);
+  EXPECT_EQ(p->calls, 64);
+}
+
+TEST(AdaptiveSpeculator, AProbeFromDepthZeroDraftsForAFewRequestsOnly) {
+  // 64 requests whose drafts were never accepted: speculation is off, and the probe every 32
+  // steps (drafts would pay were they accepted) drafts for 4 of them, not for all 64.
+  auto proposer = std::make_unique<CatchUpProposer>();
+  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001);
+  spec.depth().cost().record_draft(64, 1, 0.0001);
+  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 64; ++i) ids.push_back("r" + std::to_string(i));
+  std::vector<std::vector<int32_t>> drafts;
+  int probes = 0;
+  for (int step = 1; step <= 32; ++step) {
+    ProposeBatch b = decode_batch(ids);
+    if (spec.propose(b, drafts) == 0) continue;
+    ++probes;
+    int drafting = 0;
+    for (const auto& d : drafts) drafting += d.empty() ? 0 : 1;
+    EXPECT_EQ(drafting, 4);
+  }
+  EXPECT_EQ(probes, 1);
+}
+
+}  // namespace
+}  // namespace specula
