@@ -5,6 +5,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build.sh
-tools/fetch_tokenizers.sh
+scripts/fetch_tokenizers.sh
 cd "${BUILD_DIR:-build}"
 ctest --output-on-failure "$@"

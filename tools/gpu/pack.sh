@@ -3,7 +3,8 @@
 # git; name it in the device tool's `carry`): stripped binaries in .gpu/bin and the few shared
 # libraries that the GPU machine's Ubuntu image lacks (or has at another soname) in .gpu/lib.
 # Usage: tools/gpu/pack.sh [targets...]   (default: specula, every test binary, cuda_roofline)
-#   tools/gpu/pack.sh specula test_cuda test_cuda_engine cuda_roofline   (what run_all.sh runs)
+#   tools/gpu/pack.sh specula test_backend_cuda test_sampling_cuda test_engine_cuda test_app_cuda cuda_roofline
+#                                                                          (what run_all.sh runs)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export BUILD_DIR=${BUILD_DIR:-build-gpu}
@@ -28,7 +29,7 @@ for bin in .gpu/bin/*; do
 done | sort -u | grep -E 'libspdlog|libfmt|libutf8proc|libcpp-httplib|libpcre2-8|libxxhash' |
   while read -r lib; do cp -L "$lib" .gpu/lib/; done
 # Extras for tools/gpu/run_all.sh, compressed (the carry limit is 64 MiB): the real tokenizers the
-# benchmarks detokenise with (tools/fetch_tokenizers.sh puts them in .cache/tokenizers) and the
+# benchmarks detokenise with (scripts/fetch_tokenizers.sh puts them in .cache/tokenizers) and the
 # e2e suite's node_modules (the GPU machine cannot reach npm). Skipped when absent here.
 rm -f .gpu/extras.tar.xz
 extras=()

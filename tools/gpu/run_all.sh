@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Everything issue 5 measures, on the GPU machine, in ONE call from the repository root, with the
 # binaries tools/gpu/pack.sh carried in .gpu/:
-#   tools/gpu/pack.sh specula test_cuda test_cuda_engine cuda_roofline
+#   tools/gpu/pack.sh specula test_backend_cuda test_sampling_cuda test_engine_cuda test_app_cuda cuda_roofline
 #   # device tool: carry [".gpu"], command: bash tools/gpu/run_all.sh
 # Stages (each bounded by `timeout`; the whole run by RUN_ALL_BUDGET seconds, default 450):
-#   1. GPU tests: test_cuda (every op vs the CPU, whole models vs transformers), test_cuda_engine
-#      (device sampler vs the CPU sampler, decode graphs vs eager, memory plan, engine on CUDA),
+#   1. GPU tests: test_backend_cuda (every op vs the CPU, whole models vs transformers),
+#      test_sampling_cuda (device samplers vs the CPU ones), test_engine_cuda (decode graphs vs
+#      eager, memory plan, engine on CUDA), test_app_cuda (speculation's graphs on CUDA),
 #      compute-sanitizer memcheck of this issue's new kernels;
 #   2. `specula serve --device cuda` answering the openai-client e2e tests (node), else curl;
 #   3. benchmarks: cuda_roofline (copy bandwidth, bf16 matmul rate); Llama-3.1-8B config with
@@ -39,18 +40,23 @@ gtest_summary() {  # the pass/fail lines of a gtest log
 
 # ---- 1. GPU tests ----
 if ! skipped tests; then
-  stage test_cuda 150 test_cuda --gtest_brief=1 --gtest_filter="${TEST_CUDA_FILTER:-*}"
-  gtest_summary test_cuda
-  stage test_cuda_engine 120 test_cuda_engine --gtest_brief=1
-  gtest_summary test_cuda_engine
+  stage test_backend_cuda 150 test_backend_cuda --gtest_brief=1 --gtest_filter="${TEST_CUDA_FILTER:-*}"
+  gtest_summary test_backend_cuda
+  for suite in test_sampling_cuda test_engine_cuda test_app_cuda; do
+    stage $suite 120 $suite --gtest_brief=1
+    gtest_summary $suite
+  done
 fi
 if ! skipped memcheck; then
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   if [ -x "$sanitizer" ]; then
-    stage memcheck 90 "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 test_cuda_engine \
-      --gtest_filter='DeviceSampler.FlatPeakedAndMaskedRows:DeviceSampler.MatchesTheCpuSamplerWithManyExactTies:PaddedGraphs.*'
+    stage memcheck 90 "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 test_sampling_cuda \
+      --gtest_filter='DeviceSampler.FlatPeakedAndMaskedRows:DeviceSampler.MatchesTheCpuSamplerWithManyExactTies'
     grep -E "ERROR SUMMARY|Invalid|^\[  (PASSED|FAILED) " "$WORK/memcheck.log" | head -20
-    stage memcheck_prologue 60 "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 test_cuda \
+    stage memcheck_graphs 60 "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 test_engine_cuda \
+      --gtest_filter='PaddedGraphs.*'
+    grep -E "ERROR SUMMARY|Invalid|^\[  (PASSED|FAILED) " "$WORK/memcheck_graphs.log" | head -20
+    stage memcheck_prologue 60 "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 test_backend_cuda \
       --gtest_filter='Shapes/CudaQkvPrologue.*'
     grep -E "ERROR SUMMARY|Invalid|^\[  (PASSED|FAILED) " "$WORK/memcheck_prologue.log" | head -20
   fi

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, after `source tools/gpu/env.sh`, with the
 # binaries that tools/gpu/pack.sh carried in .gpu/bin:
-#   1. test_cuda (every CUDA op against the CPU backend, whole models against transformers);
-#   2. compute-sanitizer memcheck over a subset of test_cuda (every kernel family once);
+#   1. every GPU test suite (tests/unit/backend/cuda and the cuda_*_test.cc files of the other
+#      folders): test_backend_cuda (every CUDA op against the CPU backend, whole models against
+#      transformers), test_sampling_cuda (device samplers against the CPU ones), test_engine_cuda
+#      (decode graphs, memory plan, the engine on CUDA), test_app_cuda (speculation's graphs and
+#      fused chains through the whole engine), each that was packed;
+#   2. compute-sanitizer memcheck over a subset of test_backend_cuda (every kernel family once);
 #   3. cuda_roofline (copy bandwidth, GEMM rate, attention), when packed.
-# Logs go under $OUT (the device tool's output folder). Exit status: that of test_cuda, or of
-# memcheck when the tests passed.
+# Logs go under $OUT (the device tool's output folder). Exit status: the first failing suite's
+# (77: a suite skipped tests, i.e. something it needs was missing), or memcheck's.
 #   RUN_TESTS_FILTER='CudaAttention.*' bash tools/gpu/run_tests.sh   to run a subset
 #   SKIP_MEMCHECK=1 / SKIP_ROOFLINE=1                                 to skip a stage
 set -uo pipefail
@@ -14,12 +18,17 @@ mkdir -p "$OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 cp .gpu/commit.txt "$OUT/commit.txt" 2>/dev/null || true  # written by pack.sh
 
-echo "== test_cuda"
-start=$(date +%s)
-test_cuda --gtest_filter="${RUN_TESTS_FILTER:-*}" > "$OUT/test_cuda.log" 2>&1
-status=$?
-grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error|cuda-model" "$OUT/test_cuda.log" | head -150
-echo "test_cuda exit $status in $(( $(date +%s) - start ))s (log: test_cuda.log)"
+status=0
+for suite in test_backend_cuda test_sampling_cuda test_engine_cuda test_app_cuda; do
+  command -v $suite >/dev/null || { echo "== $suite not packed"; continue; }
+  echo "== $suite"
+  start=$(date +%s)
+  $suite --gtest_brief=1 --gtest_filter="${RUN_TESTS_FILTER:-*}" > "$OUT/$suite.log" 2>&1
+  rc=$?
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error|cuda-model|tests skipped" "$OUT/$suite.log" | head -60
+  echo "$suite exit $rc in $(( $(date +%s) - start ))s (log: $suite.log)"
+  [ $status -eq 0 ] && status=$rc
+done
 
 if [ -z "${SKIP_MEMCHECK:-}" ]; then
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -32,7 +41,7 @@ if [ -z "${SKIP_MEMCHECK:-}" ]; then
     filter+=':Decode/CudaAttention.MatchesCpu/decode_batch64:Decode/CudaAttention.MatchesCpu/verify_long_splits:Prefill/CudaAttention.MatchesCpu/mixed_prefill_decode'
     filter+=':Prefill/CudaAttention.MatchesCpu/prefill_d200:Prefill/CudaAttention.MatchesCpu/mixed_block5'
     filter+=':CudaForward.ChunkedBatchedScheduleMatchesTransformers/qwen3_qknorm_headdim'
-    "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 test_cuda --gtest_filter="$filter" \
+    "$sanitizer" --tool memcheck --leak-check no --error-exitcode 9 test_backend_cuda --gtest_filter="$filter" \
       > "$OUT/memcheck.log" 2>&1
     mc=$?
     grep -E "ERROR SUMMARY|Invalid|^\[  (PASSED|FAILED) " "$OUT/memcheck.log" | head -40
