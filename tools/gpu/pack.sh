@@ -22,6 +22,11 @@ for f in "$BUILD_DIR"/src/specula "$BUILD_DIR"/tests/test_* "$BUILD_DIR"/tools/g
   fi
   strip -o .gpu/bin/"$(basename "$f")" "$f"
 done
+# PACK_BASELINE=path/to/specula: another build packed as specula-baseline, for tools/gpu/ab_spec.sh.
+if [ -n "${PACK_BASELINE:-}" ]; then
+  strip -o .gpu/bin/specula-baseline "$PACK_BASELINE"
+  echo "${PACK_BASELINE_DESC:-$PACK_BASELINE}" > .gpu/baseline.txt
+fi
 # Libraries from Debian packages that the Ubuntu 24.04 GPU image lacks or has at another soname.
 # (OpenBLAS, libgomp, libgfortran and the CUDA libraries are present there.)
 for bin in .gpu/bin/*; do
