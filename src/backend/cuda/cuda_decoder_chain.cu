@@ -4,13 +4,10 @@
 //
 // Why this shape: a small draft (2 layers, hidden 128) decodes a step in ~24 kernels of a few
 // microseconds each, and at such sizes a kernel's cost is its launch and its wait for the
-// previous one, not its work (H100: ~67 us a draft step in a CUDA graph against ~245 us for the
-// 8-layer target, which capped speculation at concurrency 1 at ~1.6x). A first fused form ran
-// the chain on 64 cooperative blocks meeting at grid barriers (1.1 us each, 9 a step) and
-// re-reading their weight slices from L2 at every stage: ~53 us a step, most of it dependent L2
-// round trips. Here ONE thread-block cluster of up to 16 blocks runs the chain (~25 us a step on
-// the H100 for the embedded draft at one row, plus ~13 us a launch for the launch and the weights'
-// copy):
+// previous one, not its work (H100: ~67 us a draft step as separate kernels in a CUDA graph).
+// Here ONE thread-block cluster of up to 16 blocks runs the chain (~25 us a step on the H100 for
+// the embedded draft at one row, plus ~13 us a launch for the launch and the weights' copy), so
+// that the weights stay in shared memory and blocks meet at cluster barriers, not grid barriers:
 //   - the model lives in the cluster's shared memory (16 x 227 KB holds the embedded draft's
 //     2.8 MB: attention and MLP slices always, lm_head rows when they fit, else read from L2), so
 //     a stage's weights are a shared-memory read away, loaded once per chain by cp.async;
@@ -27,13 +24,10 @@
 //     per row                                                                  -> barrier
 //     and every block reduces the candidates to the step's tokens and looks up their embeddings
 //     (tied embeddings: in the lm_head rows of the block that holds them).
-// What bounds it now (Nsight Compute): not bandwidth but the chain of short dependent phases: at
+// What bounds it (Nsight Compute): not bandwidth but the chain of short dependent phases: at
 // 2 warps a scheduler each warp issues an instruction every ~14 cycles, half the stalls at block
-// barriers between phases, each phase ~0.5-1 us however little it computes. Measured and dropped:
-// 512 threads a block (slower), the parameters copied to shared memory (no faster), and together
-// K/V loads hoisted ahead of the projections, a warp-shuffle p . V and 16-byte DSMEM sums (~31 us
-// a step instead of ~27; every phase slowed, which points at the larger code rather than at the
-// phases changed). The lm_head on tensor cores saved ~2 us a step.
+// barriers between phases, each phase ~0.5-1 us however little it computes. (Variants measured
+// and dropped: docs/PERFORMANCE.md, "Design history moved from source comments".)
 //
 // Numerics follow the layer-by-layer path: every value that path stores in bf16 (normed inputs,
 // projections, q/k after norm and rope, attention output, residual, activation) is rounded to
