@@ -71,9 +71,9 @@ int AdaptiveDepth::best_depth(int num_seqs) const {
 bool AdaptiveDepth::draft_could_pay(int num_seqs) const {
   num_seqs = std::max(1, num_seqs);
   // Depth 1 only, although with a fused draft chain five drafts may pay where one does not: asking
-  // every depth made the probes run where speculation was off for good, and each probe's catch-up
-  // of new requests cost more than it found (H100, k = 10 adaptive at 8 requests: 0.87-0.94x of no
-  // speculation in four runs of five, against ~1.0x without probes).
+  // every depth makes the probes run where speculation is off for good, and each probe's catch-up
+  // of new requests costs more than it finds (docs/PERFORMANCE.md, "the probe gate back to
+  // depth 1").
   const double t1 = cost_->target_seconds(num_seqs, 2) + cost_->draft_seconds(num_seqs, 1);
   return t1 > 0.0 && 2.0 / t1 > tokens_per_second(num_seqs, 0) * config_.min_gain;
 }
@@ -82,8 +82,7 @@ int AdaptiveDepth::current(int num_seqs) const {
   if (!config_.adaptive) return config_.num_speculative_tokens;
   // The best depth for a batch of this many requests, not the last choice: after the tail of a
   // batch (few requests left, speculation on), the last choice would make the draft mirror the
-  // prompts of a whole new batch that will not speculate (on the H100 at 64 requests: TTFT 10 ->
-  // 16 ms and 13 % less throughput).
+  // prompts of a whole new batch that will not speculate.
   return best_depth(std::max(1, num_seqs));
 }
 

@@ -33,9 +33,8 @@ struct AdaptiveDepthConfig {
   double acceptance_weight = 0.01;
   // Speculate only for at least 10 % more tokens per second. The model's step times are EMAs of
   // wall times that move by 5-10 % from run to run on the H100, and what it does not model
-  // (the draft mirroring new prompts, per-step bookkeeping) all counts against speculation: with
-  // 3 % it chose depth ~1 at 64 requests where that measured 0.81x of no speculation (pinned k=1
-  // needs 1.92x a plain step for 1.86 tokens there).
+  // (the draft mirroring new prompts, per-step bookkeeping) all counts against speculation
+  // (3 % was too little: docs/PERFORMANCE.md).
   double min_gain = 1.10;
   // Steps between probes (a plain step while speculating, a depth-1 step while not), per batch
   // bucket. A probe from depth 0 that does not turn speculation on doubles that bucket's interval

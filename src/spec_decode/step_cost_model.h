@@ -5,16 +5,16 @@
 // OnlineCostModel MEASURES it: an exponential moving average of the wall time of each, keyed by
 // (batch bucket, rows) for the target and by (batch bucket, depth) for the proposer (buckets are
 // powers of two of B). Drafting d tokens is not d times drafting one: the proposer's catch-up,
-// staging and the copy of the drafts to the host are paid once per step (on the H100, specula-tiny
-// -draft: ~115 us for 1 draft, ~75 us per further draft), and a per-draft average learned at one
-// depth made every other depth look worse or better than it is, so the choice stuck wherever it
-// started. Before a key has been measured it is estimated from the nearest measured key, scaled
-// by a prior shape: t(B, r) proportional to 1 + B r / 256 (flat while the GPU is weight-bandwidth
-// bound, growing once B r rows make it compute bound), drafting d proportional to d + f (f: the
-// proposer's per-step fixed cost in further drafts, draft_fixed_cost(); 0.5 by default), and one
-// draft at `draft_ratio` times a target decode step. With nothing measured at all the prior itself
-// is used (its unit is arbitrary, the same for target and draft, which is all the choice of depth
-// compares).
+// staging and the copy of the drafts to the host are paid once per step (on the H100,
+// specula-tiny-draft: ~115 us for 1 draft, ~75 us per further draft), so a per-draft average
+// learned at one depth would make every other depth look worse or better than it is, and the choice
+// would stick wherever it started. Before a key has been measured it is estimated from the nearest
+// measured key, scaled by a prior shape: t(B, r) proportional to 1 + B r / 256 (flat while the GPU
+// is weight-bandwidth bound, growing once B r rows make it compute bound), drafting d proportional
+// to d + f (f: the proposer's per-step fixed cost in further drafts, draft_fixed_cost(); 0.5 by
+// default), and one draft at `draft_ratio` times a target decode step. With nothing measured at all
+// the prior itself is used (its unit is arbitrary, the same for target and draft, which is all the
+// choice of depth compares).
 #pragma once
 
 #include <cstdint>
@@ -61,7 +61,7 @@ class OnlineCostModel : public StepCostModel {
   // sample counts as at most kMaxJump times the estimate. One-off costs (a lazily loaded kernel's
   // first launch, a cold cache, the host thread descheduled) must not stick: a draft cost
   // measured too high turns speculation off, and steps at depth 0 measure no draft step that
-  // could correct it (on the H100 one such first sample kept specula-tiny at depth ~0.9 of 5).
+  // could correct it.
   static constexpr int kSettleSamples = 3;
   static constexpr double kMaxJump = 3.0;
   void update(Entry& e, int num_seqs, double seconds);
