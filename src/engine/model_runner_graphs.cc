@@ -118,9 +118,8 @@ size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
 
   // (rows, sizes) to capture: decode for every size; verification of r - 1 drafts per request
   // only when speculating, for sizes whose step fits the token buffers and up to
-  // kMaxVerifyGraphBatch sequences (each r adds as many graphs again; at 128 the embedded pair's
-  // 256-request verification steps ran eagerly, and pinned depths there gained 9-15 % where
-  // adaptive depth, which never measured such a step, kept speculation off).
+  // kMaxVerifyGraphBatch sequences (each r adds as many graphs again; 256, so that verification
+  // at 256 requests replays graphs too: why, in docs/PERFORMANCE.md).
   std::vector<std::pair<int, std::vector<int>>> plan;
   int max_tokens = 0;
   std::pair<int, int> largest{0, 0};  // (size, rows) of the step with the most rows
