@@ -1,5 +1,7 @@
 #include "server/chat_prompt.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "server/api_error.h"
 #include "tokenizer/chat_template.h"
@@ -29,7 +31,16 @@ std::string render_chat_prompt(const ChatTemplate& tmpl, const Tokenizer& tok, c
   ctx["eos_token"] = tok.eos_token();
   if (in.tools && !in.tools->is_null()) ctx["tools"] = *in.tools;
   if (in.chat_template_kwargs && in.chat_template_kwargs->is_object()) {
-    for (const auto& [k, v] : in.chat_template_kwargs->items()) ctx[k] = v;  // the request's kwargs win
+    for (const auto& [k, v] : in.chat_template_kwargs->items()) {
+      // The conversation, the tools and the generation-prompt flags were validated as the
+      // request's own fields; kwargs that replaced them would bypass that.
+      for (const char* reserved : {"messages", "tools", "add_generation_prompt", "continue_final_message"}) {
+        if (k == reserved)
+          throw bad_request(fmt::format("chat_template_kwargs cannot set `{}`: send it as the request's own field.", k),
+                            "chat_template_kwargs");
+      }
+      ctx[k] = v;
+    }
   }
   std::string rendered;
   try {

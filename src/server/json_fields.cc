@@ -115,4 +115,26 @@ const json* array(const json& body, const char* key) {
   return v;
 }
 
+template <class J>
+J parse_limited(const std::string& text, const char* what, bool syntax_error_is_400) {
+  bool too_deep = false;
+  // The callback sees every value with its depth as the parser enters it; stopping at the first
+  // one too deep keeps the partial value shallow too.
+  auto depth_guard = [&too_deep, what](int depth, typename J::parse_event_t, J&) {
+    if (depth > kMaxJsonDepth) too_deep = true;
+    if (too_deep) throw bad_request(fmt::format("{} is nested deeper than {} levels.", what, kMaxJsonDepth));
+    return true;
+  };
+  try {
+    return J::parse(text, depth_guard);
+  } catch (const typename J::parse_error& e) {
+    if (!syntax_error_is_400) return J(J::value_t::discarded);
+    // The decoder's message names the byte position, so the client can find the mistake.
+    throw bad_request(fmt::format("Invalid JSON in {}: {}", what, e.what()));
+  }
+}
+
+template json parse_limited<json>(const std::string&, const char*, bool);
+template nlohmann::ordered_json parse_limited<nlohmann::ordered_json>(const std::string&, const char*, bool);
+
 }  // namespace specula::server::fields

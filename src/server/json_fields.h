@@ -41,4 +41,16 @@ const json* array(const json& body, const char* key);
 // Converts one JSON value (already known to be a number) to int32, or 400 naming `param`.
 int32_t to_token_id(const json& v, const std::string& param);
 
+// The deepest nesting a request body may have. nlohmann's parser is iterative, but copying,
+// dumping and converting a value (into the chat template's values, say) recurse once per level:
+// a body nested 20,000 levels deep exhausted a worker thread's stack. Real requests (JSON
+// schemas, tool definitions) stay far below this.
+constexpr int kMaxJsonDepth = 128;
+
+// Parses `text` as J (json or ordered_json). Nesting deeper than kMaxJsonDepth is a 400
+// (ApiError) naming `what` ("the request body", ...); so is a syntax error, unless
+// syntax_error_is_400 is false, when a discarded value comes back instead.
+template <class J>
+J parse_limited(const std::string& text, const char* what, bool syntax_error_is_400 = true);
+
 }  // namespace specula::server::fields

@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 
 #include <fmt/format.h>
@@ -11,10 +12,12 @@
 #include "core/logging.h"
 #include "engine/llm_engine.h"
 #include "server/api_error.h"
+#include "server/api_key.h"
 #include "server/reasoning_parser.h"
 #include "server/routes.h"
 #include "server/server_state.h"
 #include "server/thread_pool.h"
+#include "tokenizer/tokenizer.h"
 
 namespace specula::server {
 
@@ -51,6 +54,17 @@ const char* reason_phrase(int status) {
   }
 }
 
+size_t max_prompt_bytes(const Tokenizer& tokenizer, int max_model_len) {
+  size_t longest = 0;
+  for (int64_t id = 0; id < tokenizer.vocab_size(); ++id)
+    longest = std::max(longest, tokenizer.token_bytes(static_cast<int32_t>(id)).size());
+  return longest > 0 && max_model_len > 0 ? 2 * longest * static_cast<size_t>(max_model_len) : 0;
+}
+
+bool requires_api_key(const std::string& path) {
+  return path.rfind("/v1", 0) == 0 || path == "/tokenize" || path == "/detokenize";
+}
+
 }  // namespace
 
 OpenAIServer::OpenAIServer(LLMEngine& engine, const ChatTemplate* chat_template, ServerOptions options)
@@ -60,6 +74,7 @@ OpenAIServer::OpenAIServer(LLMEngine& engine, const ChatTemplate* chat_template,
                 "--reasoning-parser {}: unknown parser (choose deepseek_r1 or qwen3)", options_.reasoning_parser);
   state_ = std::make_unique<ServerState>(engine, engine.tokenizer(), engine.max_model_len());
   state_->chat_template = chat_template;
+  state_->max_prompt_bytes = max_prompt_bytes(engine.tokenizer(), engine.max_model_len());
   state_->served_model_name = options_.served_model_name;
   state_->model_root = options_.model_root.empty() ? options_.served_model_name : options_.model_root;
   state_->defaults = options_.defaults;
@@ -82,6 +97,14 @@ void OpenAIServer::install_routes() {
   size_t max_threads = options_.max_threads;
   s.new_task_queue = [max_threads] { return new GrowingThreadPool(8, max_threads); };
   s.set_keep_alive_max_count(1000);
+  s.set_payload_max_length(options_.max_request_body_bytes);  // larger bodies: 413, never read whole
+  // SO_REUSEADDR alone: a restart can bind while old connections sit in TIME_WAIT, but a second
+  // server on a port in use fails to bind (the library's default adds SO_REUSEPORT, which lets
+  // it start and share the port).
+  s.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   s.set_tcp_nodelay(true);  // SSE events are small: send each at once
 
   // Every handler's errors end here: ApiError -> its status and OpenAI body; anything else -> 500.
@@ -110,12 +133,15 @@ void OpenAIServer::install_routes() {
     set_json(res, {{"version", version_string()}});
   });
 
-  // --api-key guards the /v1 routes only, as vLLM's middleware does (/health stays open).
+  // --api-key guards the /v1 routes, as vLLM's middleware does, and also /tokenize and /detokenize:
+  // they run the tokenizer (and chat template) on whatever a client sends, so left open they are
+  // free CPU for anyone who can reach the port. /health, /version and /metrics stay open for
+  // probes and Prometheus.
   if (!options_.api_key.empty()) {
-    std::string expected = "Bearer " + options_.api_key;
-    s.set_pre_routing_handler([expected](const httplib::Request& req, httplib::Response& res) {
-      if (req.method == "OPTIONS" || req.path.rfind("/v1", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-      if (req.get_header_value("Authorization") == expected) return httplib::Server::HandlerResponse::Unhandled;
+    s.set_pre_routing_handler([key = options_.api_key](const httplib::Request& req, httplib::Response& res) {
+      if (req.method == "OPTIONS" || !requires_api_key(req.path)) return httplib::Server::HandlerResponse::Unhandled;
+      if (bearer_token_matches(req.get_header_value("Authorization"), key))
+        return httplib::Server::HandlerResponse::Unhandled;
       set_json(res, {{"error", "Unauthorized"}}, 401);
       return httplib::Server::HandlerResponse::Handled;
     });

@@ -36,6 +36,7 @@ struct ServerOptions {
   bool access_log = true;               // uvicorn-style line per request
   size_t max_threads = 2048;            // upper bound on concurrent connections (streams)
   int listen_backlog = 4096;            // a burst of clients connecting at once must not be refused
+  size_t max_request_body_bytes = 32u << 20;  // 413 past it (a max_model_len prompt is far smaller)
   RequestDefaults defaults;             // --max-logprobs, generation_config sampling defaults
 };
 

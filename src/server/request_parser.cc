@@ -178,16 +178,24 @@ void validate_sampling_params(const SamplingParams& p, const RequestDefaults& de
   if (p.max_tokens && p.min_tokens > *p.max_tokens)
     fail(fmt::format("min_tokens must be less than or equal to max_tokens={}, got {}.", *p.max_tokens, p.min_tokens),
          "min_tokens");
+  // -1 asks for the whole vocabulary: only when the cap itself is -1 (vLLM's rule), else one
+  // small request could make the server build and send every position's full distribution.
+  if (p.logprobs && *p.logprobs == -1 && defaults.max_logprobs != -1)
+    fail(fmt::format("Requested sample logprobs of -1 (the whole vocabulary), which is greater than max allowed: {}",
+                     defaults.max_logprobs), "logprobs");
   if (p.logprobs && *p.logprobs != -1) {
     if (*p.logprobs < 0) fail(fmt::format("logprobs must be non-negative, got {}.", *p.logprobs), "logprobs");
-    if (*p.logprobs > defaults.max_logprobs)
+    if (defaults.max_logprobs != -1 && *p.logprobs > defaults.max_logprobs)
       fail(fmt::format("Requested sample logprobs of {}, which is greater than max allowed: {}", *p.logprobs,
                        defaults.max_logprobs), "logprobs");
   }
+  if (p.prompt_logprobs && *p.prompt_logprobs == -1 && defaults.max_logprobs != -1)
+    fail(fmt::format("Requested prompt logprobs of -1 (the whole vocabulary), which is greater than max allowed: {}",
+                     defaults.max_logprobs), "prompt_logprobs");
   if (p.prompt_logprobs && *p.prompt_logprobs != -1) {
     if (*p.prompt_logprobs < 0)
       fail(fmt::format("`prompt_logprobs` must be a positive value or -1, got {}.", *p.prompt_logprobs), "prompt_logprobs");
-    if (*p.prompt_logprobs > defaults.max_logprobs)
+    if (defaults.max_logprobs != -1 && *p.prompt_logprobs > defaults.max_logprobs)
       fail(fmt::format("Requested prompt logprobs of {}, which is greater than max allowed: {}", *p.prompt_logprobs,
                        defaults.max_logprobs), "prompt_logprobs");
   }
@@ -228,7 +236,7 @@ ojson normalize_messages(const ojson& messages) {
         if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
         ojson& fn = call["function"];
         if (auto args = fn.find("arguments"); args != fn.end() && args->is_string()) {
-          ojson parsed = ojson::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+          ojson parsed = fields::parse_limited<ojson>(args->get<std::string>(), "tool call arguments", false);
           if (parsed.is_object()) *args = std::move(parsed);
         }
       }

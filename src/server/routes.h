@@ -37,6 +37,10 @@ nlohmann::json finish_reason_json(FinishReason r);
 nlohmann::json usage_json(const ServerState& state, int prompt_tokens, int completion_tokens, int cached_tokens);
 // Token ids of a prompt after checking them against the vocabulary (400 naming `param`).
 void check_token_ids(const ServerState& state, const std::vector<int32_t>& ids, const char* param);
+// The tokenizer's encode, after refusing text too long for max_model_len whatever its tokens
+// (ServerState::max_prompt_bytes), so that a huge prompt costs no tokenization.
+std::vector<int32_t> encode_prompt(const ServerState& state, const std::string& text, bool add_special_tokens,
+                                   const char* param);
 // SamplingParams for one prompt: max_tokens resolved against the prompt length.
 SamplingParams params_for_prompt(const ServerState& state, const CommonRequest& req, int prompt_len);
 

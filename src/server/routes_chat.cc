@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "server/api_error.h"
+#include "server/json_fields.h"
 #include "server/chat_prompt.h"
 #include "server/logprobs_format.h"
 #include "server/reasoning_parser.h"
@@ -154,7 +155,8 @@ void handle_chat_completions(ServerState& state, const httplib::Request& http, h
   auto arrival = GenerationRun::Clock::now();
   json body = parse_body(http);
   check_model(state, body);
-  ChatRequest req = parse_chat_request(body, nlohmann::ordered_json::parse(http.body), state.defaults);
+  ChatRequest req = parse_chat_request(
+      body, fields::parse_limited<nlohmann::ordered_json>(http.body, "the request body"), state.defaults);
   if (!state.chat_template) {
     throw bad_request("As of transformers v4.44, default chat template is no longer allowed, so you must provide a "
                       "chat template if the tokenizer does not define one.", "messages");
@@ -166,7 +168,7 @@ void handle_chat_completions(ServerState& state, const httplib::Request& http, h
   in.add_generation_prompt = req.add_generation_prompt;
   in.continue_final_message = req.continue_final_message;
   std::string prompt = render_chat_prompt(*state.chat_template, state.tokenizer, in);
-  std::vector<int32_t> ids = state.tokenizer.encode(prompt, req.add_special_tokens);
+  std::vector<int32_t> ids = encode_prompt(state, prompt, req.add_special_tokens, "messages");
   if (ids.empty()) throw bad_request("The rendered chat prompt is empty.", "messages");
   SamplingParams params = params_for_prompt(state, req, static_cast<int>(ids.size()));
 

@@ -15,13 +15,7 @@ namespace specula::server {
 using nlohmann::json;
 
 json parse_body(const httplib::Request& req) {
-  json body;
-  try {
-    body = json::parse(req.body);
-  } catch (const json::parse_error& e) {
-    // The decoder's message names the byte position, so the client can find the mistake.
-    throw bad_request(fmt::format("Invalid JSON in the request body: {}", e.what()));
-  }
+  json body = fields::parse_limited<json>(req.body, "the request body");
   if (!body.is_object()) {
     throw bad_request(fmt::format("The request body must be a JSON object, got {}.", fields::type_name(body)));
   }
@@ -32,6 +26,16 @@ void check_model(const ServerState& state, const json& body) {
   auto model = fields::string(body, "model");
   if (!model || model->empty() || *model == state.served_model_name) return;
   throw not_found(fmt::format("The model `{}` does not exist.", *model), "model");
+}
+
+std::vector<int32_t> encode_prompt(const ServerState& state, const std::string& text, bool add_special_tokens,
+                                   const char* param) {
+  if (state.max_prompt_bytes > 0 && text.size() > state.max_prompt_bytes) {
+    throw bad_request(fmt::format("This model's maximum context length is {} tokens. However, your prompt is {} bytes "
+                                  "long, more than any prompt of {} tokens can be. Please reduce the length of the "
+                                  "input.", state.max_model_len, text.size(), state.max_model_len), param);
+  }
+  return state.tokenizer.encode(text, add_special_tokens);
 }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
@@ -99,7 +103,7 @@ void handle_tokenize(ServerState& state, const httplib::Request& req, httplib::R
   std::vector<int32_t> tokens;
   if (body.contains("messages") && !body["messages"].is_null()) {
     if (!state.chat_template) throw bad_request("The tokenizer has no chat template.", "messages");
-    nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(req.body);
+    nlohmann::ordered_json ordered = fields::parse_limited<nlohmann::ordered_json>(req.body, "the request body");
     nlohmann::ordered_json messages = normalize_messages(ordered["messages"]);
     nlohmann::ordered_json kwargs = nlohmann::ordered_json::object();
     if (fields::object(body, "chat_template_kwargs")) kwargs = ordered["chat_template_kwargs"];
@@ -116,11 +120,11 @@ void handle_tokenize(ServerState& state, const httplib::Request& req, httplib::R
                         "continue_final_message");
     }
     std::string text = render_chat_prompt(*state.chat_template, state.tokenizer, in);
-    tokens = state.tokenizer.encode(text, fields::boolean(body, "add_special_tokens").value_or(false));
+    tokens = encode_prompt(state, text, fields::boolean(body, "add_special_tokens").value_or(false), "messages");
   } else {
     auto prompt = fields::string(body, "prompt");
     if (!prompt) throw bad_request("Either 'prompt' or 'messages' must be given.", "prompt");
-    tokens = state.tokenizer.encode(*prompt, fields::boolean(body, "add_special_tokens").value_or(true));
+    tokens = encode_prompt(state, *prompt, fields::boolean(body, "add_special_tokens").value_or(true), "prompt");
   }
   json out = {{"count", tokens.size()}, {"max_model_len", state.max_model_len}, {"tokens", tokens},
               {"token_strs", nullptr}};

@@ -160,7 +160,7 @@ void handle_completions(ServerState& state, const httplib::Request& http, httpli
   for (auto& spec : req.prompts) {
     std::vector<int32_t> ids;
     if (spec.text) {
-      ids = state.tokenizer.encode(*spec.text, req.add_special_tokens);
+      ids = encode_prompt(state, *spec.text, req.add_special_tokens, "prompt");
       if (req.echo) prompt_texts.push_back(*spec.text);
     } else {
       ids = std::move(spec.token_ids);

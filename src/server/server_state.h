@@ -26,6 +26,9 @@ struct ServerState {
   std::string served_model_name;                // /v1/models id and the "model" of responses
   std::string model_root;                       // the checkpoint path (/v1/models root)
   int max_model_len;
+  // Text longer than this cannot fit max_model_len: twice (normalisation can change the bytes)
+  // the longest token's bytes times max_model_len. 0: no bound.
+  size_t max_prompt_bytes = 0;
   RequestDefaults defaults;
   std::string reasoning_parser;                 // "" = off
   bool enable_prompt_tokens_details = false;    // usage.prompt_tokens_details.cached_tokens

@@ -70,10 +70,22 @@ TEST_F(ServerTest, ErrorsHaveOpenAIsBodyAndStatus) {
   EXPECT_TRUE(engine_.requests().size() >= 1);
 }
 
-TEST_F(ServerTest, ApiKeyGuardsV1Only) {
+TEST_F(ServerTest, ApiKeyGuardsV1AndTheTokenizerRoutes) {
   server::ServerOptions opts;
   opts.api_key = "sekrit";
   start(opts);
+  // The tokenizer routes run the tokenizer and chat template on whatever arrives: guarded too.
+  EXPECT_EQ(post("/tokenize", json{{"prompt", "x"}}).status, 401);
+  EXPECT_EQ(post("/detokenize", json{{"tokens", {1, 2}}}).status, 401);
+  EXPECT_EQ(post("/tokenize", json{{"prompt", "x"}}, {{"Authorization", "Bearer sekrit"}}).status, 200);
+  // The scheme is case-insensitive (RFC 7235); the key is not, and a prefix of it is no key.
+  EXPECT_EQ(get("/v1/models", {{"Authorization", "bearer sekrit"}}).status, 200);
+  EXPECT_EQ(get("/v1/models", {{"Authorization", "BEARER  sekrit "}}).status, 200);
+  EXPECT_EQ(get("/v1/models", {{"Authorization", "Bearer SEKRIT"}}).status, 401);
+  EXPECT_EQ(get("/v1/models", {{"Authorization", "Bearer sekri"}}).status, 401);
+  EXPECT_EQ(get("/v1/models", {{"Authorization", "Bearer sekrit2"}}).status, 401);
+  EXPECT_EQ(get("/v1/models", {{"Authorization", "Basic sekrit"}}).status, 401);
+  EXPECT_EQ(get("/v1/models", {{"Authorization", "Bearersekrit"}}).status, 401);
   auto no_key = post("/v1/completions", json{{"prompt", "x"}});
   EXPECT_EQ(no_key.status, 401);
   EXPECT_EQ(no_key.json_body(), json::parse(R"({"error": "Unauthorized"})"));
@@ -308,6 +320,94 @@ TEST_F(ServerTest, MetricsCountWhatTheServerMeasured) {
            "vllm:prompt_tokens_total" + labels + "} 7.0"}) {
     EXPECT_NE(m.body.find(line + "\n"), std::string::npos) << "missing " << line << "\n" << m.body;
   }
+}
+
+
+// A body nested far deeper than any real request is a 400 on every route that parses JSON, never a
+// crash (copying or converting such a value recursed once per level and exhausted the stack).
+TEST_F(ServerTest, DeeplyNestedJsonIsA400OnEveryRoute) {
+  start();
+  for (int depth : {20000, 100000}) {
+    const std::string deep = std::string(depth, '[') + std::string(depth, ']');
+    const std::vector<std::pair<std::string, std::string>> bodies = {
+        {"/tokenize", R"({"prompt": "x", "extra": )" + deep + "}"},
+        {"/tokenize", R"({"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"k": )" + deep + "}}"},
+        {"/detokenize", R"({"tokens": )" + deep + "}"},
+        {"/v1/completions", R"({"prompt": "x", "max_tokens": 2, "extra": )" + deep + "}"},
+        {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi", "x": )" + deep + "}]}"},
+        {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "hi"}], "tools": )" + deep + "}"},
+    };
+    for (const auto& [path, body] : bodies) {
+      HttpResult r = post(path, body);
+      EXPECT_EQ(r.status, 400) << path << " depth " << depth;
+      EXPECT_NE(r.body.find("nested deeper than"), std::string::npos) << r.body;
+    }
+  }
+  // Tool call arguments arrive as a JSON string and are parsed for the template: bounded too.
+  const std::string deep_args = std::string(5000, '[') + std::string(5000, ']');
+  json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}},
+                             {{"role", "assistant"}, {"content", ""},
+                              {"tool_calls", {{{"id", "c1"}, {"type", "function"},
+                                               {"function", {{"name", "f"}, {"arguments", deep_args}}}}}}},
+                             {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "ok"}}}},
+               {"max_tokens", 2}};
+  EXPECT_EQ(post("/v1/chat/completions", chat).status, 400);
+  EXPECT_EQ(get("/health").status, 200);  // still serving
+}
+
+// -1 (every token of the vocabulary) is allowed only when --max-logprobs is -1 itself.
+TEST_F(ServerTest, WholeVocabularyLogprobsNeedAnUncappedServer) {
+  start();
+  HttpResult r = post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}, {"prompt_logprobs", -1}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.json_body()["error"]["param"], "prompt_logprobs");
+  r = post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}, {"logprobs", -1}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.json_body()["error"]["param"], "logprobs");
+  stop();
+  server::ServerOptions opts;
+  opts.defaults.max_logprobs = -1;
+  start(opts);
+  EXPECT_EQ(post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}, {"prompt_logprobs", -1}}).status, 200);
+}
+
+TEST_F(ServerTest, ChatTemplateKwargsCannotReplaceValidatedFields) {
+  start();
+  for (const char* key : {"messages", "tools", "add_generation_prompt", "continue_final_message"}) {
+    json body = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2},
+                 {"chat_template_kwargs", {{key, json::array()}}}};
+    HttpResult r = post("/v1/chat/completions", body);
+    EXPECT_EQ(r.status, 400) << key;
+    EXPECT_EQ(r.json_body()["error"]["param"], "chat_template_kwargs") << key;
+    body.erase("max_tokens");
+    EXPECT_EQ(post("/tokenize", body).status, 400) << key;
+  }
+  json ok = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_tokens", 2},
+             {"chat_template_kwargs", {{"enable_thinking", false}}}};
+  EXPECT_EQ(post("/v1/chat/completions", ok).status, 200);
+}
+
+TEST_F(ServerTest, BodiesPastTheLimitAre413AndHugePromptsFailBeforeTokenizing) {
+  server::ServerOptions opts;
+  opts.max_request_body_bytes = 1 << 20;
+  start(opts);
+  EXPECT_EQ(post("/tokenize", json{{"prompt", std::string(2 << 20, 'a')}}).status, 413);
+  // Within the body limit, but more bytes than max_model_len tokens can cover.
+  HttpResult r = post("/v1/completions", json{{"prompt", std::string(900000, 'a')}, {"max_tokens", 2}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_NE(r.body.find("maximum context length"), std::string::npos) << r.body;
+  EXPECT_EQ(post("/tokenize", json{{"prompt", std::string(900000, 'a')}}).status, 400);
+}
+
+TEST_F(ServerTest, ASecondServerOnABusyPortFailsToStart) {
+  start();
+  server::ServerOptions opts;
+  opts.host = "127.0.0.1";
+  opts.port = port_;
+  opts.served_model_name = "fake-model";
+  opts.access_log = false;
+  server::OpenAIServer second(engine_, &template_, opts);
+  EXPECT_THROW(second.bind(), Error);
 }
 
 }  // namespace
