@@ -7,7 +7,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -129,6 +132,7 @@ struct ServeArgs {
   bool trust_remote_code = false;
   std::string generation_config = "auto";
   int shared_expert_fusion = -1;
+  double shutdown_timeout = 5;  // seconds
 };
 
 // SIGINT/SIGTERM arrive on whatever thread the kernel picks (OpenBLAS starts its threads before
@@ -176,7 +180,8 @@ int run_serve(const ServeArgs& a, CLI::App* cmd) {
         LOG_INFO("Interrupted (signal {}) before the server started; exiting", sig);
         std::_Exit(0);
       }
-      LOG_INFO("Shutting down (signal {}): no new requests, aborting the ones in flight", sig);
+      LOG_INFO("Shutting down (signal {}): no new requests; those in flight may finish within {} s "
+               "(--shutdown-timeout), then end with 503", sig, a.shutdown_timeout);
       shutdown_thread = std::thread([srv] { srv->shutdown(); });
     }
   });
@@ -258,6 +263,7 @@ int run_serve(const ServeArgs& a, CLI::App* cmd) {
     opts.enable_prompt_tokens_details = a.enable_prompt_tokens_details;
     opts.access_log = !a.disable_access_log;
     opts.defaults.max_logprobs = a.max_logprobs;
+    opts.shutdown_timeout = std::chrono::milliseconds(static_cast<int64_t>(a.shutdown_timeout * 1000));
     if (a.generation_config == "auto") {
       opts.defaults.generation = engine->generation_config();
       const GenerationConfig& g = opts.defaults.generation;
@@ -291,6 +297,13 @@ int run_serve(const ServeArgs& a, CLI::App* cmd) {
     LOG_INFO("HTTP server stopped; shutting down the engine");
     engine->shutdown();
     LOG_INFO("Shutdown complete.");
+    if (srv.abandoned_connections() > 0) {
+      // Their threads still run inside the server (a client trickling its headers): destroying it
+      // under them could crash the exit, and waiting for them is what a slow client wants.
+      spdlog::default_logger()->flush();
+      std::fflush(nullptr);
+      std::_Exit(0);
+    }
     return 0;
   } catch (...) {
     stop_signal_thread();
@@ -336,6 +349,9 @@ Runner add_serve_command(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--chat-template", args->chat_template, "Chat template file, or the template itself");
   cmd->add_option("--max-logprobs", args->max_logprobs, "Most logprobs a request may ask for")->capture_default_str();
+  cmd->add_option("--shutdown-timeout", args->shutdown_timeout,
+                  "Seconds that requests in flight may take to finish on SIGTERM/SIGINT before they end with 503")
+      ->capture_default_str();
   cmd->add_flag("--enable-prompt-tokens-details", args->enable_prompt_tokens_details,
                 "Report usage.prompt_tokens_details.cached_tokens");
   cmd->add_flag("--disable-uvicorn-access-log", args->disable_access_log, "No access log line per request");

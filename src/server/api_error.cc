@@ -19,6 +19,10 @@ ApiError not_found(const std::string& message, std::optional<std::string> param)
   return ApiError(404, "NotFoundError", message, std::move(param));
 }
 
+ApiError service_unavailable(const std::string& message) {
+  return ApiError(503, "ServiceUnavailableError", message);
+}
+
 ApiError internal_error(const std::string& message) {
   return ApiError(500, "InternalServerError", message);
 }

@@ -32,6 +32,7 @@ class ApiError : public std::runtime_error {
 ApiError bad_request(const std::string& message, std::optional<std::string> param = std::nullopt);
 ApiError not_found(const std::string& message, std::optional<std::string> param = std::nullopt);
 ApiError internal_error(const std::string& message);
+ApiError service_unavailable(const std::string& message);  // 503: retry elsewhere or later
 
 // The OpenAI-shaped body for any status (e.g. a 404 for an unknown route).
 nlohmann::json error_body(int status, const std::string& type, const std::string& message,

@@ -22,10 +22,13 @@ double seconds(GenerationRun::Clock::duration d) { return std::chrono::duration<
 }  // namespace
 
 GenerationRun::GenerationRun(ServerState& state, std::string id, Clock::time_point arrival, ClientGone client_gone)
-    : state_(state), id_(std::move(id)), arrival_(arrival), client_gone_(std::move(client_gone)), last_probe_(arrival) {}
+    : state_(state), id_(std::move(id)), arrival_(arrival), client_gone_(std::move(client_gone)), last_probe_(arrival) {
+  state_.active_runs.fetch_add(1);
+}
 
 GenerationRun::~GenerationRun() {
   if (unfinished_ > 0) cancel();
+  state_.active_runs.fetch_sub(1);
 }
 
 void GenerationRun::submit(std::vector<std::vector<int32_t>> prompts, const std::vector<SamplingParams>& params) {
@@ -74,6 +77,7 @@ void GenerationRun::cancel() {
 bool GenerationRun::next(Update* update) {
   while (unfinished_ > 0 && !error_) {
     if (state_.stopping.load()) {
+      stopped_by_shutdown_ = true;
       cancel();
       return false;
     }

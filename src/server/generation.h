@@ -63,6 +63,9 @@ class GenerationRun {
   // (client gone, server stopping; see cancelled()).
   bool next(Update* update);
   bool cancelled() const { return cancelled_; }
+  // Cancelled because the server is shutting down (not because the client left): the client is
+  // still there and gets a 503 or, on a stream, an error event and [DONE].
+  bool stopped_by_shutdown() const { return stopped_by_shutdown_; }
   // The engine failed a request (RequestOutput::error); the run ends with it.
   const std::optional<std::string>& error() const { return error_; }
   // Aborts every unfinished engine request and counts its choices as aborted.
@@ -90,6 +93,7 @@ class GenerationRun {
   size_t unfinished_ = 0;
   size_t rr_ = 0;  // round-robin start among several prompts' streams
   bool cancelled_ = false;
+  bool stopped_by_shutdown_ = false;
   std::optional<std::string> error_;
 };
 

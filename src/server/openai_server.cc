@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include <fmt/format.h>
 #include <httplib.h>
@@ -94,8 +95,11 @@ std::vector<std::pair<std::string, std::string>> OpenAIServer::routes() {
 void OpenAIServer::install_routes() {
   Http& s = *http_;
   ServerState* state = state_.get();
-  size_t max_threads = options_.max_threads;
-  s.new_task_queue = [max_threads] { return new GrowingThreadPool(8, max_threads); };
+  ThreadPoolLimits limits;
+  limits.max_threads = options_.max_threads;
+  limits.join_timeout = options_.connection_join_timeout;
+  limits.on_abandoned = [this](size_t n) { abandoned_connections_ += n; };
+  s.new_task_queue = [limits] { return new GrowingThreadPool(limits); };
   s.set_keep_alive_max_count(1000);
   s.set_payload_max_length(options_.max_request_body_bytes);  // larger bodies: 413, never read whole
   // SO_REUSEADDR alone: a restart can bind while old connections sit in TIME_WAIT, but a second
@@ -137,15 +141,19 @@ void OpenAIServer::install_routes() {
   // they run the tokenizer (and chat template) on whatever a client sends, so left open they are
   // free CPU for anyone who can reach the port. /health, /version and /metrics stay open for
   // probes and Prometheus.
-  if (!options_.api_key.empty()) {
-    s.set_pre_routing_handler([key = options_.api_key](const httplib::Request& req, httplib::Response& res) {
-      if (req.method == "OPTIONS" || !requires_api_key(req.path)) return httplib::Server::HandlerResponse::Unhandled;
-      if (bearer_token_matches(req.get_header_value("Authorization"), key))
-        return httplib::Server::HandlerResponse::Unhandled;
-      set_json(res, {{"error", "Unauthorized"}}, 401);
+  // While shutting down every new request gets 503 (load balancers stop sending on /health's).
+  s.set_pre_routing_handler([state, key = options_.api_key](const httplib::Request& req, httplib::Response& res) {
+    if (state->draining.load()) {
+      set_json(res, service_unavailable("The server is shutting down.").body(), 503);
       return httplib::Server::HandlerResponse::Handled;
-    });
-  }
+    }
+    if (key.empty() || req.method == "OPTIONS" || !requires_api_key(req.path))
+      return httplib::Server::HandlerResponse::Unhandled;
+    if (bearer_token_matches(req.get_header_value("Authorization"), key))
+      return httplib::Server::HandlerResponse::Unhandled;
+    set_json(res, {{"error", "Unauthorized"}}, 401);
+    return httplib::Server::HandlerResponse::Handled;
+  });
 
   // Statuses httplib produces itself (unknown route, unparsable HTTP) get an OpenAI body too.
   s.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
@@ -208,7 +216,20 @@ void OpenAIServer::serve() {
 }
 
 void OpenAIServer::shutdown() {
+  if (!state_->draining.exchange(true)) {
+    const auto deadline = std::chrono::steady_clock::now() + options_.shutdown_timeout;
+    while (state_->active_runs.load() > 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (state_->active_runs.load() > 0)
+      LOG_INFO("{} request(s) still in flight after the {} ms drain; ending them", state_->active_runs.load(),
+               options_.shutdown_timeout.count());
+  }
   state_->stopping = true;  // handlers see it within one wait slice and abort their requests
+  // Give them that slice to send their 503 or error event: once the listener stops, the library
+  // stops writing streamed responses.
+  const auto ended_by = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (state_->active_runs.load() > 0 && std::chrono::steady_clock::now() < ended_by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   std::unique_lock<std::mutex> lock(mu_);
   // stop() only takes once the listener runs: retry until serve() has returned.
   while (serving_) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -35,6 +36,10 @@ struct ServerOptions {
   bool enable_prompt_tokens_details = false;
   bool access_log = true;               // uvicorn-style line per request
   size_t max_threads = 2048;            // upper bound on concurrent connections (streams)
+  // Shutdown: requests in flight may finish for this long (vLLM's --shutdown-timeout), then end
+  // with 503 / an error event; connections still busy a little later are not waited for.
+  std::chrono::milliseconds shutdown_timeout{5000};
+  std::chrono::milliseconds connection_join_timeout{3000};
   int listen_backlog = 4096;            // a burst of clients connecting at once must not be refused
   size_t max_request_body_bytes = 32u << 20;  // 413 past it (a max_model_len prompt is far smaller)
   RequestDefaults defaults;             // --max-logprobs, generation_config sampling defaults
@@ -50,8 +55,14 @@ class OpenAIServer {
   int bind();
   // Serves until shutdown(); returns once every connection thread has finished.
   void serve();
-  // Thread-safe: in-flight requests abort their engine requests, the listener closes, serve() returns.
+  // Thread-safe. New requests get 503 at once; those in flight may finish within shutdown_timeout,
+  // then end (503, or an error event and [DONE] on a stream) and abort their engine requests; the
+  // listener closes and serve() returns.
   void shutdown();
+  // Connections that were still busy (a client trickling its headers, say) when serve() stopped
+  // waiting for them: their threads still run inside this server, so the process must exit
+  // without destroying it (std::_Exit after the engine's shutdown).
+  size_t abandoned_connections() const { return abandoned_connections_.load(); }
 
   int port() const { return port_; }
   // (path, method) of every route, for the startup log.
@@ -68,6 +79,7 @@ class OpenAIServer {
   std::mutex mu_;
   std::condition_variable cv_;
   bool serving_ = false;
+  std::atomic<size_t> abandoned_connections_{0};
 };
 
 }  // namespace specula::server

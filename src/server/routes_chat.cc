@@ -193,6 +193,7 @@ void handle_chat_completions(ServerState& state, const httplib::Request& http, h
   while (run->next(&update)) {
   }
   if (run->error()) throw internal_error(*run->error());
+  if (run->stopped_by_shutdown()) throw service_unavailable("The server is shutting down; the request was not completed.");
   if (run->cancelled()) {
     res.status = 499;  // client closed request (nginx's convention); nobody reads this
     return;

@@ -185,6 +185,7 @@ void handle_completions(ServerState& state, const httplib::Request& http, httpli
   while (run->next(&update)) {
   }
   if (run->error()) throw internal_error(*run->error());
+  if (run->stopped_by_shutdown()) throw service_unavailable("The server is shutting down; the request was not completed.");
   if (run->cancelled()) {
     res.status = 499;
     return;

@@ -33,7 +33,11 @@ struct ServerState {
   std::string reasoning_parser;                 // "" = off
   bool enable_prompt_tokens_details = false;    // usage.prompt_tokens_details.cached_tokens
   ServerMetrics metrics;
-  std::atomic<bool> stopping{false};            // shutdown began: in-flight requests abort
+  // Shutdown: first `draining` (new requests get 503, in-flight ones may finish), then `stopping`
+  // (in-flight ones end now: 503, or an error event and [DONE] on a stream).
+  std::atomic<bool> draining{false};
+  std::atomic<bool> stopping{false};
+  std::atomic<int> active_runs{0};              // GenerationRuns alive (requests in flight)
 };
 
 }  // namespace specula::server

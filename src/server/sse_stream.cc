@@ -1,5 +1,6 @@
 #include <memory>
 
+#include "server/api_error.h"
 #include "server/routes.h"
 
 namespace specula::server {
@@ -24,7 +25,11 @@ void install_sse_stream(httplib::Response& res, std::shared_ptr<GenerationRun> r
         bool more = session->pump(&out);
         if (!more && out.empty()) {
           session->done = true;
-          return false;  // cancelled: end the response without a [DONE]
+          if (!session->run->stopped_by_shutdown()) return false;  // the client left: nothing to say
+          // The server is shutting down: the client is told why its stream ends.
+          const std::string bye = sse_event(service_unavailable("The server is shutting down; the request was not completed.").body()) + "data: [DONE]\n\n";
+          if (sink.write(bye.data(), bye.size())) sink.done();
+          return true;
         }
         if (!out.empty() && !sink.write(out.data(), out.size())) {
           session->run->cancel();  // the client is gone: free its KV blocks now

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <thread>
@@ -51,6 +52,8 @@ class ServerTest : public ::testing::Test {
     opts.port = 0;
     if (opts.served_model_name.empty()) opts.served_model_name = "fake-model";
     opts.access_log = false;
+    opts.shutdown_timeout = shutdown_timeout_;
+    opts.connection_join_timeout = connection_join_timeout_;
     server_ = std::make_unique<server::OpenAIServer>(engine_, &template_, opts);
     port_ = server_->bind();
     thread_ = std::thread([this] { server_->serve(); });
@@ -81,6 +84,8 @@ class ServerTest : public ::testing::Test {
     return {r->status, r->body};
   }
 
+  std::chrono::milliseconds shutdown_timeout_{0};  // tests of the drain set these before start()
+  std::chrono::milliseconds connection_join_timeout_{3000};
   FakeEngine engine_;
   FakeChatTemplate template_;
   std::unique_ptr<server::OpenAIServer> server_;
