@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/vllm_flags.h"
 #include "core/error.h"
 #include "engine/generation_defaults.h"
 #include "app/create_engine.h"
@@ -23,6 +24,7 @@ struct GenerateArgs {
   int top_k = 0;
   uint64_t seed = 0;
   bool ignore_eos = false;
+  VllmFlags vllm;
   CLI::Option *max_tokens_opt = nullptr, *temperature_opt = nullptr, *top_p_opt = nullptr, *top_k_opt = nullptr,
               *min_p_opt = nullptr, *seed_opt = nullptr;
 };
@@ -99,7 +101,9 @@ Runner add_generate_command(CLI::App& app) {
                   "\"models/specula-tiny-draft\", \"num_speculative_tokens\": 3}'");
   cmd->add_option("--shared-expert-fusion", args->engine.shared_expert_fusion, kSharedExpertFusionHelp)
       ->capture_default_str()->check(CLI::Range(-1, 64));
+  add_vllm_flags(cmd, args->vllm);
   return [args]() -> int {
+    apply_vllm_flags(args->vllm, args->engine);
     if (args->seed_opt->count()) args->engine.seed = args->seed;
     // One request: a small batch keeps the default CPU KV cache small.
     args->engine.max_num_seqs = 1;

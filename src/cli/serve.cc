@@ -25,6 +25,8 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "app/create_engine.h"
+#include "app/model_path.h"
+#include "cli/vllm_flags.h"
 #include "engine/llm_engine.h"
 #include "server/openai_server.h"
 #include "tokenizer/chat_template.h"
@@ -129,10 +131,10 @@ struct ServeArgs {
   bool enable_prompt_tokens_details = false;
   bool disable_access_log = false;
   int num_gpu_blocks_override = 0;
-  bool trust_remote_code = false;
   std::string generation_config = "auto";
   int shared_expert_fusion = -1;
   double shutdown_timeout = 5;  // seconds
+  VllmFlags vllm;
 };
 
 // SIGINT/SIGTERM arrive on whatever thread the kernel picks (OpenBLAS starts its threads before
@@ -195,8 +197,11 @@ int run_serve(const ServeArgs& a, CLI::App* cmd) {
   };
 
   try {
+    // The served name is the model argument as given (vLLM), the embedded default's name when
+    // none is; Hub ids resolve from the local cache (app/model_path.h).
     std::string model = !a.model_flag.empty() ? a.model_flag : a.model;
-    if (model.empty()) model = default_model_dir().string();
+    const std::string model_name = model.empty() ? kDefaultModelName : model;
+    model = model.empty() ? default_model_dir().string() : resolve_model_path(model);
 
     LOG_INFO("specula API server version 0.1.0 (vLLM-compatible)");
     std::string non_default;
@@ -226,6 +231,7 @@ int run_serve(const ServeArgs& a, CLI::App* cmd) {
     cfg.gpu_memory_utilization = a.gpu_memory_utilization;
     cfg.enforce_eager = a.enforce_eager;
     cfg.speculative_config = a.speculative_config;
+    apply_vllm_flags(a.vllm, cfg);
     cfg.shared_expert_fusion = a.shared_expert_fusion;
     if (a.num_gpu_blocks_override > 0) cfg.num_gpu_blocks_override = a.num_gpu_blocks_override;
     // vLLM's CPU backend sizes its KV cache from this variable (GiB).
@@ -253,7 +259,7 @@ int run_serve(const ServeArgs& a, CLI::App* cmd) {
     server::ServerOptions opts;
     opts.host = a.host;
     opts.port = a.port;
-    opts.served_model_name = a.served_model_name.empty() ? model : a.served_model_name;
+    opts.served_model_name = a.served_model_name.empty() ? model_name : a.served_model_name;
     opts.model_root = model;
     opts.api_key = a.api_key;
     if (opts.api_key.empty()) {
@@ -327,7 +333,7 @@ Runner add_serve_command(CLI::App& app) {
   cmd->add_option("--max-num-batched-tokens", args->max_num_batched_tokens,
                   "Maximum number of tokens per iteration (default: chosen from max-model-len)");
   cmd->add_option("--served-model-name", args->served_model_name,
-                  "Model name used in the API (default: the model path)");
+                  "Model name used in the API (default: the model argument as given)");
   cmd->add_option("--api-key", args->api_key, "Require this key as 'Authorization: Bearer <key>' (or VLLM_API_KEY)");
   cmd->add_option("--reasoning-parser", args->reasoning_parser, "Split reasoning_content from content")
       ->check(CLI::IsMember({"deepseek_r1", "qwen3"}));
@@ -356,7 +362,7 @@ Runner add_serve_command(CLI::App& app) {
                 "Report usage.prompt_tokens_details.cached_tokens");
   cmd->add_flag("--disable-uvicorn-access-log", args->disable_access_log, "No access log line per request");
   cmd->add_option("--num-gpu-blocks-override", args->num_gpu_blocks_override, "Use this many KV cache blocks");
-  cmd->add_flag("--trust-remote-code", args->trust_remote_code, "Accepted for vLLM compatibility (no effect)");
+  add_vllm_flags(cmd, args->vllm);
   cmd->add_option("--generation-config", args->generation_config,
                   "auto: sampling defaults from generation_config.json; vllm: OpenAI defaults")
       ->capture_default_str()->check(CLI::IsMember({"auto", "vllm"}));

@@ -20,6 +20,7 @@ SchedulerConfig scheduler_config(const EngineCoreConfig& c) {
   s.num_blocks = c.num_blocks;
   s.enable_prefix_caching = c.enable_prefix_caching;
   s.num_speculative_tokens = c.num_speculative_tokens;
+  s.enable_chunked_prefill = c.enable_chunked_prefill;
   return s;
 }
 

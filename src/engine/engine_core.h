@@ -26,6 +26,7 @@ struct EngineCoreConfig {
   int num_blocks = 0;
   bool enable_prefix_caching = true;
   int num_speculative_tokens = 0;      // k: KV slots reserved ahead of each request for its drafts
+  bool enable_chunked_prefill = true;
   bool spec_adaptive = false;   // (for the metrics) the speculator adapts the depth per step
   uint64_t seed = 0;            // requests without a seed draw from seed + a per-sequence counter
   int64_t vocab_size = 0;       // prompt token ids must lie below it

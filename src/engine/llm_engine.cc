@@ -55,6 +55,34 @@ std::vector<int32_t> eos_token_ids(const Tokenizer& tok, const GenerationConfig&
   return ids;
 }
 
+// --dtype / --kv-cache-dtype name the backend's compute type or auto; -tp / -pp are 1.
+void check_parallel_and_types(const EngineConfig& config, const Backend& backend) {
+  SPECULA_CHECK(config.tensor_parallel_size == 1,
+                "--tensor-parallel-size {}: tensor parallelism is not supported yet (one device per engine)",
+                config.tensor_parallel_size);
+  SPECULA_CHECK(config.pipeline_parallel_size == 1,
+                "--pipeline-parallel-size {}: pipeline parallelism is not supported", config.pipeline_parallel_size);
+  const DType compute = backend.compute_dtype();
+  auto type_of = [](const std::string& name) -> std::optional<DType> {
+    if (name == "half" || name == "float16") return DType::kF16;
+    if (name == "bfloat16") return DType::kBF16;
+    if (name == "float" || name == "float32") return DType::kF32;
+    return std::nullopt;
+  };
+  if (config.dtype != "auto") {
+    const std::optional<DType> want = type_of(config.dtype);
+    SPECULA_CHECK(want.has_value(), "--dtype {}: expected auto, half, float16, bfloat16, float or float32", config.dtype);
+    SPECULA_CHECK(*want == compute, "--dtype {}: the {} backend computes in {} (use auto or that type)", config.dtype,
+                  backend.name(), dtype_name(compute));
+  }
+  if (config.kv_cache_dtype != "auto") {
+    const std::optional<DType> want = type_of(config.kv_cache_dtype);
+    SPECULA_CHECK(want.has_value() && *want == compute,
+                  "--kv-cache-dtype {}: not supported yet; the KV cache is kept in the compute type ({}), use auto",
+                  config.kv_cache_dtype, dtype_name(compute));
+  }
+}
+
 }  // namespace
 
 std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const SpeculatorFactory& make_speculator) {
@@ -71,6 +99,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
                         ? make_null_tokenizer(parts.model_config)
                         : Tokenizer::from_dir(config.tokenizer.empty() ? config.model : config.tokenizer);
   parts.backend = make_backend(config);
+  check_parallel_and_types(config, *parts.backend);
   const ModelConfig& mc = parts.model_config;
   // --shared-expert-fusion -1 (auto) becomes a number here; an MTP proposer reads the same one.
   parts.config.shared_expert_fusion =
@@ -101,12 +130,20 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   SPECULA_CHECK(max_model_len > 0, "cannot derive max_model_len from {}: pass --max-model-len", config.model);
   const bool on_cuda = parts.backend->device() == Device::kCUDA;
   SPECULA_CHECK(config.max_num_seqs > 0, "--max-num-seqs must be positive, got {}", config.max_num_seqs);
-  const int batched = config.max_num_batched_tokens > 0
+  int batched = config.max_num_batched_tokens > 0
                           ? config.max_num_batched_tokens
                           : std::max(on_cuda ? kDefaultBatchedTokensCuda : kDefaultBatchedTokensCpu, config.max_num_seqs);
   SPECULA_CHECK(batched >= config.max_num_seqs,
                 "max_num_batched_tokens ({}) must be greater than or equal to max_num_seqs ({})", batched,
                 config.max_num_seqs);
+  if (!config.enable_chunked_prefill) {
+    // vLLM's rule: without chunking, a step must hold a whole max_model_len prompt.
+    if (config.max_num_batched_tokens <= 0) batched = std::max(batched, max_model_len);
+    SPECULA_CHECK(batched >= max_model_len,
+                  "max_num_batched_tokens ({}) is smaller than max_model_len ({}). This effectively limits the "
+                  "maximum sequence length to max_num_batched_tokens and makes the engine reject longer sequences. "
+                  "Please increase max_num_batched_tokens or decrease max_model_len.", batched, max_model_len);
+  }
 
   // ---- speculative decoding: the speculator (a draft model loads here) ----
   std::unique_ptr<Speculator> speculator;
@@ -172,6 +209,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   cc.block_size = config.block_size;
   cc.num_blocks = plan.num_blocks;
   cc.enable_prefix_caching = config.enable_prefix_caching;
+  cc.enable_chunked_prefill = config.enable_chunked_prefill;
   cc.num_speculative_tokens = num_speculative_tokens;
   cc.spec_adaptive = speculator && speculator->adaptive();
   cc.seed = config.seed;

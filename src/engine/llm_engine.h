@@ -40,6 +40,15 @@ struct EngineConfig {
   // DeepSeek MoE: shared-expert replicas fused into the routed experts; 0 = off, -1 = auto (1 on
   // CUDA for models with shared experts, 0 on the CPU; model/shared_expert_fusion.h).
   int shared_expert_fusion = -1;
+  // vLLM's flags: --dtype (auto: the backend's compute type), --kv-cache-dtype (auto only for
+  // now), -tp/-pp (1 until tensor parallelism lands), --no-enable-chunked-prefill (a step's
+  // budget covers a whole max_model_len prompt), --disable-log-stats.
+  std::string dtype = "auto";
+  std::string kv_cache_dtype = "auto";
+  int tensor_parallel_size = 1;
+  int pipeline_parallel_size = 1;
+  bool enable_chunked_prefill = true;
+  bool log_stats = true;
 };
 
 // Counters and gauges for /metrics and the periodic stats line (vLLM's names in comments).

@@ -111,6 +111,7 @@ SchedulerOutput Scheduler::schedule() {
       SPECULA_ASSERT(r->num_computed_tokens == 0);
       ComputedBlocks hit = kv_.get_computed_blocks(*r);
       int n = std::min(r->num_tokens() - hit.num_tokens, budget);
+      if (!config_.enable_chunked_prefill && n < r->num_tokens() - hit.num_tokens) break;  // next step, whole
       std::optional<std::vector<int32_t>> new_blocks = kv_.allocate_slots(*r, n, hit, config_.num_speculative_tokens);
       if (!new_blocks) break;  // FCFS: nobody overtakes the head of the queue
       kv_.record_prefix_cache_query(*r, hit.num_tokens);

@@ -31,6 +31,9 @@ struct SchedulerConfig {
   int num_blocks = 0;
   bool enable_prefix_caching = true;
   int num_speculative_tokens = 0;  // KV slots reserved ahead of each request for draft tokens
+  // false (--no-enable-chunked-prefill): a prompt is admitted only when all of it fits the step's
+  // token budget, so it runs in one step.
+  bool enable_chunked_prefill = true;
 };
 
 // Cumulative counters (the engine turns them into metrics and the periodic stats line).

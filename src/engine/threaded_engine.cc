@@ -143,14 +143,14 @@ class ThreadedEngine : public LLMEngine {
         std::unique_lock<std::mutex> lock(mu_);
         auto has_input = [&] { return stopping_ || !inbox_.empty(); };
         if (!core_.has_unfinished_requests() && !has_input()) {
-          if (std::optional<double> due = stats_.pending_deadline()) {
+          if (std::optional<double> due = log_stats_ ? stats_.pending_deadline() : std::nullopt) {
             const auto wait = std::chrono::duration<double>(std::max(0.0, *due - now_seconds()));
             cv_.wait_for(lock, wait, has_input);
           } else {
             cv_.wait(lock, has_input);
           }
           lock.unlock();
-          stats_.on_wake(now_seconds(), core_.metrics());
+          if (log_stats_) stats_.on_wake(now_seconds(), core_.metrics());
           lock.lock();
         }
         if (stopping_) break;
@@ -165,7 +165,7 @@ class ThreadedEngine : public LLMEngine {
         core_.fail_all(std::string("engine error: ") + e.what());
       }
       publish_metrics();
-      stats_.maybe_log(now_seconds(), metrics());
+      if (log_stats_) stats_.maybe_log(now_seconds(), metrics());
     }
     drain_inbox();
     core_.abort_all();
@@ -175,6 +175,7 @@ class ThreadedEngine : public LLMEngine {
   EngineComponents parts_;
   EngineCore core_;
   StatsLogger stats_;
+  const bool log_stats_ = parts_.config.log_stats;  // --disable-log-stats
 
   std::mutex mu_;  // guards inbox_, active_, started_, stopping_
   std::condition_variable cv_;

@@ -52,8 +52,5 @@ void resolve_speculative_config(SpeculativeConfig& spec, const ModelConfig& targ
 // model with num_nextn_predict_layers > 0, and "model", if given, must name the target itself.
 void check_mtp_target(const SpeculativeConfig& spec, const ModelConfig& target, std::string_view target_model);
 
-// Levenshtein distance, and the candidate closest to `key` (first of equals) — for "did you mean".
-size_t edit_distance(std::string_view a, std::string_view b);
-std::string_view nearest_key(std::string_view key, std::span<const std::string_view> candidates);
 
 }  // namespace specula

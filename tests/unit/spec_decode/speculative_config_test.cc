@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include "core/edit_distance.h"
 #include "core/error.h"
 #include "model/config.h"
 #include "spec_decode/proposer_registry.h"

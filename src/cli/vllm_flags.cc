@@ -1,0 +1,97 @@
+#include "cli/vllm_flags.h"
+
+#include <cstdio>
+#include <utility>
+#include <string_view>
+#include <vector>
+
+#include "core/edit_distance.h"
+
+namespace specula::cli {
+
+void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
+  cmd->add_option("--dtype", f.dtype,
+                  "Weights and activations: auto (bfloat16 on CUDA, float32 on the CPU), or that type "
+                  "(half/float16, bfloat16, float/float32) where the device computes in it")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "half", "float16", "bfloat16", "float", "float32"}));
+  cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype, "KV cache type: auto (the compute type)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"}));
+  cmd->add_option("--tensor-parallel-size", f.tensor_parallel_size, "GPUs to shard the model over (also -tp; 1 for now)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "Pipeline stages (also -pp; 1)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_flag("--enable-chunked-prefill,!--no-enable-chunked-prefill", f.enable_chunked_prefill,
+                "Split long prompts over steps beside decodes (on); off: a step fits a whole max-model-len prompt");
+  cmd->add_flag("--disable-log-stats", f.disable_log_stats, "No periodic stats line");
+  cmd->add_flag("--disable-log-requests", f.disable_log_requests,
+                "Accepted for vLLM compatibility (specula does not log request contents)");
+  cmd->add_flag("--trust-remote-code", f.trust_remote_code, "Accepted for vLLM compatibility (no model code runs)");
+}
+
+void apply_vllm_flags(const VllmFlags& f, EngineConfig& c) {
+  c.dtype = f.dtype;
+  c.kv_cache_dtype = f.kv_cache_dtype;
+  c.tensor_parallel_size = f.tensor_parallel_size;
+  c.pipeline_parallel_size = f.pipeline_parallel_size;
+  c.enable_chunked_prefill = f.enable_chunked_prefill;
+  c.log_stats = !f.disable_log_stats;
+}
+
+namespace {
+
+// The long names of `app`'s options ("--max-model-len"), for "did you mean".
+std::vector<std::string> option_names(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::Option* opt : app.get_options()) {
+    for (const std::string& n : opt->get_lnames()) names.push_back("--" + n);
+    for (const std::string& n : opt->get_fnames()) names.push_back("--" + n);
+  }
+  return names;
+}
+
+}  // namespace
+
+std::optional<int> parse_or_exit_code(CLI::App& app, int argc, char** argv) {
+  // vLLM spells two flags with one dash and two letters, which CLI11 cannot name: -tp and -pp
+  // become their long forms. CLI11 takes the arguments last first.
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) {
+    std::string a = argv[i];
+    for (const auto& [alias, name] : {std::pair<const char*, const char*>{"-tp", "--tensor-parallel-size"},
+                                      {"-pp", "--pipeline-parallel-size"}}) {
+      if (a == alias) a = name;
+      else if (a.rfind(std::string(alias) + "=", 0) == 0) a = name + a.substr(3);
+    }
+    args.push_back(std::move(a));
+  }
+  try {
+    app.parse(args);
+  } catch (const CLI::ExtrasError& e) {
+    // Which subcommand the stray flag was given to: the parsed one, else the top level.
+    const CLI::App* scope = &app;
+    for (const CLI::App* sub : app.get_subcommands()) scope = sub;
+    for (const CLI::App* sub : scope->get_subcommands()) scope = sub;
+    std::string stray;
+    for (const std::string& a : (scope == &app ? app.remaining() : scope->remaining())) {
+      if (a.rfind("--", 0) == 0) {
+        stray = a.substr(0, a.find('='));
+        break;
+      }
+    }
+    const std::vector<std::string> names = option_names(*scope);
+    std::vector<std::string_view> candidates(names.begin(), names.end());
+    if (!stray.empty() && !candidates.empty()) {
+      std::fprintf(stderr, "error: unrecognized argument %s; did you mean %s?\n", stray.c_str(),
+                   std::string(nearest_key(stray, candidates)).c_str());
+      return 2;
+    }
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return std::nullopt;
+}
+
+}  // namespace specula::cli

@@ -1,0 +1,111 @@
+// vLLM's everyday flags on the built binary (SPECULA_BINARY, set by ctest): each is accepted with
+// its meaning or refused with one line saying why; an unknown flag names the nearest valid one; a
+// Hub id resolves from the local Hugging Face cache and otherwise says where specula looked.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "test_paths.h"
+
+namespace specula {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+CliRun run_cli(const std::string& args, const std::string& env = "") {
+  const char* bin = std::getenv("SPECULA_BINARY");
+  CliRun r;
+  const std::string cmd = env + " '" + std::string(bin) + "' " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+class VllmFlags : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* bin = std::getenv("SPECULA_BINARY");
+    if (!bin || !fs::exists(bin)) GTEST_SKIP() << "SPECULA_BINARY not set (run through ctest)";
+    model_ = (testing::models_dir() / "specula-tiny").string();
+    ASSERT_TRUE(fs::exists(fs::path(model_) / "config.json")) << "committed model missing: " << model_;
+  }
+  std::string generate(const std::string& flags) {
+    return "generate '" + model_ + "' --prompt 'def f(x):' --max-tokens 4 --device cpu " + flags;
+  }
+  std::string model_;
+};
+
+TEST_F(VllmFlags, EverydayFlagsAreAcceptedWithTheirMeaning) {
+  CliRun r = run_cli(generate("--dtype auto --dtype float32 --kv-cache-dtype auto -tp 1 --tensor-parallel-size 1 -pp 1 "
+                       "--enable-chunked-prefill --no-enable-chunked-prefill --disable-log-stats "
+                       "--disable-log-requests --trust-remote-code"));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("4 generated tokens"), std::string::npos) << r.output;
+}
+
+TEST_F(VllmFlags, WhatCannotBeDoneIsRefusedInOneLine) {
+  struct Case {
+    const char* flags;
+    const char* says;
+  };
+  for (const Case& c : {Case{"-tp 2", "tensor parallelism is not supported yet"},
+                        Case{"--pipeline-parallel-size 2", "pipeline parallelism is not supported"},
+                        Case{"--dtype float16", "computes in F32"},
+                        Case{"--kv-cache-dtype fp8", "--kv-cache-dtype fp8: not supported yet"},
+                        Case{"--no-enable-chunked-prefill --max-model-len 256 --max-num-batched-tokens 64 --max-num-seqs 8",
+                             "is smaller than max_model_len"}}) {
+    // serve: it has every engine flag, and fails before it would listen
+    CliRun r = run_cli("serve '" + model_ + "' --device cpu --port 0 " + c.flags);
+    EXPECT_EQ(r.status, 1) << c.flags << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.says), std::string::npos) << c.flags << "\n" << r.output;
+  }
+}
+
+TEST_F(VllmFlags, AnUnknownFlagNamesTheNearestOne) {
+  CliRun r = run_cli("serve --max-model-lenn 5");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.output.find("unrecognized argument --max-model-lenn; did you mean --max-model-len?"), std::string::npos)
+      << r.output;
+  r = run_cli(generate("--dtyp bfloat16"));
+  EXPECT_NE(r.output.find("did you mean --dtype?"), std::string::npos) << r.output;
+}
+
+TEST_F(VllmFlags, HubIdsResolveFromTheLocalCacheOnly) {
+  const fs::path home = fs::temp_directory_path() / ("specula_hf_" + std::to_string(::getpid()));
+  const fs::path repo = home / "hub" / "models--SomeOrg--Tiny";
+  fs::create_directories(repo / "snapshots" / "rev1");
+  fs::create_directories(repo / "refs");
+  for (const auto& e : fs::directory_iterator(model_)) fs::copy(e.path(), repo / "snapshots" / "rev1" / e.path().filename());
+  FILE* ref = std::fopen((repo / "refs" / "main").c_str(), "w");
+  ASSERT_NE(ref, nullptr);
+  std::fputs("rev1", ref);
+  std::fclose(ref);
+  const std::string env = "HF_HOME='" + home.string() + "' HF_HUB_CACHE=";
+  CliRun ok = run_cli("generate SomeOrg/Tiny --prompt 'def f(x):' --max-tokens 4 --device cpu", env);
+  EXPECT_EQ(ok.status, 0) << ok.output;
+  CliRun missing = run_cli("generate SomeOrg/Missing --prompt x --max-tokens 1 --device cpu", env);
+  EXPECT_EQ(missing.status, 1);
+  EXPECT_NE(missing.output.find("not in the local Hugging Face cache"), std::string::npos) << missing.output;
+  EXPECT_NE(missing.output.find((home / "hub" / "models--SomeOrg--Missing").string()), std::string::npos)
+      << missing.output;
+  EXPECT_NE(missing.output.find("does not download"), std::string::npos) << missing.output;
+  fs::remove_all(home);
+}
+
+}  // namespace
+}  // namespace specula
