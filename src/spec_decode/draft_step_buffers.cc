@@ -3,7 +3,16 @@
 #include <algorithm>
 #include <numeric>
 
+#include "core/error.h"
+
 namespace specula {
+
+int64_t draft_kv_slot(const ProposerRequest& r, int pos, int block_size, std::string_view cache) {
+  const size_t block = static_cast<size_t>(pos / block_size);
+  SPECULA_CHECK(block < r.block_ids.size(), "internal error: {} position {} of request {} has no block ({} held)",
+                cache, pos, r.req_id, r.block_ids.size());
+  return static_cast<int64_t>(r.block_ids[block]) * block_size + pos % block_size;
+}
 
 void DraftStepBuffers::allocate(Backend& backend, int max_num_seqs, int max_blocks_per_seq, int block_size,
                                 const char* cache, int max_chain_steps) {

@@ -1,17 +1,24 @@
-// The static inputs of a padded draft step: drafts 2..k of the draft_model and mtp proposers run
-// one decode row per drafting request over these buffers, at a padded batch size, so that a step
-// reads nothing else and a CUDA graph captured over them replays with new contents (prepare()
-// refills them with plain copies before each step). What a step computes (the draft model, an
-// MTP layer with its chained hidden state) stays with the proposer; this is only its inputs.
+// The static inputs of a padded draft step: drafts 2..k of a model-running proposer
+// (model_proposer.h) run one decode row per drafting request over these buffers, at a padded
+// batch size, so that a step reads nothing else and a CUDA graph captured over them replays with
+// new contents (prepare() refills them with plain copies before each step). A greedy chain
+// (greedy_draft_chain.h) stages all its steps here at once. What a step computes (the draft
+// model, an MTP layer with its chained hidden state) is the proposer's; this is only its inputs.
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 #include <vector>
 
 #include "backend/backend.h"
-#include "spec_decode/draft_step_helpers.h"
+#include "engine/speculator.h"
+#include "spec_decode/staged_tensor.h"
 
 namespace specula {
+
+// The paged K/V slot of position `pos` of `r` on its block table; `cache` names the cache in the
+// error.
+int64_t draft_kv_slot(const ProposerRequest& r, int pos, int block_size, std::string_view cache);
 
 class DraftStepBuffers {
  public:

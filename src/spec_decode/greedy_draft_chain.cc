@@ -42,11 +42,7 @@ void GreedyDraftChain::begin(std::vector<size_t> rows, int padded) {
   backend_->zero(firsts);
 }
 
-void GreedyDraftChain::add_first_drafts(const Tensor& logits, const std::vector<CatchUpPiece>& pieces,
-                                        const std::function<int(int)>& row_of) {
-  std::vector<int32_t> logits_rows;
-  for (size_t s = 0; s < pieces.size(); ++s)
-    if (pieces[s].drafts) logits_rows.push_back(row_of(static_cast<int>(s)));
+void GreedyDraftChain::add_first_drafts(const Tensor& logits, const std::vector<int32_t>& logits_rows) {
   const int m = static_cast<int>(logits_rows.size());
   if (m == 0) return;
   SPECULA_CHECK(firsts_ + m <= static_cast<int>(rows_.size()),

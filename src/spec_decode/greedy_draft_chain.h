@@ -1,4 +1,4 @@
-// Greedy drafts chained on the device, for the model-running proposers (draft_model, mtp).
+// Greedy drafts chained on the device, for the model-running proposers (model_proposer.h).
 //
 // When every request that drafts in a step drafts the plain argmax (greedy, no penalties, no
 // active min_tokens mask: its draft distribution is one-hot at the argmax of the raw logits), its
@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/speculator.h"
 #include "spec_decode/draft_step_buffers.h"
-#include "spec_decode/draft_step_helpers.h"
-#include "spec_decode/proposer.h"
+#include "spec_decode/staged_tensor.h"
 
 namespace specula {
 
@@ -44,10 +44,9 @@ class GreedyDraftChain {
   const std::vector<size_t>& rows() const { return rows_; }
   int padded() const { return padded_; }
 
-  // The next first drafts, in chain-row order: the argmax of row row_of(s) of `logits` for each
-  // drafting piece s of a catch-up forward (pieces in batch order, as the chain's rows).
-  void add_first_drafts(const Tensor& logits, const std::vector<CatchUpPiece>& pieces,
-                        const std::function<int(int)>& row_of);
+  // The next first drafts, in chain-row order: the argmax of each of `logits_rows` of `logits`
+  // (the drafting rows of a catch-up forward, in batch order, as the chain's rows).
+  void add_first_drafts(const Tensor& logits, const std::vector<int32_t>& logits_rows);
   int num_first_drafts() const { return firsts_; }
 
   // Drafts 2..max_drafts, then every draft to the host: drafts[rows[r]] gets its
