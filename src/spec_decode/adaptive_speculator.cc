@@ -25,13 +25,16 @@ AdaptiveDepthConfig depth_config(const AdaptiveSpeculatorConfig& c) {
 }  // namespace
 
 AdaptiveSpeculator::AdaptiveSpeculator(std::unique_ptr<Proposer> proposer, const AdaptiveSpeculatorConfig& config,
-                                       std::unique_ptr<StepCostModel> cost)
+                                       std::unique_ptr<StepCostModel> cost, Clock clock)
     : proposer_(std::move(proposer)), config_(config),
       depth_(depth_config(config),
              cost ? std::move(cost)
                   : std::make_unique<OnlineCostModel>(config.num_speculative_tokens + 1,
                                                       proposer_ ? proposer_->relative_step_cost() : 0.2, 0.2,
-                                                      proposer_ ? proposer_->draft_fixed_cost() : 0.5)) {
+                                                      proposer_ ? proposer_->draft_fixed_cost() : 0.5)),
+      clock_(clock ? std::move(clock) : Clock([] {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+      })) {
   SPECULA_CHECK(proposer_ != nullptr, "speculator: no proposer");
 }
 
@@ -97,9 +100,9 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   // than target steps, so that the depth stuck at 0.
   bool steady = true;
   for (const ProposerRequest& r : batch.requests) steady = steady && r.sampled && r.verified_drafts;
-  const auto t0 = std::chrono::steady_clock::now();
+  const double t0 = clock_();
   proposer_->propose(batch, drafts);
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds = clock_() - t0;
   int drafting = 0, most = 0;
   for (const std::vector<int32_t>& d : drafts) {
     drafting += d.empty() ? 0 : 1;

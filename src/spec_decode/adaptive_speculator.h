@@ -4,6 +4,7 @@
 // step's depth and runs the proposer, timing it for the cost model.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -24,9 +25,13 @@ struct AdaptiveSpeculatorConfig {
 
 class AdaptiveSpeculator final : public Speculator {
  public:
+  // Seconds on a monotonic clock; how a proposer call is timed for the cost model.
+  using Clock = std::function<double()>;
+
   // cost: the cost model (an OnlineCostModel seeded with the proposer's relative cost when null).
+  // clock: std::chrono::steady_clock when null (a test feeds exact durations instead).
   AdaptiveSpeculator(std::unique_ptr<Proposer> proposer, const AdaptiveSpeculatorConfig& config,
-                     std::unique_ptr<StepCostModel> cost = nullptr);
+                     std::unique_ptr<StepCostModel> cost = nullptr, Clock clock = nullptr);
   // With SPECULA_PROFILE=1, prints what the adaptive depth learned (step costs, acceptance, the
   // depth it would choose) for a few batch sizes to stderr.
   ~AdaptiveSpeculator() override;
@@ -60,6 +65,7 @@ class AdaptiveSpeculator final : public Speculator {
   std::unique_ptr<Proposer> proposer_;
   AdaptiveSpeculatorConfig config_;
   AdaptiveDepth depth_;
+  Clock clock_;
 };
 
 }  // namespace specula

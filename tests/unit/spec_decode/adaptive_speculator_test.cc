@@ -1,9 +1,9 @@
 // AdaptiveSpeculator: which proposer calls teach the cost model a draft step's cost, and load shedding.
+// Proposer calls are timed on a fake clock that the fake proposer advances: the durations the cost
+// model sees are exact, whatever the machine's load.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <string>
-#include <thread>
 #include <unordered_set>
 
 #include "spec_decode/adaptive_speculator.h"
@@ -11,28 +11,37 @@
 namespace specula {
 namespace {
 
-// A proposer whose first call for a request is slow (it runs the prompt through the draft) and
-// whose later calls are fast; it drafts `depth` copies of token 7.
+// A proposer whose first call for a request is slow (it runs the prompt through the draft: 30 ms)
+// and whose later calls are fast (0.1 ms); it drafts `depth` copies of token 7. `now` is the clock
+// the speculator times it with (speculator_for).
 class CatchUpProposer : public Proposer {
  public:
   std::string_view method() const override { return "fake"; }
   double relative_step_cost() const override { return 0.2; }
   void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
     ++calls;
+    now += 0.0001;
     drafts.assign(batch.requests.size(), {});
     for (size_t i = 0; i < batch.requests.size(); ++i) {
       const ProposerRequest& r = batch.requests[i];
       if (seen_.insert(std::string(r.req_id)).second)
-        std::this_thread::sleep_for(std::chrono::milliseconds(30));  // the prompt's catch-up
+        now += 0.030;  // the prompt's catch-up
       if (r.sampled) drafts[i].assign(static_cast<size_t>(std::min(batch.depth, r.max_drafts)), 7);
     }
   }
   void drop_request(std::string_view id) override { seen_.erase(std::string(id)); }
   int calls = 0;
+  double now = 0.0;  // seconds
 
  private:
   std::unordered_set<std::string> seen_;
 };
+
+// A speculator that times `p` on p's own clock.
+AdaptiveSpeculator speculator_for(std::unique_ptr<CatchUpProposer> p, const AdaptiveSpeculatorConfig& config) {
+  CatchUpProposer* raw = p.get();
+  return AdaptiveSpeculator(std::move(p), config, nullptr, [raw] { return raw->now; });
+}
 
 // Decoding requests; verified: each verified drafts this step (it drafted in the previous one).
 ProposeBatch decode_batch(const std::vector<std::string>& ids, bool verified = false) {
@@ -51,7 +60,7 @@ ProposeBatch decode_batch(const std::vector<std::string>& ids, bool verified = f
 TEST(AdaptiveSpeculator, OnlySteadyStepsTeachTheDraftCost) {
   auto proposer = std::make_unique<CatchUpProposer>();
   CatchUpProposer* p = proposer.get();
-  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
   // A target decode step of 1 ms measured, as the runner records it.
   for (int r = 1; r <= 4; ++r) spec.record_target_step(1, r, 0.001 * (1.0 + 0.05 * (r - 1)));
   const std::vector<std::string> ids = {"a"};
@@ -82,7 +91,7 @@ class LongCatchUpProposer : public CatchUpProposer {
 TEST(AdaptiveSpeculator, StepsWithLongCatchUpsDoNotTeachTheDraftCost) {
   auto proposer = std::make_unique<LongCatchUpProposer>();
   LongCatchUpProposer* p = proposer.get();
-  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
   for (int r = 1; r <= 4; ++r) spec.record_target_step(2, r, 0.001);
   const double prior = spec.depth().cost().draft_seconds(2, 3);
   std::vector<std::vector<int32_t>> drafts;
@@ -101,7 +110,7 @@ TEST(AdaptiveSpeculator, StepsWithLongCatchUpsDoNotTeachTheDraftCost) {
 TEST(AdaptiveSpeculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
   auto proposer = std::make_unique<CatchUpProposer>();
   CatchUpProposer* p = proposer.get();
-  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
   // Drafts never accepted and a draft step as costly as the target: speculation cannot pay.
   for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001 * r);
   spec.depth().cost().record_draft(64, 1, 0.001);
@@ -130,7 +139,7 @@ TEST(AdaptiveSpeculator, SmallBatchesOfAnEveryStepProposerAreFedAtDepthZero) {
       SCOPED_TRACE(std::to_string(n) + (draft_can_pay ? " requests, drafts could pay" : " requests, drafts cannot pay"));
       auto proposer = std::make_unique<EveryStepProposer>();
       EveryStepProposer* p = proposer.get();
-      AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+      AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
       for (int r = 1; r <= 4; ++r) spec.record_target_step(n, r, 0.001);
       spec.depth().cost().record_draft(n, 1, draft_can_pay ? 0.0001 : 0.002);
       for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);  // never accepted: depth 0
@@ -150,7 +159,7 @@ TEST(AdaptiveSpeculator, APlainProbeWhileSpeculatingStillReachesTheProposer) {
   // re-measures the target, and a proposer that must see every step (MTP) is still called then.
   auto proposer = std::make_unique<CatchUpProposer>();
   CatchUpProposer* p = proposer.get();
-  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
   for (int r = 1; r <= 4; ++r) spec.record_target_step(1, r, 0.001);
   spec.depth().cost().record_draft(1, 1, 0.0001);
   std::vector<std::vector<int32_t>> drafts;
@@ -171,7 +180,7 @@ TEST(AdaptiveSpeculator, AProbeFromDepthZeroDraftsForAFewRequestsOnly) {
   // 64 requests whose drafts were never accepted: speculation is off, and the probe every 32
   // steps (drafts would pay were they accepted) drafts for 4 of them, not for all 64.
   auto proposer = std::make_unique<CatchUpProposer>();
-  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
   for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001);
   spec.depth().cost().record_draft(64, 1, 0.0001);
   for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
