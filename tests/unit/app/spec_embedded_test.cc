@@ -53,7 +53,7 @@ std::vector<int32_t> collect(RequestStream& stream) {
 // Waits for the loop to publish the metrics of its last step.
 EngineMetrics settled_metrics(LLMEngine& engine) {
   EngineMetrics m = engine.metrics();
-  for (int i = 0; i < 500 && m.num_requests_running + m.num_requests_waiting > 0; ++i) {
+  for (int i = 0; i < 6000 && m.num_requests_running + m.num_requests_waiting > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     m = engine.metrics();
   }

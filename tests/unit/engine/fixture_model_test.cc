@@ -163,7 +163,7 @@ TEST(LLMEngineCreate, ServesTheFixtureLlamaGreedily) {
   }
   // The loop publishes metrics after the step whose outputs we just read: wait for it.
   EngineMetrics m = engine->metrics();
-  for (int i = 0; i < 500 && (m.num_requests_running > 0 || m.generation_tokens_total < 72); ++i) {
+  for (int i = 0; i < 6000 && (m.num_requests_running > 0 || m.generation_tokens_total < 72); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     m = engine->metrics();
   }

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "engine/stats_logger.h"
@@ -84,13 +86,48 @@ Drained drain(RequestStream& s) {
   return d;
 }
 
-// The fake model can finish 100 tokens before a test thread gets to act on a request: slow every
-// forward down so that the request is surely still running.
-void slow_down(FakeModel* m) {
-  m->fail_on_forward = [](int) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    return false;
+// Holds the fake model's forwards from the `from`-th on until the test opens it: a request is then
+// surely still running when the test acts on it, however slowly the test thread gets scheduled.
+// The gate opens itself when the test ends (declared after the engine, it goes first), so that a
+// failed assertion does not leave the loop thread blocked in a forward that shutdown waits for.
+class ForwardGate {
+ public:
+  ForwardGate(FakeModel* m, int from) : state_(std::make_shared<State>()) {
+    m->fail_on_forward = [state = state_, from](int n) {
+      if (n >= from) {
+        std::unique_lock<std::mutex> lock(state->mu);
+        state->cv.wait(lock, [&] { return state->open; });
+      }
+      return false;
+    };
+  }
+  ~ForwardGate() { open(); }
+  void open() {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->open = true;
+    }
+    state_->cv.notify_all();
+  }
+
+ private:
+  struct State {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
   };
+  std::shared_ptr<State> state_;
+};
+
+// Polls the engine's metrics until `done` holds (the loop publishes them after its step).
+template <class Done>
+EngineMetrics settled(LLMEngine& engine, Done done) {
+  EngineMetrics m = engine.metrics();
+  for (int i = 0; i < 6000 && !done(m); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    m = engine.metrics();
+  }
+  return m;
 }
 
 TEST(ThreadedEngine, ServesRequestsFromManyThreads) {
@@ -111,11 +148,7 @@ TEST(ThreadedEngine, ServesRequestsFromManyThreads) {
   }
   for (auto& c : clients) c.join();
   EXPECT_EQ(wrong.load(), 0);
-  EngineMetrics m = b.engine->metrics();
-  for (int i = 0; i < 200 && m.request_success_total < 40; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    m = b.engine->metrics();
-  }
+  const EngineMetrics m = settled(*b.engine, [](const EngineMetrics& m) { return m.request_success_total >= 40; });
   EXPECT_EQ(m.request_success_total, 40);
   EXPECT_EQ(m.num_requests_running + m.num_requests_waiting, 0);
   b.engine->shutdown();
@@ -123,7 +156,7 @@ TEST(ThreadedEngine, ServesRequestsFromManyThreads) {
 
 TEST(ThreadedEngine, RejectsBadRequestsSynchronously) {
   Built b = make_engine();
-  slow_down(b.model);  // "dup" must still be running when its id is reused
+  ForwardGate gate(b.model, 1);  // "dup" must still be running when its id is reused
   b.engine->start();
   SamplingParams bad = greedy(4);
   bad.temperature = -1.0f;
@@ -131,7 +164,8 @@ TEST(ThreadedEngine, RejectsBadRequestsSynchronously) {
   EXPECT_THROW(b.engine->add_request(NewRequest{"y", prompt_of(100, 0), greedy(100)}), Error);
   auto s = b.engine->add_request(NewRequest{"dup", {1, 2, 3}, greedy(50)});
   EXPECT_THROW(b.engine->add_request(NewRequest{"dup", {1, 2, 3}, greedy(5)}), Error);
-  drain(*s);
+  gate.open();
+  EXPECT_EQ(drain(*s).tokens.size(), 50u);
   // Finished: the id can be used again.
   auto again = b.engine->add_request(NewRequest{"dup", {1, 2, 3}, greedy(2)});
   EXPECT_EQ(drain(*again).tokens.size(), 2u);
@@ -139,32 +173,43 @@ TEST(ThreadedEngine, RejectsBadRequestsSynchronously) {
 
 TEST(ThreadedEngine, AbortEndsTheStreamAndFreesTheBlocks) {
   Built b = make_engine();
-  slow_down(b.model);
+  ForwardGate gate(b.model, 2);  // the prefill's first token comes out; the next step waits
   b.engine->start();
   auto s = b.engine->add_request(NewRequest{"long", prompt_of(10, 1), greedy(100)});
   RequestOutput first;
-  ASSERT_TRUE(s->pop(&first, std::chrono::seconds(10)));
+  ASSERT_TRUE(s->pop(&first, std::chrono::seconds(30)));
   b.engine->abort("long");
   b.engine->abort("unknown-id");  // ignored
+  gate.open();
   Drained d = drain(*s);
   EXPECT_TRUE(d.finished);
   EXPECT_EQ(d.finish, FinishReason::kAbort);
-  EngineMetrics m = b.engine->metrics();
-  for (int i = 0; i < 200 && m.kv_cache_usage > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    m = b.engine->metrics();
-  }
+  EXPECT_LT(d.tokens.size(), 99u);
+  const EngineMetrics m = settled(*b.engine, [](const EngineMetrics& m) { return m.kv_cache_usage == 0; });
   EXPECT_EQ(m.kv_cache_usage, 0.0);
 }
 
 TEST(ThreadedEngine, ShutdownAbortsWhatIsInFlight) {
   Built b = make_engine(/*num_blocks=*/64, /*max_seqs=*/2);
-  slow_down(b.model);
+  ForwardGate gate(b.model, 1);
   b.engine->start();
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < 5; ++i)
     streams.push_back(b.engine->add_request(NewRequest{"r" + std::to_string(i), prompt_of(8, i), greedy(120)}));
-  b.engine->shutdown();
+  // Shut down while the first step is held; open the gate once the engine refuses new requests
+  // for that reason (until then, reusing "r0" is refused because r0 is still running).
+  std::thread stopper([&] { b.engine->shutdown(); });
+  for (bool stopping = false; !stopping;) {
+    try {
+      b.engine->add_request(NewRequest{"r0", prompt_of(8, 0), greedy(120)});
+      ADD_FAILURE() << "r0's id was reused while it was running";
+      break;
+    } catch (const Error& e) {
+      stopping = std::string(e.what()).find("shutting down") != std::string::npos;
+    }
+  }
+  gate.open();
+  stopper.join();
   for (auto& s : streams) {
     Drained d = drain(*s);
     EXPECT_TRUE(d.finished);
@@ -211,9 +256,10 @@ TEST(RequestStream, PopAfterTheFinalOutputReturnsAtOnce) {
   RequestOutput got;
   EXPECT_TRUE(s.pop(&got, std::chrono::milliseconds(0)));
   EXPECT_TRUE(got.finished);
+  // Were it to wait for more outputs, it would wait the whole 2 minutes.
   const auto t0 = std::chrono::steady_clock::now();
-  EXPECT_FALSE(s.pop(&got, std::chrono::seconds(10)));
-  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  EXPECT_FALSE(s.pop(&got, std::chrono::minutes(2)));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::minutes(1));
   EXPECT_TRUE(s.done());
 }
 

@@ -141,16 +141,16 @@ TEST(DummyWeights, RejectsNonFloatDtypes) {
   testing::expect_error_mentions([&] { src->load("ids", {4}, DType::kI32, cpu); }, {"'ids'", "I32"});
 }
 
-TEST(DummyWeights, FastAtRealSizes) {
-  // One Llama-3.1-8B MLP matrix (58.7 M parameters) straight to BF16. Generation itself runs at
-  // ~250 M values/s per core; most of this budget is first-touch page faults of the fresh buffer
-  // and headroom for a loaded 2-core CI machine.
+// One Llama-3.1-8B MLP matrix (58.7 M parameters) straight to BF16. How long it took is recorded
+// (load_seconds in the XML output), not asserted: a speed figure on a shared machine belongs to a
+// benchmark, not to a unit test.
+TEST(DummyWeights, LoadsRealSizes) {
   MemoryBackend cpu;
   auto src = make_dummy_weight_source(qwen3_8b(), 0);
   auto t0 = std::chrono::steady_clock::now();
   Tensor w = src->load("model.layers.0.mlp.gate_proj.weight", {14336, 4096}, DType::kBF16, cpu);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  EXPECT_LT(secs, 5.0);
+  RecordProperty("load_seconds", std::to_string(secs));
   EXPECT_EQ(w.numel(), 14336LL * 4096);
   float first = bf16_to_f32(w.data_as<uint16_t>()[0]), last = bf16_to_f32(w.data_as<uint16_t>()[w.numel() - 1]);
   EXPECT_NE(first, last);

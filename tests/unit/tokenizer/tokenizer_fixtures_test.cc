@@ -170,15 +170,17 @@ TEST_P(RealTokenizer, ConcurrentEncodesAgree) {
   EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
-TEST_P(RealTokenizer, EncodingSeveralKilobytesTakesMilliseconds) {
+// How long it took is recorded (encode_ms in the XML output), not asserted: a speed figure on a
+// shared machine belongs to a benchmark, not to a unit test.
+TEST_P(RealTokenizer, EncodesSeveralKilobytes) {
   std::string text;
   for (const auto& c : fixture()["cases"]) text += c["text"].get<std::string>() + "\n";
   while (text.size() < 8192) text += text;
   const auto start = std::chrono::steady_clock::now();
   const auto ids = tok().encode(text, false);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  RecordProperty("encode_ms", std::to_string(ms));
   EXPECT_GT(ids.size(), text.size() / 8);
-  EXPECT_LT(ms, 200.0) << text.size() << " bytes took " << ms << " ms";
 }
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, RealTokenizer, ::testing::Values("qwen3", "deepseek_v3", "llama3"),
