@@ -7,10 +7,7 @@
 
 #include <map>
 
-#include "unit/sampling/chi_square.h"
-#include "sampling/sampling_math.h"
-#include "model/weight_source.h"
-#include "unit/spec_decode/model_logits.h"
+#include "engine_chi_square.h"
 #include "mtp_test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -123,82 +120,44 @@ TEST(MtpEngine, AcceptanceOnItsOwnGreedyContinuations) {
 
 // Sampling through the whole engine (temperature 1, top_k 4, n = 16): the first token is a plain
 // sample, the second goes through the rejection sampler against the MTP layer's q. The pairs must
-// follow p1(y1) p2(y2 | y1) of the target.
+// follow p1(y1) p2(y2 | y1) of the target (engine_chi_square.h).
+constexpr int kChiSquareRequests = 150;  // x 16 choices = 2400 samples
+
 TEST(MtpEngine, SamplingThroughTheEngineFollowsTheTarget) {
-  if (!have_moe()) GTEST_SKIP() << "no specula-tiny-moe";
-  auto tok = Tokenizer::from_dir(testing::moe_dir());
-  const std::vector<int32_t> prompt = tok->encode("import os\nimport sys\nimport ");
-  SamplingParams p;
-  p.temperature = 1.0f;
-  p.top_k = 4;
-  p.max_tokens = 3;  // after the first token, one draft (max_tokens leaves room for no more)
-  p.ignore_eos = true;
-  p.n = 16;
-
-  auto backend = make_cpu_backend(2);
-  auto target = create_model(load_model_config(testing::moe_dir()), *open_safetensors_checkpoint(testing::moe_dir()), *backend);
-  SamplingRow r0;
-  r0.params = &p;
-  r0.prompt_token_ids = prompt;
-  std::vector<float> p1 = testing::last_logits(*target, *backend, {prompt})[0];
-  logits_to_probs(p1, r0);
-  std::map<int32_t, std::vector<float>> p2;
-  for (int32_t y = 0; y < static_cast<int32_t>(p1.size()); ++y) {
-    if (p1[y] <= 0) continue;
-    std::vector<int32_t> ctx = prompt;
-    ctx.push_back(y);
-    p2[y] = testing::last_logits(*target, *backend, {ctx})[0];
-    SamplingRow r1 = r0;
-    r1.output_token_ids = std::span<const int32_t>(&ctx.back(), 1);
-    logits_to_probs(p2[y], r1);
-  }
-
-  EngineConfig ec = moe_engine_config(mtp_spec(2));
-  ec.max_num_seqs = 128;
-  ec.max_num_batched_tokens = 2048;
-  ec.seed = 11;
-  auto engine = create_engine(ec);
-  engine->start();
-  const int requests = 150;  // x 16 choices = 2400 samples
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (int i = 0; i < requests; ++i) streams.push_back(engine->add_request(NewRequest{"s" + std::to_string(i), prompt, p}));
-  std::map<std::pair<int32_t, int32_t>, int64_t> counts;
-  for (auto& s : streams) {
-    std::map<int, std::vector<int32_t>> choices;
-    RequestOutput o;
-    while (s->pop(&o, std::chrono::seconds(120))) {
-      ASSERT_FALSE(o.error.has_value()) << *o.error;
-      for (const ChoiceDelta& d : o.choices)
-        choices[d.index].insert(choices[d.index].end(), d.token_ids.begin(), d.token_ids.end());
-      if (o.finished) break;
-    }
-    for (auto& [i, t] : choices) {
-      ASSERT_EQ(t.size(), 3u);
-      counts[{t[0], t[1]}] += 1;
-    }
-  }
-  const EngineMetrics m = testing::settled(*engine);
-  engine->shutdown();
-  std::vector<int64_t> observed;
-  std::vector<double> expected;
-  int64_t seen = 0;
-  for (const auto& [y1, q] : p2) {
-    for (int32_t y2 = 0; y2 < static_cast<int32_t>(q.size()); ++y2) {
-      if (q[y2] <= 0) continue;
-      auto it = counts.find({y1, y2});
-      observed.push_back(it == counts.end() ? 0 : it->second);
-      seen += observed.back();
-      expected.push_back(static_cast<double>(p1[y1]) * q[y2]);
-    }
-  }
-  EXPECT_EQ(seen, requests * p.n) << "a continuation outside the target's top-k";
-  const testing::ChiSquareResult chi = testing::chi_square_test(observed, expected);
-  EXPECT_GT(chi.p_value, 1e-3) << "chi2 " << chi.statistic << " dof " << chi.dof;
-  EXPECT_GE(chi.cells, 8);
+  ASSERT_TRUE(have_moe()) << "specula-tiny-moe or its reference missing";
+  const std::vector<int32_t> prompt = Tokenizer::from_dir(testing::moe_dir())->encode("import os\nimport sys\nimport ");
+  const SamplingParams p = testing::chi_square_params();
+  const testing::TargetPairs target = testing::target_pairs(testing::moe_dir(), prompt, p, 2);
+  auto engine = create_engine(testing::chi_square_engine_config(moe_engine_config(mtp_spec(2))));
+  const testing::EngineChiSquare r = testing::engine_chi_square(*engine, target, prompt, p, kChiSquareRequests);
+  EXPECT_EQ(r.seen, r.samples) << "a continuation outside the target's top-k";
+  EXPECT_GT(r.chi.p_value, 1e-3) << "chi2 " << r.chi.statistic << " dof " << r.chi.dof;
+  EXPECT_GE(r.chi.cells, 8);
   // Verification really happened, with both outcomes.
-  EXPECT_GT(m.spec_num_draft_tokens, requests * p.n / 2);
-  EXPECT_GT(m.spec_num_accepted_tokens, 0);
-  EXPECT_LT(m.spec_num_accepted_tokens, m.spec_num_draft_tokens);
+  EXPECT_GT(r.metrics.spec_num_draft_tokens, r.samples / 2);
+  EXPECT_GT(r.metrics.spec_num_accepted_tokens, 0);
+  EXPECT_LT(r.metrics.spec_num_accepted_tokens, r.metrics.spec_num_draft_tokens);
+}
+
+// The negative controls: the same run, the same statistic, with a broken rejection sampler swapped
+// in (the engine assembled by hand): one that accepts every draft, one that resamples from p
+// instead of the residual after a rejection. The test's criterion (p > 1e-3) must reject both
+// (on this seed: always accept chi2 1.9e5, p 0; resample from p chi2 226 on 14 dof, p 2.5e-40).
+TEST(MtpEngine, TheEngineChiSquareRejectsBrokenRejectionSamplers) {
+  ASSERT_TRUE(have_moe()) << "specula-tiny-moe or its reference missing";
+  const std::vector<int32_t> prompt = Tokenizer::from_dir(testing::moe_dir())->encode("import os\nimport sys\nimport ");
+  const SamplingParams p = testing::chi_square_params();
+  const testing::TargetPairs target = testing::target_pairs(testing::moe_dir(), prompt, p, 2);
+  for (const testing::BrokenSampler& broken : testing::broken_samplers()) {
+    SCOPED_TRACE(broken.name);
+    auto engine = testing::assemble_cpu_engine(testing::chi_square_engine_config(moe_engine_config(mtp_spec(2))),
+                                               broken.make());
+    const testing::EngineChiSquare r = testing::engine_chi_square(*engine, target, prompt, p, kChiSquareRequests);
+    EXPECT_GT(r.metrics.spec_num_draft_tokens, r.samples / 2) << "the broken sampler verified nothing";
+    EXPECT_LT(r.chi.p_value, 1e-3) << "chi2 " << r.chi.statistic << " dof " << r.chi.dof;
+    std::printf("%s: chi2 %.1f dof %d p %.3g, %lld of %lld samples in the target's top-k\n", broken.name,
+                r.chi.statistic, r.chi.dof, r.chi.p_value, static_cast<long long>(r.seen), static_cast<long long>(r.samples));
+  }
 }
 
 TEST(MtpEngine, ConfigErrorsSayWhy) {
