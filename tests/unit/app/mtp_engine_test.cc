@@ -47,7 +47,7 @@ std::vector<std::vector<int32_t>> plain_outputs(const Workload& w) {
 }
 
 TEST(MtpEngine, GreedyIsTokenForTokenThePlainOutput) {
-  if (!have_moe()) GTEST_SKIP() << "no specula-tiny-moe";
+  ASSERT_TRUE(have_moe()) << "committed specula-tiny-moe or its reference missing";
   const Workload w = workload(40);
   const auto plain = plain_outputs(w);
   // Without speculation the engine continues as transformers does.
@@ -71,7 +71,7 @@ TEST(MtpEngine, GreedyIsTokenForTokenThePlainOutput) {
 
 // Shared-expert fusion (the target's MoE layers and the MTP block's) changes nothing either.
 TEST(MtpEngine, SharedExpertFusionKeepsTheOutput) {
-  if (!have_moe()) GTEST_SKIP() << "no specula-tiny-moe";
+  ASSERT_TRUE(have_moe()) << "committed specula-tiny-moe or its reference missing";
   const Workload w = workload(24);
   const auto plain = plain_outputs(w);
   EngineConfig ec = moe_engine_config(mtp_spec(2));
@@ -86,7 +86,7 @@ TEST(MtpEngine, SharedExpertFusionKeepsTheOutput) {
 // A KV cache too small for the workload: requests are preempted and recomputed (the MTP layer
 // starts again from the first position the target recomputes), with adaptive depth on.
 TEST(MtpEngine, PreemptionAndAdaptiveDepthKeepTheOutput) {
-  if (!have_moe()) GTEST_SKIP() << "no specula-tiny-moe";
+  ASSERT_TRUE(have_moe()) << "committed specula-tiny-moe or its reference missing";
   const Workload w = workload(40);
   const auto plain = plain_outputs(w);
   EngineConfig ec = moe_engine_config(mtp_spec(3, /*adaptive=*/true));
@@ -105,7 +105,7 @@ TEST(MtpEngine, PreemptionAndAdaptiveDepthKeepTheOutput) {
 // models/README.md: 86.6 % greedy acceptance (k = 1) on the model's own greedy continuations of
 // 64 held-out prompts. On the two reference prompts, 64 tokens each, it must be well above 70 %.
 TEST(MtpEngine, AcceptanceOnItsOwnGreedyContinuations) {
-  if (!have_moe()) GTEST_SKIP() << "no specula-tiny-moe";
+  ASSERT_TRUE(have_moe()) << "committed specula-tiny-moe or its reference missing";
   const testing::GreedyReference ref = testing::read_greedy_reference(testing::moe_reference_file());
   auto engine = create_engine(moe_engine_config(mtp_spec(1)));
   engine->start();
@@ -124,7 +124,7 @@ TEST(MtpEngine, AcceptanceOnItsOwnGreedyContinuations) {
 constexpr int kChiSquareRequests = 150;  // x 16 choices = 2400 samples
 
 TEST(MtpEngine, SamplingThroughTheEngineFollowsTheTarget) {
-  ASSERT_TRUE(have_moe()) << "specula-tiny-moe or its reference missing";
+  ASSERT_TRUE(have_moe()) << "committed specula-tiny-moe or its reference missing";
   const std::vector<int32_t> prompt = Tokenizer::from_dir(testing::moe_dir())->encode("import os\nimport sys\nimport ");
   const SamplingParams p = testing::chi_square_params();
   const testing::TargetPairs target = testing::target_pairs(testing::moe_dir(), prompt, p, 2);
@@ -144,7 +144,7 @@ TEST(MtpEngine, SamplingThroughTheEngineFollowsTheTarget) {
 // instead of the residual after a rejection. The test's criterion (p > 1e-3) must reject both
 // (on this seed: always accept chi2 1.9e5, p 0; resample from p chi2 226 on 14 dof, p 2.5e-40).
 TEST(MtpEngine, TheEngineChiSquareRejectsBrokenRejectionSamplers) {
-  ASSERT_TRUE(have_moe()) << "specula-tiny-moe or its reference missing";
+  ASSERT_TRUE(have_moe()) << "committed specula-tiny-moe or its reference missing";
   const std::vector<int32_t> prompt = Tokenizer::from_dir(testing::moe_dir())->encode("import os\nimport sys\nimport ");
   const SamplingParams p = testing::chi_square_params();
   const testing::TargetPairs target = testing::target_pairs(testing::moe_dir(), prompt, p, 2);
@@ -161,7 +161,7 @@ TEST(MtpEngine, TheEngineChiSquareRejectsBrokenRejectionSamplers) {
 }
 
 TEST(MtpEngine, ConfigErrorsSayWhy) {
-  if (!have_moe()) GTEST_SKIP() << "no specula-tiny-moe";
+  ASSERT_TRUE(have_moe()) << "committed specula-tiny-moe or its reference missing";
   auto error_of = [](EngineConfig ec) {
     try {
       create_engine(ec);
@@ -187,7 +187,7 @@ TEST(MtpEngine, ConfigErrorsSayWhy) {
 // vLLM's spelling, no num_speculative_tokens (the number of MTP layers: 1), "model" naming the
 // target, n = 2: runs and keeps the greedy output.
 TEST(MtpEngine, DeepseekMtpAliasDefaultsToTheNumberOfLayers) {
-  if (!have_moe()) GTEST_SKIP() << "no specula-tiny-moe";
+  ASSERT_TRUE(have_moe()) << "committed specula-tiny-moe or its reference missing";
   const testing::GreedyReference ref = testing::read_greedy_reference(testing::moe_reference_file());
   auto engine = create_engine(
       moe_engine_config(R"({"method": "deepseek_mtp", "model": ")" + testing::moe_dir().string() + R"(", "adaptive": false})"));

@@ -113,7 +113,7 @@ struct RecordingRegistration {
 };
 
 TEST(MtpProposer, EveryProposalEqualsTheMtpLayerRecomputedFromScratch) {
-  if (!testing::have_moe()) GTEST_SKIP() << "no specula-tiny-moe";
+  ASSERT_TRUE(testing::have_moe()) << "committed specula-tiny-moe or its reference missing";
   const testing::GreedyReference ref = testing::read_greedy_reference(testing::moe_reference_file());
   // Greedy and sampled requests (q kept), prompts repeated (prefix-cache hits), a cache small
   // enough to preempt, chunked prefill beside verifications.

@@ -95,7 +95,7 @@ void expect_transformers_greedy(const std::string& spec, double min_acceptance) 
 }
 
 TEST(EmbeddedSpec, DraftModelGreedyEqualsTransformers) {
-  if (!have_models()) GTEST_SKIP() << "no embedded models";
+  ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
   // The draft agrees with the target's greedy token most of the time (models/README.md: 84.6%
   // per draft on the target's own continuations).
   expect_transformers_greedy(R"({"method": "draft_model", "model": ")" + tiny_draft().string() +
@@ -104,7 +104,7 @@ TEST(EmbeddedSpec, DraftModelGreedyEqualsTransformers) {
 }
 
 TEST(EmbeddedSpec, NgramGreedyEqualsTransformers) {
-  if (!have_models()) GTEST_SKIP() << "no embedded models";
+  ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
   // Greedy continuations of tiny models repeat themselves: prompt lookup finds them.
   expect_transformers_greedy(
       R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "adaptive": false})",
@@ -112,7 +112,7 @@ TEST(EmbeddedSpec, NgramGreedyEqualsTransformers) {
 }
 
 TEST(EmbeddedSpec, TheTargetAsItsOwnDraftIsAlwaysAccepted) {
-  if (!have_models()) GTEST_SKIP() << "no embedded models";
+  ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
   const auto [prompts, greedy] = read_reference();
   auto engine = create_engine(engine_config(R"({"model": ")" + tiny().string() +
                                                 R"(", "num_speculative_tokens": 4, "adaptive": false})"));
@@ -133,7 +133,7 @@ TEST(EmbeddedSpec, TheTargetAsItsOwnDraftIsAlwaysAccepted) {
 }
 
 TEST(EmbeddedSpec, AdaptiveDepthKeepsTheOutput) {
-  if (!have_models()) GTEST_SKIP() << "no embedded models";
+  ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
   const auto [prompts, greedy] = read_reference();
   auto engine = create_engine(engine_config(R"({"model": ")" + tiny_draft().string() +
                                                 R"(", "num_speculative_tokens": 4})"));
@@ -152,7 +152,7 @@ TEST(EmbeddedSpec, AdaptiveDepthKeepsTheOutput) {
 }
 
 TEST(EmbeddedSpec, ConfigErrorsAtCreate) {
-  if (!have_models()) GTEST_SKIP() << "no embedded models";
+  ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
   auto error_of = [](const std::string& spec) {
     try {
       create_engine(engine_config(spec));
@@ -181,7 +181,7 @@ EngineConfig chi_square_config() {
 constexpr int kChiSquareRequests = 150;  // x 16 choices = 2400 samples
 
 TEST(EmbeddedSpec, SamplingThroughTheEngineFollowsTheTarget) {
-  ASSERT_TRUE(have_models()) << "embedded models or reference missing";
+  ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
   const std::vector<int32_t> prompt = Tokenizer::from_dir(tiny())->encode("import os\nimport sys\nimport ");
   const SamplingParams p = testing::chi_square_params();
   const testing::TargetPairs target = testing::target_pairs(tiny(), prompt, p, 0);
@@ -200,7 +200,7 @@ TEST(EmbeddedSpec, SamplingThroughTheEngineFollowsTheTarget) {
 // instead of the residual after a rejection. The test's criterion (p > 1e-3) must reject both
 // (on this seed: always accept chi2 9417, p 0; resample from p chi2 39.9 on 10 dof, p 1.8e-5).
 TEST(EmbeddedSpec, TheEngineChiSquareRejectsBrokenRejectionSamplers) {
-  ASSERT_TRUE(have_models()) << "embedded models or reference missing";
+  ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
   const std::vector<int32_t> prompt = Tokenizer::from_dir(tiny())->encode("import os\nimport sys\nimport ");
   const SamplingParams p = testing::chi_square_params();
   const testing::TargetPairs target = testing::target_pairs(tiny(), prompt, p, 0);
@@ -224,7 +224,7 @@ std::string shell_quote(const std::string& s) {
 TEST(EmbeddedSpec, GenerateCliTakesTheSpeculativeConfig) {
   const char* bin = std::getenv("SPECULA_BINARY");
   if (!bin || !fs::exists(bin)) GTEST_SKIP() << "SPECULA_BINARY not set (run through ctest)";
-  if (!have_models()) GTEST_SKIP() << "no embedded models";
+  ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
   const auto [prompts, greedy] = read_reference();
   auto tok = Tokenizer::from_dir(tiny());
   const std::string prompt = testing::read_greedy_reference(reference_file()).metadata["prompt_0_text"];

@@ -44,7 +44,7 @@ const char* binary() {
 
 TEST(MtpCli, GenerateWithMtpAndSharedExpertFusion) {
   if (!binary()) GTEST_SKIP() << "SPECULA_BINARY not set (run through ctest)";
-  if (!testing::have_moe()) GTEST_SKIP() << "no specula-tiny-moe";
+  ASSERT_TRUE(testing::have_moe()) << "committed specula-tiny-moe or its reference missing";
   const testing::GreedyReference ref = testing::read_greedy_reference(testing::moe_reference_file());
   const std::string prompt = ref.metadata["prompt_0_text"];
   auto tok = Tokenizer::from_dir(testing::moe_dir());

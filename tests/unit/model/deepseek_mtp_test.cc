@@ -94,7 +94,7 @@ class EditedWeights : public WeightSource {
 class DeepseekMtpTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!have_model()) GTEST_SKIP() << "no specula-tiny-moe";
+    ASSERT_TRUE(have_model()) << "committed specula-tiny-moe or its reference missing";
     config_ = load_model_config(moe_dir());
     backend_ = make_cpu_backend(2);
     target_ = create_model(config_, *open_safetensors_checkpoint(moe_dir()), *backend_);
