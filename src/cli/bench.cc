@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/bench_driver.h"
+#include "cli/bench_serve.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/logging.h"
@@ -276,7 +277,8 @@ int run_throughput(BenchArgs& a) {
 }  // namespace
 
 Runner add_bench_command(CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "benchmark the engine (vLLM's benchmark_latency / benchmark_throughput)");
+  auto* bench = app.add_subcommand(
+      "bench", "benchmark the engine (vLLM's benchmark_latency / benchmark_throughput) or a running server (serve)");
   bench->require_subcommand(1);
   auto lat = std::make_shared<BenchArgs>();
   auto* latency = bench->add_subcommand("latency", "TTFT and TPOT of a batch of requests, repeated");
@@ -292,7 +294,9 @@ Runner add_bench_command(CLI::App& app) {
   add_engine_flags(throughput, *thr);
   throughput->add_option("--num-prompts", thr->num_prompts, "requests")->capture_default_str()
       ->check(CLI::PositiveNumber);
-  return [bench, latency, lat, thr]() -> int {
+  Runner serve = add_bench_serve_command(*bench);
+  return [bench, latency, lat, thr, serve]() -> int {
+    if (bench->got_subcommand("serve")) return serve();
     if (bench->got_subcommand(latency)) return run_latency(*lat);
     return run_throughput(*thr);
   };
