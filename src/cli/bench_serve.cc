@@ -200,7 +200,8 @@ int run_bench_serve(ServeBenchArgs& a) {
                a.request_rate.c_str(), a.burstiness,
                a.max_concurrency > 0 ? fmt::format(", max concurrency {}", a.max_concurrency).c_str() : "");
   if (!tokenizer.available()) {
-    std::fprintf(stderr, "bench serve: the server does not answer /tokenize: input lengths are word counts\n");
+    std::fprintf(stderr, "bench serve: POST /tokenize failed (%s): input lengths are word counts\n",
+                 tokenizer.probe_error().c_str());
   }
 
   const std::vector<double> arrivals = arrival_times(n, rate, a.burstiness, a.dataset.seed);

@@ -166,8 +166,10 @@ std::vector<BenchRequest> text_dataset(const DatasetArgs& a, RemoteTokenizer& to
 }  // namespace
 
 RemoteTokenizer::RemoteTokenizer(HttpClient& client, std::string model) : client_(client), model_(std::move(model)) {
-  available_ = true;
-  available_ = encode("probe", false).has_value();
+  const json body = {{"model", model_}, {"prompt", "probe"}, {"add_special_tokens", false}};
+  HttpResult r = client_.post_json("/tokenize", body.dump());
+  available_ = r.ok();
+  if (!available_) probe_error_ = r.describe();
 }
 
 std::optional<std::vector<int32_t>> RemoteTokenizer::encode(const std::string& text, bool add_special_tokens) {

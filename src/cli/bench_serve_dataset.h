@@ -45,6 +45,7 @@ class RemoteTokenizer {
  public:
   RemoteTokenizer(HttpClient& client, std::string model);
   bool available() const { return available_; }
+  const std::string& probe_error() const { return probe_error_; }  // why not available
   std::optional<std::vector<int32_t>> encode(const std::string& text, bool add_special_tokens);
   std::optional<std::string> decode(const std::vector<int32_t>& ids);
 
@@ -52,6 +53,7 @@ class RemoteTokenizer {
   HttpClient& client_;
   std::string model_;
   bool available_ = false;
+  std::string probe_error_;
 };
 
 // Throws specula::Error on a missing or malformed dataset file.
