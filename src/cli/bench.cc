@@ -21,6 +21,7 @@
 #include "cli/bench_driver.h"
 #include "cli/bench_serve.h"
 #include "cli/commands.h"
+#include "cli/vllm_flags.h"
 #include "core/error.h"
 #include "core/logging.h"
 #include "app/create_engine.h"
@@ -33,6 +34,7 @@ namespace fs = std::filesystem;
 
 struct BenchArgs {
   EngineConfig engine;
+  VllmFlags vllm;
   int input_len = 32;
   int output_len = 128;
   int batch_size = 8;
@@ -77,10 +79,12 @@ void add_engine_flags(CLI::App* cmd, BenchArgs& a) {
   cmd->add_option("--speculative-config", a.engine.speculative_config, "speculative decoding as JSON");
   cmd->add_option("--shared-expert-fusion", a.engine.shared_expert_fusion, kSharedExpertFusionHelp)
       ->capture_default_str()->check(CLI::Range(-1, 64));
+  add_vllm_flags(cmd, a.vllm);
 }
 
 std::unique_ptr<LLMEngine> make_engine(BenchArgs& a) {
   EngineConfig& cfg = a.engine;
+  apply_vllm_flags(a.vllm, cfg);
   if (a.num_gpu_blocks_override > 0) cfg.num_gpu_blocks_override = a.num_gpu_blocks_override;
   const fs::path tok_dir = cfg.tokenizer.empty() ? fs::path(cfg.model) : fs::path(cfg.tokenizer);
   cfg.skip_tokenizer_init = a.skip_tokenizer_init || !fs::exists(tok_dir / "tokenizer.json");

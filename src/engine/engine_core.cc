@@ -175,6 +175,10 @@ EngineMetrics EngineCore::metrics() const {
   m.spec_num_draft_tokens = s.spec_num_draft_tokens;
   m.spec_num_accepted_tokens = s.spec_num_accepted_tokens;
   m.spec_accepted_per_pos = s.spec_accepted_per_pos;
+  // One entry per position up to k, as vLLM reports them: a position never drafted (an ngram
+  // match followed by fewer than k tokens every time) shows as 0, not as a shorter list.
+  if (m.spec_accepted_per_pos.size() < static_cast<size_t>(config_.num_speculative_tokens))
+    m.spec_accepted_per_pos.resize(static_cast<size_t>(config_.num_speculative_tokens), 0);
   m.spec_num_speculative_tokens = config_.num_speculative_tokens;
   m.spec_adaptive = config_.spec_adaptive;
   m.spec_depth_steps = spec_depth_steps_;

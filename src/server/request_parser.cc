@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -246,10 +248,38 @@ ojson normalize_messages(const ojson& messages) {
   return out;
 }
 
+namespace {
+
+// The fields each route acts on (or refuses with a 400 naming them); any other field is ignored.
+constexpr std::string_view kSamplingFields[] = {
+    "model", "n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+    "frequency_penalty", "seed", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
+    "skip_special_tokens", "spaces_between_special_tokens", "prompt_logprobs", "user", "return_tokens_as_token_ids",
+    "logit_bias", "use_beam_search", "response_format", "stream", "stream_options", "echo", "add_special_tokens",
+    "max_tokens", "logprobs"};
+constexpr std::string_view kCompletionFields[] = {"prompt", "suffix"};
+constexpr std::string_view kChatFields[] = {"messages", "top_logprobs", "max_completion_tokens",
+                                            "add_generation_prompt", "continue_final_message",
+                                            "chat_template_kwargs", "tools", "tool_choice"};
+
+std::vector<std::string> ignored_fields(const json& body, std::span<const std::string_view> route_fields) {
+  std::vector<std::string> ignored;
+  for (const auto& [key, value] : body.items()) {
+    auto known = [&](std::span<const std::string_view> names) {
+      return std::find(names.begin(), names.end(), key) != names.end();
+    };
+    if (!known(kSamplingFields) && !known(route_fields)) ignored.push_back(key);
+  }
+  return ignored;
+}
+
+}  // namespace
+
 CompletionRequest parse_completion_request(const json& body, const RequestDefaults& defaults) {
   if (!body.is_object()) throw bad_request("The request body must be a JSON object.");
   CompletionRequest req;
   parse_sampling(body, defaults, &req);
+  req.ignored_fields = ignored_fields(body, kCompletionFields);
   req.prompts = parse_prompts(body);
   req.echo = fields::boolean(body, "echo").value_or(false);
   req.add_special_tokens = fields::boolean(body, "add_special_tokens").value_or(true);
@@ -272,6 +302,7 @@ ChatRequest parse_chat_request(const json& body, const ojson& ordered, const Req
   if (!body.is_object()) throw bad_request("The request body must be a JSON object.");
   ChatRequest req;
   parse_sampling(body, defaults, &req);
+  req.ignored_fields = ignored_fields(body, kChatFields);
   auto messages = body.find("messages");
   if (messages == body.end() || messages->is_null()) throw bad_request("Field required: 'messages'.", "messages");
   req.messages = normalize_messages(ordered.at("messages"));

@@ -31,6 +31,9 @@ struct CommonRequest {
   bool include_usage = false;             // stream_options.include_usage
   bool continuous_usage_stats = false;    // stream_options.continuous_usage_stats (vLLM extra)
   bool tokens_as_ids = false;             // return_tokens_as_token_ids (vLLM extra): "token_id:N"
+  // Fields of the body this server does not act on (unknown ones, best_of, ...): vLLM logs them
+  // once per request instead of dropping them silently.
+  std::vector<std::string> ignored_fields;
 };
 
 // One prompt of a completion request: text to tokenize, or token ids as given.

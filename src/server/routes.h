@@ -37,6 +37,8 @@ nlohmann::json finish_reason_json(FinishReason r);
 nlohmann::json usage_json(const ServerState& state, int prompt_tokens, int completion_tokens, int cached_tokens);
 // Token ids of a prompt after checking them against the vocabulary (400 naming `param`).
 void check_token_ids(const ServerState& state, const std::vector<int32_t>& ids, const char* param);
+// vLLM's warning for request fields the server does not act on, once per request.
+void log_ignored_fields(const std::vector<std::string>& fields);
 // The tokenizer's encode, after refusing text too long for max_model_len whatever its tokens
 // (ServerState::max_prompt_bytes), so that a huge prompt costs no tokenization.
 std::vector<int32_t> encode_prompt(const ServerState& state, const std::string& text, bool add_special_tokens,

@@ -157,6 +157,7 @@ void handle_chat_completions(ServerState& state, const httplib::Request& http, h
   check_model(state, body);
   ChatRequest req = parse_chat_request(
       body, fields::parse_limited<nlohmann::ordered_json>(http.body, "the request body"), state.defaults);
+  log_ignored_fields(req.ignored_fields);
   if (!state.chat_template) {
     throw bad_request("As of transformers v4.44, default chat template is no longer allowed, so you must provide a "
                       "chat template if the tokenizer does not define one.", "messages");

@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "core/logging.h"
 #include "engine/llm_engine.h"
 #include "server/api_error.h"
 #include "server/chat_prompt.h"
@@ -26,6 +27,13 @@ void check_model(const ServerState& state, const json& body) {
   auto model = fields::string(body, "model");
   if (!model || model->empty() || *model == state.served_model_name) return;
   throw not_found(fmt::format("The model `{}` does not exist.", *model), "model");
+}
+
+void log_ignored_fields(const std::vector<std::string>& fields) {
+  if (fields.empty()) return;
+  std::string names;
+  for (const std::string& f : fields) names += fmt::format("{}'{}'", names.empty() ? "" : ", ", f);
+  LOG_WARN("The following fields were present in the request but ignored: {{{}}}", names);
 }
 
 std::vector<int32_t> encode_prompt(const ServerState& state, const std::string& text, bool add_special_tokens,

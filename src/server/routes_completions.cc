@@ -153,6 +153,7 @@ void handle_completions(ServerState& state, const httplib::Request& http, httpli
   json body = parse_body(http);
   check_model(state, body);
   CompletionRequest req = parse_completion_request(body, state.defaults);
+  log_ignored_fields(req.ignored_fields);
 
   std::vector<std::vector<int32_t>> prompts;
   std::vector<SamplingParams> params;

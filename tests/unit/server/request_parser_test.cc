@@ -45,6 +45,15 @@ TEST(RequestParser, CompletionPromptForms) {
   EXPECT_EQ(nested.prompts[1].token_ids, (std::vector<int32_t>{3}));
 }
 
+TEST(RequestParser, FieldsTheServerDoesNotActOnAreListedForTheWarning) {
+  auto c = parse_completion_request(json{{"prompt", "x"}, {"best_of", 2}, {"foo", 1}, {"temperature", 0.5}}, {});
+  EXPECT_EQ(c.ignored_fields, (std::vector<std::string>{"best_of", "foo"}));
+  auto c2 = chat(json{{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"max_completion_tokens", 3},
+                            {"tools", json::array()}, {"prompt", "not a chat field"}});
+  EXPECT_EQ(c2.ignored_fields, (std::vector<std::string>{"prompt"}));
+  EXPECT_TRUE(parse_completion_request(json{{"prompt", "x"}, {"max_tokens", 2}}, {}).ignored_fields.empty());
+}
+
 TEST(RequestParser, CompletionPromptErrorsNameThePrompt) {
   for (json bad : {json::object(), json{{"prompt", ""}}, json{{"prompt", json::array()}}, json{{"prompt", 5}},
                    json{{"prompt", {"a", 1}}}, json{{"prompt", {1, -2}}}, json{{"prompt", {1, 2.5}}},

@@ -223,6 +223,24 @@ TEST(SpecEngine, GreedyNgramIsTokenForTokenThePlainOutput) {
   expect_greedy_identical(o, 32, 24, 6);
 }
 
+// An ngram match near the end of the text is followed by fewer than k tokens, so the last
+// positions may never be drafted; the metrics still list every position up to k (vLLM's shape),
+// so that a log or /metrics reader sees k positions, the undrafted ones at 0.
+TEST(SpecEngine, MetricsListEveryPositionUpToKWhenFewerWereDrafted) {
+  SpecOptions o;
+  o.method = Method::kNgram;
+  o.k = 8;
+  const auto reqs = mixed_requests();
+  SpecEngine e(core_config(32, 24, 6), o);
+  for (size_t i = 0; i < reqs.size(); ++i) e.add("r" + std::to_string(i), reqs[i].first, greedy(reqs[i].second));
+  e.run();
+  const EngineMetrics m = e.core->metrics();
+  ASSERT_GT(m.spec_num_drafts, 0);
+  EXPECT_LT(m.spec_num_draft_tokens, static_cast<int64_t>(o.k) * m.spec_num_drafts);  // some drafts were short
+  EXPECT_EQ(m.spec_accepted_per_pos.size(), 8u);
+  EXPECT_EQ(m.spec_num_speculative_tokens, 8);
+}
+
 TEST(SpecEngine, PaddedDraftStepsAndAdaptiveDepthChangeNothing) {
   SpecOptions o;
   o.method = Method::kDraft;
