@@ -29,9 +29,9 @@ done
 [ "$up" = 1 ] || { cat "$LOG" >&2; fail "no /health on port $PORT within 120 s"; }
 
 models=$(curl -sf "http://127.0.0.1:$PORT/v1/models") || fail "GET /v1/models"
-# Served under the path it was loaded from, as vLLM names a model without --served-model-name.
+# Served under the model argument as given; with none, the embedded default's name.
 id=$(echo "$models" | node -e 'let t="";process.stdin.on("data",d=>t+=d).on("end",()=>console.log(JSON.parse(t).data[0].id))')
-case "$id" in */models/specula-tiny) ;; *) fail "the default model is not models/specula-tiny: $models" ;; esac
+[ "$id" = specula-tiny ] || fail "the default model is not served as specula-tiny: $models"
 body="{\"model\": \"$id\", \"prompt\": \"def fibonacci(n):\", \"max_tokens\": 16, \"temperature\": 0}"
 out=$(curl -sf "http://127.0.0.1:$PORT/v1/completions" -H 'Content-Type: application/json' -d "$body") ||
   fail "POST /v1/completions"
