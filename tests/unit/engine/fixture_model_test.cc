@@ -131,7 +131,7 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, FixtureModel,
 // the fetched cache), requests added from several threads, streamed back.
 TEST(LLMEngineCreate, ServesTheFixtureLlamaGreedily) {
   const fs::path tok_dir = testing::tokenizer_cache_dir() / "llama3";
-  if (!fs::exists(tok_dir / "tokenizer.json")) GTEST_SKIP() << "run tools/fetch_tokenizers.sh first";
+  if (!fs::exists(tok_dir / "tokenizer.json")) GTEST_SKIP() << "run scripts/fetch_tokenizers.sh first";
   const fs::path dir = testing::fixtures_dir() / "models" / "llama";
   const Reference ref = read_reference(dir / "reference.safetensors");
   EngineConfig ec;

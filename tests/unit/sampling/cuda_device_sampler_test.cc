@@ -1,4 +1,4 @@
-// The device sampler (engine/device_sampler.h over the CUDA TokenSampler) against the CPU sampler
+// The device sampler (sampling/device_sampler.h over the CUDA TokenSampler) against the CPU sampler
 // on the same F32 logits on the GPU: the same token for every row (greedy, temperature, top-k,
 // top-p, min-p, their combinations, penalties, masked ids, seeded draws), the same logprobs
 // (value, rank, top N in order), and the same prompt logprobs. Vocabularies at real sizes (Qwen3,

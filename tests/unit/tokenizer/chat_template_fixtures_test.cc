@@ -44,7 +44,7 @@ TEST_P(ChatTemplateFixture, RendersEveryCaseExactlyAsTransformers) {
   const std::string name = GetParam();
   const auto config_path = testing::tokenizer_cache_dir() / name / "tokenizer_config.json";
   if (!std::filesystem::exists(config_path))
-    GTEST_SKIP() << "real tokenizer not fetched: run tools/fetch_tokenizers.sh (missing " << config_path << ")";
+    GTEST_SKIP() << "real tokenizer not fetched: run scripts/fetch_tokenizers.sh (missing " << config_path << ")";
   const auto fixture = read_json(testing::fixtures_dir() / "chat_templates" / (name + ".json"));
   ASSERT_EQ(fixture.at("template").get<std::string>(), name);
   const auto source = read_json(config_path).at("chat_template").get<std::string>();
@@ -79,7 +79,7 @@ INSTANTIATE_TEST_SUITE_P(RealTemplates, ChatTemplateFixture,
 // whose output does not depend on dict key order can be compared; Llama-3's template has none.
 TEST(ChatTemplateFixtureJson, PlainJsonOverloadRendersLlama3) {
   const auto config_path = testing::tokenizer_cache_dir() / "llama3" / "tokenizer_config.json";
-  if (!std::filesystem::exists(config_path)) GTEST_SKIP() << "run tools/fetch_tokenizers.sh";
+  if (!std::filesystem::exists(config_path)) GTEST_SKIP() << "run scripts/fetch_tokenizers.sh";
   const auto fixture = read_json(testing::fixtures_dir() / "chat_templates" / "llama3.json");
   auto tmpl = ChatTemplate::compile(read_json(config_path).at("chat_template").get<std::string>());
   for (const auto& c : fixture.at("cases")) {

@@ -90,7 +90,7 @@ TEST_F(ToyDetokenizer, RandomByteStreamsMatchDecode) {
 
 TEST(RealDetokenizer, EmojiAndCjkByteTokens) {
   const auto dir = testing::tokenizer_cache_dir() / "qwen3";
-  if (!std::filesystem::exists(dir / "tokenizer.json")) GTEST_SKIP() << "run tools/fetch_tokenizers.sh";
+  if (!std::filesystem::exists(dir / "tokenizer.json")) GTEST_SKIP() << "run scripts/fetch_tokenizers.sh";
   auto tok = Tokenizer::from_dir(dir);
   const std::string text = "\xF0\x9F\xA7\x91\xF0\x9F\x8F\xBF\xE2\x80\x8D\xF0\x9F\x92\xBB \xE9\xBE\x98 ok";  // 🧑🏿‍💻 龘 ok
   for (const auto& ids : {tok->encode(text, false), byte_tokens(*tok, text)}) {

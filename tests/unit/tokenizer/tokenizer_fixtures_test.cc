@@ -29,7 +29,7 @@ const Loaded* load(const std::string& name, std::string* skip_reason) {
   static std::map<std::string, std::unique_ptr<Loaded>> cache;
   const auto dir = testing::tokenizer_cache_dir() / name;
   if (!std::filesystem::exists(dir / "tokenizer.json")) {
-    *skip_reason = "real tokenizer not fetched: run tools/fetch_tokenizers.sh (missing " + dir.string() + ")";
+    *skip_reason = "real tokenizer not fetched: run scripts/fetch_tokenizers.sh (missing " + dir.string() + ")";
     return nullptr;
   }
   auto& slot = cache[name];
