@@ -20,16 +20,20 @@
 namespace specula {
 namespace {
 
-nlohmann::json read_json(const std::filesystem::path& path) {
+nlohmann::json parse_json(const std::string& text, const std::string& file) {
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(fmt::format("{}: invalid JSON: {}", file, e.what()));
+  }
+}
+
+std::string read_text(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   SPECULA_CHECK(in.good(), "{}: cannot open (missing or unreadable)", path.string());
   std::ostringstream ss;
   ss << in.rdbuf();
-  try {
-    return nlohmann::json::parse(ss.str());
-  } catch (const nlohmann::json::exception& e) {
-    throw Error(fmt::format("{}: invalid JSON: {}", path.string(), e.what()));
-  }
+  return ss.str();
 }
 
 const nlohmann::json& member_or_null(const nlohmann::json& obj, const char* key) {
@@ -39,13 +43,12 @@ const nlohmann::json& member_or_null(const nlohmann::json& obj, const char* key)
 
 class HfTokenizer final : public Tokenizer {
  public:
-  explicit HfTokenizer(const std::filesystem::path& dir) {
-    const auto json_path = dir / "tokenizer.json";
-    const std::string file = json_path.string();
-    const nlohmann::json doc = read_json(json_path);
+  // `text` is tokenizer.json's content; `file` names it in error messages.
+  HfTokenizer(const std::string& text, const std::string& file, const TokenizerConfig& config) {
+    const nlohmann::json doc = parse_json(text, file);
     SPECULA_CHECK(doc.is_object(), "{}: expected a JSON object", file);
     try {
-      load(doc, file, load_tokenizer_config(dir));
+      load(doc, file, config);
     } catch (const nlohmann::json::exception& e) {
       throw Error(fmt::format("{}: {}", file, e.what()));
     }
@@ -225,7 +228,13 @@ class HfTokenizer final : public Tokenizer {
 }  // namespace
 
 std::unique_ptr<Tokenizer> Tokenizer::from_dir(const std::filesystem::path& dir) {
-  return std::make_unique<HfTokenizer>(dir);
+  const auto json_path = dir / "tokenizer.json";
+  const std::string text = read_text(json_path);
+  return std::make_unique<HfTokenizer>(text, json_path.string(), load_tokenizer_config(dir));
+}
+
+std::unique_ptr<Tokenizer> Tokenizer::from_json(const std::string& tokenizer_json, const std::string& name) {
+  return std::make_unique<HfTokenizer>(tokenizer_json, name, TokenizerConfig{});
 }
 
 }  // namespace specula

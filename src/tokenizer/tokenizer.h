@@ -19,6 +19,10 @@ class Tokenizer {
   // specula::Error naming the file and key for a missing or corrupt file or an unsupported
   // component (e.g. a WordPiece model or an unknown pre-tokenizer type).
   static std::unique_ptr<Tokenizer> from_dir(const std::filesystem::path& dir);
+  // The same loading from tokenizer.json's text alone, with tokenizer_config.json's defaults;
+  // `name` stands for the file in error messages. For tests and the fuzz targets (tests/fuzz).
+  static std::unique_ptr<Tokenizer> from_json(const std::string& tokenizer_json,
+                                              const std::string& name = "tokenizer.json");
   virtual ~Tokenizer() = default;
 
   // add_special_tokens: prepend bos when tokenizer_config says add_bos_token (and whatever the

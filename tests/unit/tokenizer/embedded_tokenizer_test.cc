@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
 
 #include <nlohmann/json.hpp>
 
@@ -51,6 +52,27 @@ TEST(EmbeddedTokenizer, EveryModelFolderMatchesTheReference) {
       EXPECT_EQ(tok->decode(ids, false), c.at("decoded").get<std::string>());
       EXPECT_EQ(tok->decode(ids, true), c.at("decoded_skip").get<std::string>());
     }
+  }
+}
+
+// from_json (tokenizer.json's text alone, the seam the fuzz targets load through) gives the
+// reference ids too: specula-tiny's tokenizer_config.json adds no bos and no special tokens.
+TEST(EmbeddedTokenizer, FromJsonTextMatchesTheReference) {
+  const auto fixture = read_json(testing::fixtures_dir() / "embedded" / "tokenizer.json");
+  std::ifstream in(testing::models_dir() / "specula-tiny" / "tokenizer.json", std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto tok = Tokenizer::from_json(text);
+  EXPECT_EQ(tok->vocab_size(), fixture.at("vocab_size").get<int64_t>());
+  for (const auto& c : fixture.at("cases")) {
+    const auto ids = c.at("ids").get<std::vector<int32_t>>();
+    EXPECT_EQ(tok->encode(c.at("text").get<std::string>(), true), ids);
+    EXPECT_EQ(tok->decode(ids, true), c.at("decoded_skip").get<std::string>());
+  }
+  try {
+    Tokenizer::from_json(text.substr(0, text.size() / 2), "cut/tokenizer.json");
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("cut/tokenizer.json: invalid JSON")) << e.what();
   }
 }
 
