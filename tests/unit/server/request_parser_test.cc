@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "server/api_error.h"
+#include "server/json_fields.h"
 #include "server/request_parser.h"
 
 namespace specula::server {
@@ -182,6 +183,23 @@ TEST(RequestParser, ChatToolCallArgumentsBecomeObjects) {
                                                {"function", {{"name", "f"}, {"arguments", "{\"b\": 1, \"a\": 2}"}}}}}}}}}};
   auto r = chat(body);
   EXPECT_EQ(r.messages[0]["tool_calls"][0]["function"]["arguments"].dump(), R"({"b":1,"a":2})");
+}
+
+// A number beyond any double is not a parse_error but nlohmann's out_of_range (406); it escaped
+// parse_limited and the route answered 500 (found by tests/fuzz/request_parser_fuzz).
+TEST(RequestParser, NumberOverflowInTheBodyIsA400) {
+  const std::string body = R"({"prompt": "x", "max_tokens": "ten", "temperature": -1, "top_p": 1e400})";
+  ApiError e = parse_error([&] { fields::parse_limited<json>(body, "the request body"); });
+  EXPECT_EQ(e.status(), 400);
+  EXPECT_NE(std::string(e.what()).find("Invalid JSON in the request body"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("number overflow"), std::string::npos) << e.what();
+  EXPECT_EQ(parse_error([&] { fields::parse_limited<ojson>("[-1e999]", "the request body"); }).status(), 400);
+  // Tool call arguments that do not parse stay the client's string, overflow included.
+  EXPECT_TRUE(fields::parse_limited<ojson>("{\"a\": 1e400}", "tool call arguments", false).is_discarded());
+  json args = {{"messages", {{{"role", "assistant"}, {"content", nullptr},
+                              {"tool_calls", {{{"id", "c1"}, {"type", "function"},
+                                               {"function", {{"name", "f"}, {"arguments", "{\"a\": 1e400}"}}}}}}}}}};
+  EXPECT_EQ(chat(args).messages[0]["tool_calls"][0]["function"]["arguments"], "{\"a\": 1e400}");
 }
 
 TEST(RequestParser, ChatErrors) {
