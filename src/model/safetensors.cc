@@ -103,7 +103,7 @@ void SafetensorsFile::parse_header() {
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(bytes + 8, bytes + 8 + header_len);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     std::string what = e.what();
     auto pos = what.find("] ");
     if (pos != std::string::npos) what = what.substr(pos + 2);

@@ -92,6 +92,17 @@ TEST(SafetensorsErrors, CorruptHeaderJson) {
   expect_error_mentions([&] { SafetensorsFile::open(dir / "arr.safetensors"); }, {"arr.safetensors", "not a JSON object"});
 }
 
+// A number no double holds is nlohmann's out_of_range, not a parse_error: it escaped open() as a
+// bare nlohmann exception naming no file (found by tests/fuzz/safetensors_header_fuzz).
+TEST(SafetensorsErrors, NumberOverflowInHeader) {
+  TempDir dir;
+  write_raw(dir / "big.safetensors", R"({"__metadata__": {"x": 1e400}})", "");
+  expect_error_mentions([&] { SafetensorsFile::open(dir / "big.safetensors"); },
+                        {"big.safetensors", "corrupt safetensors header", "number overflow"});
+  write_raw(dir / "off.safetensors", R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4e999]}})", "1234");
+  expect_error_mentions([&] { SafetensorsFile::open(dir / "off.safetensors"); }, {"off.safetensors", "corrupt"});
+}
+
 TEST(SafetensorsErrors, DataOffsetsOutsideDataSection) {
   TempDir dir;
   write_raw(dir / "o.safetensors", R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", std::string(8, '\0'));
