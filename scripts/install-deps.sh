@@ -15,6 +15,7 @@ PKGS=(
   libxxhash-dev        # prefix-cache block hashes
   libgtest-dev libgmock-dev libbenchmark-dev
   python3              # tools/check_layout.py (the `layout` test)
+  clang libclang-rt-dev libomp-dev  # the `fuzz` test: libFuzzer, ASan, UBSan (tests/fuzz/run.sh)
   nodejs curl          # end-to-end tests drive the server with the official openai npm client
 )
 
