@@ -49,9 +49,11 @@ BpeModel::BpeModel(const nlohmann::json& model, const std::string& file) {
   vocab_.reserve(vocab.size());
   int32_t max_id = -1;
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    SPECULA_CHECK(it.value().is_number_integer() && it.value().get<int64_t>() >= 0 &&
-                      it.value().get<int64_t>() < INT32_MAX,
+    SPECULA_CHECK(it.value().is_number_integer() && it.value().get<int64_t>() >= 0,
                   "{}: model.vocab[{:?}]: expected a non-negative integer id", file, it.key());
+    SPECULA_CHECK(it.value().get<int64_t>() <= kMaxTokenId,
+                  "{}: model.vocab[{:?}]: id {} is above the largest supported, {} (corrupt file?)", file, it.key(),
+                  it.value().get<int64_t>(), kMaxTokenId);
     const auto id = static_cast<int32_t>(it.value().get<int64_t>());
     vocab_.emplace(it.key(), id);
     max_id = std::max(max_id, id);

@@ -21,6 +21,11 @@ struct StringViewHash {
 };
 using TokenIdMap = std::unordered_map<std::string, int32_t, StringViewHash, std::equal_to<>>;
 
+// The largest token id a tokenizer may hold. Tables are indexed by id, so one corrupt id (say
+// 2,000,000,000) would allocate tens of GB before anything failed; real vocabularies stay far
+// below (Gemma 3's 262,144 is among the largest).
+constexpr int32_t kMaxTokenId = (1 << 22) - 1;
+
 class BpeModel {
  public:
   // `model` is tokenizer.json's "model" object; errors name `file`.

@@ -187,6 +187,8 @@ class HfTokenizer final : public Tokenizer {
       const auto& a = list[i];
       SPECULA_CHECK(a.is_object() && a.contains("id") && a.contains("content") && a["content"].is_string(),
                     "{}: added_tokens[{}]: expected an object with \"id\" and \"content\"", file, i);
+      SPECULA_CHECK(a["id"].is_number_integer() && a["id"].get<int64_t>() >= 0 && a["id"].get<int64_t>() <= kMaxTokenId,
+                    "{}: added_tokens[{}]: id {} is not a token id from 0 to {}", file, i, a["id"].dump(), kMaxTokenId);
       AddedToken t;
       t.id = a["id"].get<int32_t>();
       t.content = a["content"].get<std::string>();

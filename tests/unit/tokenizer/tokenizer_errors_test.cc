@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "tokenizer/bpe_model.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer_toy.h"
 
@@ -87,6 +88,37 @@ TEST(TokenizerErrors, UnsupportedComponents) {
     dir.write_json("tokenizer.json", t);
     SCOPED_TRACE(c.value.dump());
     expect_load_error(dir, {"tokenizer.json", c.needle});
+  }
+}
+
+// Tables are indexed by token id: one huge id allocated gigabytes before anything failed (found by
+// tests/fuzz/tokenizer_json_fuzz: an id of 27,777,761 took 1.8 GB under ASan).
+TEST(TokenizerErrors, TokenIdsBeyondTheSupportedRange) {
+  {
+    TempTokenizerDir dir;
+    auto t = toy_tokenizer({});
+    t["model"]["vocab"]["x"] = 2000000000;
+    dir.write_json("tokenizer.json", t);
+    expect_load_error(dir, {"tokenizer.json", "model.vocab[\"x\"]", "2000000000", "above the largest supported"});
+  }
+  {
+    TempTokenizerDir dir;
+    auto t = toy_tokenizer({});
+    t["added_tokens"] = {{{"id", 100000000}, {"content", "<big>"}}};
+    dir.write_json("tokenizer.json", t);
+    expect_load_error(dir, {"tokenizer.json", "added_tokens[0]", "100000000"});
+    t["added_tokens"] = {{{"id", -3}, {"content", "<neg>"}}};
+    dir.write_json("tokenizer.json", t);
+    expect_load_error(dir, {"added_tokens[0]", "-3"});
+  }
+  {  // the largest supported id still loads
+    TempTokenizerDir dir;
+    auto t = toy_tokenizer({});
+    t["added_tokens"] = {{{"id", kMaxTokenId}, {"content", "<last>"}, {"special", true}}};
+    dir.write_json("tokenizer.json", t);
+    auto tok = Tokenizer::from_dir(dir.path());
+    EXPECT_EQ(tok->vocab_size(), int64_t{kMaxTokenId} + 1);
+    EXPECT_EQ(tok->token_to_id("<last>"), kMaxTokenId);
   }
 }
 
