@@ -33,6 +33,16 @@ struct ChoiceDelta {
   std::variant<std::monostate, int32_t, std::string> stop_reason;  // the stop token or string
 };
 
+// When a request went through the engine's phases (seconds on the engine's steady clock), on its
+// final output: vLLM's queue (arrival -> first scheduled), prefill (-> first token), decode
+// (first -> last token) and inference (scheduled -> last token) times come from these.
+struct RequestTimes {
+  double arrival = 0.0;
+  double scheduled = 0.0;
+  double first_token = 0.0;
+  double last_token = 0.0;
+};
+
 struct RequestOutput {
   std::string request_id;
   std::vector<ChoiceDelta> choices;          // only choices with something new
@@ -41,6 +51,7 @@ struct RequestOutput {
   int num_cached_tokens = 0;                 // prompt tokens served from the prefix cache
   bool finished = false;                     // every choice has finished
   std::optional<std::string> error;          // the engine failed this request
+  std::optional<RequestTimes> times;         // final output of a request that produced tokens
 };
 
 // A thread-safe queue of outputs for one request; the engine pushes, the server pops.

@@ -120,13 +120,22 @@ bool EngineCore::step() {
   if (!scheduler_.has_unfinished_requests()) return false;
   SchedulerOutput scheduled = [&] {
     phase_profile::Scope p("engine.schedule");
-    return scheduler_.schedule();
+    return scheduler_.schedule(now_seconds());
   }();
   if (scheduled.empty()) {
     // Nothing fits even though requests wait: cannot happen while the cache holds a whole
     // max_model_len sequence, but never spin on it.
     fail_all("internal error: no request could be scheduled (KV cache too small?)");
     return true;
+  }
+  {
+    const int tokens = scheduled.total_num_scheduled_tokens;
+    const auto* end = std::end(kIterationTokenBuckets);
+    const size_t bucket = static_cast<size_t>(std::lower_bound(std::begin(kIterationTokenBuckets), end, tokens) -
+                                              std::begin(kIterationTokenBuckets));
+    if (iteration_tokens_buckets_.empty()) iteration_tokens_buckets_.assign(std::size(kIterationTokenBuckets) + 1, 0);
+    iteration_tokens_buckets_[bucket] += 1;
+    iteration_tokens_sum_ += tokens;
   }
   ModelRunnerOutput result;
   try {
@@ -144,7 +153,7 @@ bool EngineCore::step() {
     return true;
   }
   phase_profile::Scope update_phase("engine.update+outputs");
-  std::vector<EngineCoreOutput> outs = scheduler_.update(scheduled, result);
+  std::vector<EngineCoreOutput> outs = scheduler_.update(scheduled, result, now_seconds());
   // Drafts for the next step (finished requests are gone from the scheduler: ignored).
   for (size_t i = 0; i < result.draft_token_ids.size() && i < scheduled.scheduled.size(); ++i)
     if (!result.draft_token_ids[i].empty())
@@ -182,6 +191,8 @@ EngineMetrics EngineCore::metrics() const {
   m.spec_num_speculative_tokens = config_.num_speculative_tokens;
   m.spec_adaptive = config_.spec_adaptive;
   m.spec_depth_steps = spec_depth_steps_;
+  m.iteration_tokens_buckets = iteration_tokens_buckets_;
+  m.iteration_tokens_sum = iteration_tokens_sum_;
   m.spec_depth_sum = spec_depth_sum_;
   m.num_gpu_blocks = kv.num_blocks();
   return m;

@@ -69,6 +69,8 @@ class EngineCore {
   OutputProcessor outputs_;
   uint64_t arrival_seq_ = 0;
   uint64_t unseeded_counter_ = 0;
+  std::vector<int64_t> iteration_tokens_buckets_;  // EngineMetrics::iteration_tokens_buckets
+  int64_t iteration_tokens_sum_ = 0;
   int64_t spec_depth_steps_ = 0;  // steps whose result carried a speculative depth
   int64_t spec_depth_sum_ = 0;
 };

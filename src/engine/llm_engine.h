@@ -71,7 +71,14 @@ struct EngineMetrics {
   int64_t spec_depth_steps = 0;            // steps that chose a depth
   int64_t spec_depth_sum = 0;              // sum of the depths chosen (mean depth = sum / steps)
   int64_t num_gpu_blocks = 0;
+  // vllm:iteration_tokens_total: tokens scheduled per engine step, counts per bucket of
+  // kIterationTokenBuckets (non-cumulative; the last entry counts the steps above the last bound).
+  std::vector<int64_t> iteration_tokens_buckets;
+  int64_t iteration_tokens_sum = 0;
 };
+
+// vLLM's bucket bounds of vllm:iteration_tokens_total.
+inline constexpr double kIterationTokenBuckets[] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
 
 class LLMEngine {
  public:

@@ -107,6 +107,7 @@ std::vector<std::string> OutputProcessor::process(const std::vector<EngineCoreOu
     if (inserted) order.push_back(request_id);
     RequestOutput& ro = it->second;
     if (index == 0) req.num_cached_tokens = out.num_cached_tokens;
+    if (out.times && (!req.times || index == 0)) req.times = out.times;
     if (out.prompt_logprobs && !req.prompt_logprobs.empty()) {
       const PromptLogprobsChunk& c = *out.prompt_logprobs;
       for (size_t i = 0; i < c.entries.size(); ++i) {
@@ -139,6 +140,7 @@ std::vector<std::string> OutputProcessor::process(const std::vector<EngineCoreOu
       req.sent_prompt_logprobs = true;
     }
     ro.finished = req.num_unfinished == 0;
+    if (ro.finished) ro.times = req.times;
     std::shared_ptr<RequestStream> stream = req.stream;
     if (ro.finished) {
       for (const Choice& c : req.choices) child_to_parent_.erase(c.child_id);

@@ -62,6 +62,7 @@ class OutputProcessor {
     std::deque<Choice> choices;
     int num_prompt_tokens = 0;
     int num_cached_tokens = 0;
+    std::optional<RequestTimes> times;  // the latest phase times of its choices (choice 0 first)
     std::vector<std::optional<PositionLogprobs>> prompt_logprobs;  // when requested
     int prompt_logprobs_missing = 0;  // positions 1..P-1 not computed yet
     bool sent_prompt_logprobs = false;

@@ -51,6 +51,9 @@ struct Request {
 
   uint64_t arrival_seq = 0;            // FCFS order
   double arrival_time = 0.0;           // seconds, steady clock
+  double scheduled_time = 0.0;         // first scheduled (0: not yet); kept across preemption
+  double first_token_time = 0.0;       // first output token (0: none yet)
+  double last_token_time = 0.0;
   RequestStatus status = RequestStatus::kWaiting;
   StopReason stop_reason;
 

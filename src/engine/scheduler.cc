@@ -60,7 +60,7 @@ void Scheduler::preempt(Request* r) {
   waiting_.push_front(r);
 }
 
-SchedulerOutput Scheduler::schedule() {
+SchedulerOutput Scheduler::schedule(double now) {
   SchedulerOutput out;
   out.step_id = ++step_id_;
   out.finished_req_ids = std::move(finished_since_last_step_);
@@ -118,6 +118,7 @@ SchedulerOutput Scheduler::schedule() {
       waiting_.pop_front();
       running_.push_back(r);
       r->status = RequestStatus::kRunning;
+      if (r->scheduled_time == 0.0) r->scheduled_time = now;
       r->num_computed_tokens = hit.num_tokens;
       if (r->num_cached_tokens < 0) r->num_cached_tokens = hit.num_tokens;
       out.new_requests.push_back(new_request_data(*r));
@@ -160,7 +161,8 @@ bool Scheduler::check_stop(Request& r) const {
   return false;
 }
 
-std::vector<EngineCoreOutput> Scheduler::update(const SchedulerOutput& scheduled, const ModelRunnerOutput& result) {
+std::vector<EngineCoreOutput> Scheduler::update(const SchedulerOutput& scheduled, const ModelRunnerOutput& result,
+                                                double now) {
   SPECULA_CHECK(result.sampled_token_ids.size() == scheduled.scheduled.size(),
                 "internal error: the model runner returned {} results for {} scheduled requests",
                 result.sampled_token_ids.size(), scheduled.scheduled.size());
@@ -201,8 +203,13 @@ std::vector<EngineCoreOutput> Scheduler::update(const SchedulerOutput& scheduled
       stopped = check_stop(*r);
     }
     stats_.generation_tokens += static_cast<int64_t>(o.new_token_ids.size());
+    if (!o.new_token_ids.empty()) {
+      if (r->first_token_time == 0.0) r->first_token_time = now;
+      r->last_token_time = now;
+    }
     if (o.new_token_ids.empty() && !o.prompt_logprobs) continue;  // a prefill chunk: nothing to report yet
     o.num_cached_tokens = std::max(r->num_cached_tokens, 0);
+    o.times = RequestTimes{r->arrival_time, r->scheduled_time, r->first_token_time, r->last_token_time};
     if (stopped) {
       o.status = r->status;
       o.stop_reason = r->stop_reason;

@@ -61,10 +61,12 @@ class Scheduler {
   // Drafts for the request's next step (from a proposer); trimmed to what the budget allows.
   void set_draft_tokens(const std::string& id, std::vector<int32_t> tokens);
 
-  SchedulerOutput schedule();
+  // now: the engine's clock (seconds), for the requests' phase times (RequestTimes).
+  SchedulerOutput schedule(double now = 0.0);
   // Applies a step's result: appends the accepted tokens (rolling back rejected drafts), checks
   // stop conditions, frees finished requests' blocks.
-  std::vector<EngineCoreOutput> update(const SchedulerOutput& scheduled, const ModelRunnerOutput& result);
+  std::vector<EngineCoreOutput> update(const SchedulerOutput& scheduled, const ModelRunnerOutput& result,
+                                       double now = 0.0);
 
   const Request* find(const std::string& id) const;
   int num_running() const { return static_cast<int>(running_.size()); }

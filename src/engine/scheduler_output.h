@@ -78,6 +78,7 @@ struct EngineCoreOutput {
   RequestStatus status = RequestStatus::kRunning;  // a finished status when the scheduler ended it
   StopReason stop_reason;
   int num_cached_tokens = 0;
+  std::optional<RequestTimes> times;  // the sequence's phase times so far
 };
 
 }  // namespace specula

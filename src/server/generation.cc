@@ -165,6 +165,7 @@ void GenerationRun::apply(int prompt_index, RequestOutput* out) {
     --unfinished_;
     state_.metrics.observe_request_done(seconds(now - arrival_), static_cast<int>(p.token_ids.size()),
                                         p.generated_tokens);
+    if (out->times) state_.metrics.observe_request_phases(*out->times);
   }
 }
 

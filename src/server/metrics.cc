@@ -50,16 +50,23 @@ void Histogram::observe(double v) {
 }
 
 void Histogram::render(std::string* out, const std::string& name, const std::string& labels) const {
-  uint64_t cumulative = 0;
-  for (size_t i = 0; i <= bounds_.size(); ++i) {
-    cumulative += buckets_[i].load(std::memory_order_relaxed);
-    std::string le = i < bounds_.size() ? py_float(bounds_[i]) : "+Inf";
+  std::vector<int64_t> counts(bounds_.size() + 1);
+  for (size_t i = 0; i <= bounds_.size(); ++i) counts[i] = static_cast<int64_t>(buckets_[i].load(std::memory_order_relaxed));
+  // _count comes from the buckets just read, so that a scrape racing an observation stays consistent.
+  render_counts(out, name, labels, bounds_, counts, sum_.load());
+}
+
+void Histogram::render_counts(std::string* out, const std::string& name, const std::string& labels,
+                              std::span<const double> bounds, std::span<const int64_t> counts, double sum) {
+  int64_t cumulative = 0;
+  for (size_t i = 0; i <= bounds.size(); ++i) {
+    cumulative += i < counts.size() ? counts[i] : 0;
+    std::string le = i < bounds.size() ? py_float(bounds[i]) : "+Inf";
     fmt::format_to(std::back_inserter(*out), "{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, le,
                    py_float(static_cast<double>(cumulative)));
   }
-  // _count from the buckets just read, so that a scrape racing an observation stays consistent.
   fmt::format_to(std::back_inserter(*out), "{}_count{{{}}} {}\n", name, labels, py_float(static_cast<double>(cumulative)));
-  fmt::format_to(std::back_inserter(*out), "{}_sum{{{}}} {}\n", name, labels, py_float(sum_.load()));
+  fmt::format_to(std::back_inserter(*out), "{}_sum{{{}}} {}\n", name, labels, py_float(sum));
 }
 
 ServerMetrics::ServerMetrics(int max_model_len)
@@ -67,7 +74,20 @@ ServerMetrics::ServerMetrics(int max_model_len)
       itl_(kItlBuckets),
       e2e_(kE2eBuckets),
       prompt_tokens_(buckets_1_2_5(std::max(max_model_len, 1))),
-      generation_tokens_(buckets_1_2_5(std::max(max_model_len, 1))) {}
+      generation_tokens_(buckets_1_2_5(std::max(max_model_len, 1))),
+      queue_(kE2eBuckets),
+      prefill_(kE2eBuckets),
+      decode_(kE2eBuckets),
+      inference_(kE2eBuckets) {}
+
+void ServerMetrics::observe_request_phases(const RequestTimes& t) {
+  if (t.scheduled > 0.0) queue_.observe(std::max(0.0, t.scheduled - t.arrival));
+  if (t.first_token > 0.0 && t.scheduled > 0.0) {
+    prefill_.observe(std::max(0.0, t.first_token - t.scheduled));
+    decode_.observe(std::max(0.0, t.last_token - t.first_token));
+    inference_.observe(std::max(0.0, t.last_token - t.scheduled));
+  }
+}
 
 void ServerMetrics::count_finished(FinishReason reason) {
   switch (reason) {
@@ -126,6 +146,14 @@ std::string ServerMetrics::render(const EngineMetrics& m, const std::string& mod
   histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", e2e_);
   histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", prompt_tokens_);
   histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", generation_tokens_);
+  histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", queue_);
+  histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", prefill_);
+  histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", decode_);
+  histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.",
+            inference_);
+  header(&out, "vllm:iteration_tokens_total", "histogram", "Histogram of number of tokens per engine_step.");
+  Histogram::render_counts(&out, "vllm:iteration_tokens_total", labels, kIterationTokenBuckets,
+                           m.iteration_tokens_buckets, static_cast<double>(m.iteration_tokens_sum));
 
   counter("vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", m.spec_num_drafts);
   counter("vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", m.spec_num_draft_tokens);

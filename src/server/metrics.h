@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,10 @@ class Histogram {
   void observe(double v);
   // Appends the _bucket/_sum/_count lines (cumulative buckets and +Inf, as Prometheus expects).
   void render(std::string* out, const std::string& name, const std::string& labels) const;
+  // The same lines for counts kept elsewhere (the engine's): counts[i] observations at or below
+  // bounds[i] and above bounds[i - 1], the last entry above every bound.
+  static void render_counts(std::string* out, const std::string& name, const std::string& labels,
+                            std::span<const double> bounds, std::span<const int64_t> counts, double sum);
   uint64_t count() const { return count_.load(std::memory_order_relaxed); }
 
  private:
@@ -46,6 +51,9 @@ class ServerMetrics {
     prompt_tokens_.observe(prompt_tokens);
     generation_tokens_.observe(generation_tokens);
   }
+  // vLLM's request phase histograms from the engine's times: queue (arrival -> scheduled),
+  // prefill (-> first token), decode (first -> last token), inference (scheduled -> last token).
+  void observe_request_phases(const RequestTimes& t);
   // One sequence (choice) finished, counted by reason as vllm:request_success_total.
   void count_finished(FinishReason reason);
 
@@ -53,6 +61,7 @@ class ServerMetrics {
 
  private:
   Histogram ttft_, itl_, e2e_, prompt_tokens_, generation_tokens_;
+  Histogram queue_, prefill_, decode_, inference_;
   std::array<std::atomic<int64_t>, 3> finished_{};  // stop, length, abort
 };
 

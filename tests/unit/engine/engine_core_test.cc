@@ -27,6 +27,7 @@ struct Result {
   std::vector<PositionLogprobs> logprobs;  // choice 0
   int num_cached_tokens = 0;
   bool finished = false;
+  std::optional<RequestTimes> times;  // on the final output
 };
 
 EngineCoreConfig core_config(int num_blocks = 256, int budget = 64, int max_seqs = 16) {
@@ -80,6 +81,10 @@ class TestEngine {
         if (o.prompt_logprobs) r.prompt_logprobs = o.prompt_logprobs;
         r.num_cached_tokens = o.num_cached_tokens;
         r.finished = r.finished || o.finished;
+        if (o.times) {
+          EXPECT_TRUE(o.finished) << id << ": phase times before the final output";
+          r.times = o.times;
+        }
         for (ChoiceDelta& d : o.choices) {
           if (r.choices.size() <= static_cast<size_t>(d.index)) r.choices.resize(d.index + 1);
           Choice& c = r.choices[d.index];
@@ -162,6 +167,40 @@ TEST(EngineCore, GreedyTogetherEqualsAloneEqualsReference) {
     text += whole.flush();
     EXPECT_EQ(together.results[id].choices[0].text, text);
   }
+}
+
+// vLLM's request phase times ride on each final output, in order; every step's scheduled tokens
+// land in one bucket of vllm:iteration_tokens_total.
+TEST(EngineCore, PhaseTimesAndIterationTokensAreReported) {
+  TestEngine e(core_config(/*num_blocks=*/40, /*budget=*/24, /*max_seqs=*/6));
+  int prompt_tokens = 0, output_tokens = 0;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> p = prompt_of(5 + i * 9, i);
+    prompt_tokens += static_cast<int>(p.size());
+    output_tokens += 6 + i;
+    e.add("r" + std::to_string(i), p, greedy(6 + i));
+  }
+  e.run();
+  for (int i = 0; i < 6; ++i) {
+    const Result& r = e.results.at("r" + std::to_string(i));
+    ASSERT_TRUE(r.times.has_value()) << i;
+    EXPECT_GT(r.times->arrival, 0.0);
+    EXPECT_LE(r.times->arrival, r.times->scheduled);
+    EXPECT_LE(r.times->scheduled, r.times->first_token);
+    EXPECT_LE(r.times->first_token, r.times->last_token);
+  }
+  const EngineMetrics m = e.core->metrics();
+  ASSERT_EQ(m.iteration_tokens_buckets.size(), std::size(kIterationTokenBuckets) + 1);
+  int64_t steps = 0;
+  for (int64_t c : m.iteration_tokens_buckets) steps += c;
+  EXPECT_GT(steps, 0);
+  // Budget 24: no step lands past the 32 bucket; every token was scheduled once (the last sampled
+  // token is never fed back), unless a preemption recomputed some.
+  for (size_t b = 4; b < m.iteration_tokens_buckets.size(); ++b) EXPECT_EQ(m.iteration_tokens_buckets[b], 0) << b;
+  if (e.core->scheduler().stats().num_preemptions == 0)
+    EXPECT_EQ(m.iteration_tokens_sum, prompt_tokens + output_tokens - 6);
+  else
+    EXPECT_GT(m.iteration_tokens_sum, prompt_tokens + output_tokens - 6);
 }
 
 TEST(EngineCore, SeededSamplingIsReproducibleWhateverElseRuns) {

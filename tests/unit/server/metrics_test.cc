@@ -26,6 +26,34 @@ TEST(Metrics, HistogramIsCumulativeWithInfAndCount) {
             "x_sum{a=\"b\"} 7.65\n");
 }
 
+TEST(Metrics, RequestPhasesAndIterationTokensAreVllmHistograms) {
+  ServerMetrics m(1000);
+  m.observe_request_phases(RequestTimes{10.0, 10.5, 11.0, 13.0});
+  EngineMetrics e;
+  e.iteration_tokens_buckets.assign(std::size(kIterationTokenBuckets) + 1, 0);
+  e.iteration_tokens_buckets[0] = 2;  // two steps of 1 token
+  e.iteration_tokens_buckets[2] = 3;  // three of 9..16
+  e.iteration_tokens_sum = 2 + 3 * 12;
+  const std::string text = m.render(e, "m");
+  const std::string l = "engine=\"0\",model_name=\"m\"";
+  for (const std::string& line : std::vector<std::string>{
+           "# TYPE vllm:request_queue_time_seconds histogram",
+           "vllm:request_queue_time_seconds_sum{" + l + "} 0.5",
+           "vllm:request_prefill_time_seconds_sum{" + l + "} 0.5",
+           "vllm:request_decode_time_seconds_sum{" + l + "} 2.0",
+           "vllm:request_inference_time_seconds_sum{" + l + "} 2.5",
+           "vllm:request_inference_time_seconds_count{" + l + "} 1.0",
+           "# TYPE vllm:iteration_tokens_total histogram",
+           "vllm:iteration_tokens_total_bucket{" + l + ",le=\"1.0\"} 2.0",
+           "vllm:iteration_tokens_total_bucket{" + l + ",le=\"8.0\"} 2.0",
+           "vllm:iteration_tokens_total_bucket{" + l + ",le=\"16.0\"} 5.0",
+           "vllm:iteration_tokens_total_bucket{" + l + ",le=\"+Inf\"} 5.0",
+           "vllm:iteration_tokens_total_count{" + l + "} 5.0",
+           "vllm:iteration_tokens_total_sum{" + l + "} 38.0"}) {
+    EXPECT_NE(text.find(line + "\n"), std::string::npos) << line << "\n" << text;
+  }
+}
+
 TEST(Metrics, RendersVllmNamesWithModelLabel) {
   ServerMetrics m(1000);
   m.observe_ttft(0.02);
