@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -40,6 +41,8 @@ struct TokenSamplingRow {
   std::span<const int32_t> prompt_ids;  // read only when repetition_penalty != 1
   std::span<const int32_t> output_ids;  // read when any penalty is on
   std::span<const int32_t> masked_ids;  // -> -inf
+  // Added to the logits first (logit_bias), sorted by token id.
+  std::span<const std::pair<int32_t, float>> logit_bias;
   int32_t top_logprobs = -1;            // -1: no logprobs; N >= 0: the sampled token's and the top N
   // Speculative verification instead of a draw (non-greedy rows): accept draft_token x with
   // probability min(1, p(x) / q(x)) (uniform_accept * q(x) < p(x)), else draw from max(0, p - q)

@@ -72,6 +72,8 @@ void apply_penalties(std::span<float> logits, const SamplingRow& row) {
   const SamplingParams& p = *row.params;
   const int64_t vocab = static_cast<int64_t>(logits.size());
   auto in_vocab = [&](int32_t t) { return t >= 0 && t < vocab; };
+  for (const auto& [t, bias] : p.logit_bias)
+    if (in_vocab(t)) logits[t] += bias;
   for (int32_t t : row.masked_token_ids)
     if (in_vocab(t)) logits[t] = kNegInf;
 

@@ -16,8 +16,8 @@ namespace specula {
 // independent draws at one position (0: sampling; the rejection sampler uses others).
 double uniform_draw(uint64_t seed, int64_t position, uint32_t stream = 0);
 
-// In vLLM's order: min_tokens masking, then repetition (prompt + output), frequency and presence
-// (output) penalties. In place on raw logits.
+// In vLLM's order: logit_bias, min_tokens masking, then repetition (prompt + output), frequency
+// and presence (output) penalties. In place on raw logits.
 void apply_penalties(std::span<float> logits, const SamplingRow& row);
 
 // The distribution to draw from, in place: penalties, then for greedy rows a one-hot at the

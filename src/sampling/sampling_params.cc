@@ -16,6 +16,11 @@ void SamplingParams::validate() const {
                 presence_penalty);
   SPECULA_CHECK(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f,
                 "frequency_penalty must be in [-2, 2], got {}", frequency_penalty);
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    SPECULA_CHECK(logit_bias[i].first >= 0 && std::isfinite(logit_bias[i].second),
+                  "logit_bias: token {} with bias {}", logit_bias[i].first, logit_bias[i].second);
+    SPECULA_CHECK(i == 0 || logit_bias[i - 1].first < logit_bias[i].first, "logit_bias: ids must be sorted and unique");
+  }
   SPECULA_CHECK(std::isfinite(repetition_penalty) && repetition_penalty > 0.0f,
                 "repetition_penalty must be greater than zero, got {}", repetition_penalty);
   if (max_tokens) SPECULA_CHECK(*max_tokens >= 1, "max_tokens must be at least 1, got {}", *max_tokens);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace specula {
@@ -18,6 +19,9 @@ struct SamplingParams {
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;
+  // OpenAI's logit_bias: added to the token's logit before anything else; sorted by token id,
+  // each id once.
+  std::vector<std::pair<int32_t, float>> logit_bias;
   std::vector<std::string> stop;   // stop strings, matched across token boundaries
   std::vector<int32_t> stop_token_ids;
   bool include_stop_str_in_output = false;

@@ -67,8 +67,31 @@ void parse_sampling(const json& body, const RequestDefaults& defaults, CommonReq
   fields::string(body, "user");  // accepted and ignored, but must be a string
   req->tokens_as_ids = fields::boolean(body, "return_tokens_as_token_ids").value_or(false);
 
-  if (const json* bias = fields::object(body, "logit_bias"); bias && !bias->empty()) {
-    throw bad_request("logit_bias is not supported by this server.", "logit_bias");
+  // logit_bias: {"token id": bias in [-100, 100]} as OpenAI takes it; ids are checked against the
+  // vocabulary by the route (check_token_ids).
+  if (const json* bias = fields::object(body, "logit_bias")) {
+    for (const auto& [key, value] : bias->items()) {
+      int64_t id = -1;
+      size_t used = 0;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used != key.size() || key.empty() || id < 0 || id > std::numeric_limits<int32_t>::max())
+        throw bad_request(fmt::format("logit_bias keys must be token ids, got '{}'.", key), "logit_bias");
+      if (!value.is_number())
+        throw bad_request(fmt::format("logit_bias['{}'] must be a number, got {}.", key, fields::type_name(value)),
+                          "logit_bias");
+      const double b = value.get<double>();
+      if (!(b >= -100.0 && b <= 100.0))
+        throw bad_request(fmt::format("logit_bias['{}'] must be in [-100, 100], got {}.", key, py_float(b)), "logit_bias");
+      p.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(b));
+    }
+    std::sort(p.logit_bias.begin(), p.logit_bias.end());
+    for (size_t i = 1; i < p.logit_bias.size(); ++i)
+      if (p.logit_bias[i].first == p.logit_bias[i - 1].first)
+        throw bad_request(fmt::format("logit_bias names token {} twice.", p.logit_bias[i].first), "logit_bias");
   }
   if (fields::boolean(body, "use_beam_search").value_or(false)) {
     throw bad_request("Beam search is not supported by this server.", "use_beam_search");

@@ -83,6 +83,9 @@ void check_token_ids(const ServerState& state, const std::vector<int32_t>& ids, 
 
 SamplingParams params_for_prompt(const ServerState& state, const CommonRequest& req, int prompt_len) {
   SamplingParams p = req.params;
+  std::vector<int32_t> biased;
+  for (const auto& [id, bias] : p.logit_bias) biased.push_back(id);
+  check_token_ids(state, biased, "logit_bias");
   std::optional<int64_t> default_max;
   if (state.defaults.generation.max_new_tokens) default_max = *state.defaults.generation.max_new_tokens;
   p.max_tokens = resolve_max_tokens(req, default_max, prompt_len, state.max_model_len);

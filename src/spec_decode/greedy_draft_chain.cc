@@ -20,7 +20,8 @@ bool GreedyDraftChain::applies(const ProposeBatch& batch) {
   for (const ProposerRequest& r : batch.requests) {
     if (!r.sampled || r.max_drafts <= 0) continue;
     const SamplingParams& p = *r.params;
-    if (!p.greedy() || p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f)
+    if (!p.greedy() || p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f ||
+        !p.logit_bias.empty())
       return false;
     // min_tokens masks its stop ids while fewer tokens than that are out (draft_sampling_row).
     const int out = static_cast<int>(r.tokens.size()) - r.num_prompt_tokens;

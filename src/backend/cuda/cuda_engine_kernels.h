@@ -42,8 +42,10 @@ namespace specula::cuda {
 
 // ---- token sampling (see backend/token_sampler.h for the math) ----
 // Per-token flags in the counts buffer ([rows, V] uint32, one row per sampling row that has
-// penalties or masked ids): the output count in the low 30 bits, "in the prompt" and "masked".
-constexpr uint32_t kCountMask = (1u << 30) - 1;
+// penalties, masked ids or a logit bias): the output count in the low 29 bits, "has a logit
+// bias" (look it up in the row's bias pairs), "in the prompt" and "masked".
+constexpr uint32_t kCountMask = (1u << 29) - 1;
+constexpr uint32_t kBiasBit = 1u << 29;
 constexpr uint32_t kPromptSeenBit = 1u << 30;
 constexpr uint32_t kMaskedBit = 1u << 31;
 
@@ -57,7 +59,10 @@ struct SamplingRowDesc {
   float repetition_penalty = 1.0f;
   float frequency_penalty = 0.0f;
   float presence_penalty = 0.0f;
-  int32_t counts_row = -1;  // row of the counts buffer, -1: no penalties and no masks
+  int32_t counts_row = -1;  // row of the counts buffer, -1: no penalties, masks or bias
+  // logit_bias: bias_count (id, float bits) pairs from ids[bias_begin], sorted by id.
+  int32_t bias_begin = 0;
+  int32_t bias_count = 0;
   int32_t top_n = -1;       // logprobs: -1 none, else the top N (<= the sampler's max) besides the target
   int32_t target = -1;      // >= 0: do not sample, report logprobs of this token (prompt logprobs)
   int32_t draft_token = -1; // >= 0: verify this draft token against q = row q_row of the draft probabilities
@@ -69,9 +74,10 @@ struct SamplingRowDesc {
 };
 
 // Where a counts row's ids lie in the ids array: [prompt_begin, output_begin) prompt ids (seen
-// bit), [output_begin, masked_begin) output ids (counted), [masked_begin, end) masked ids.
+// bit), [output_begin, masked_begin) output ids (counted), [masked_begin, bias_begin) masked ids,
+// [bias_begin, end) logit-bias (id, float bits) pairs (bias bit).
 struct CountsDesc {
-  int32_t prompt_begin = 0, output_begin = 0, masked_begin = 0, end = 0;
+  int32_t prompt_begin = 0, output_begin = 0, masked_begin = 0, bias_begin = 0, end = 0;
 };
 
 struct SamplingRowResult {
@@ -98,8 +104,10 @@ cudaError_t launch_build_token_counts(const CountsDesc* descs, const int32_t* id
 // token (draft_probs: F32 [R, V], may be null when no row verifies), logprobs of the raw logits.
 // probs_out: F32 [R', V], may be null when no row has probs_out_row >= 0. top: [num_rows,
 // max_top] entries.
+// ids: the array the counts were built from (rows' logit-bias pairs are read from it).
 cudaError_t launch_sample_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
-                               const uint32_t* counts, const float* draft_probs, float* probs_out,
-                               SamplingRowResult* results, TopLogprob* top, int max_top, cudaStream_t stream);
+                               const uint32_t* counts, const int32_t* ids, const float* draft_probs,
+                               float* probs_out, SamplingRowResult* results, TopLogprob* top, int max_top,
+                               cudaStream_t stream);
 
 }  // namespace specula::cuda

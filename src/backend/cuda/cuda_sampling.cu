@@ -209,16 +209,29 @@ __device__ Selection radix_select(int64_t n, u64 target, Element element, Shared
 
 struct RowView {
   const float* raw;
-  const uint32_t* counts;  // null: no penalties, no masks
+  const uint32_t* counts;  // null: no penalties, no masks, no bias
+  const int32_t* bias;     // d.bias_count (id, float bits) pairs, sorted by id
   SamplingRowDesc d;
 
-  // Penalties in the host's order: masked -> -inf, repetition (prompt or output), frequency and
-  // presence (output counts). Explicit _rn intrinsics: no contraction into an FMA the host's
+  // The bias of token i (its bias bit is set): a binary search of the row's few pairs.
+  __device__ __forceinline__ float bias_of(int64_t i) const {
+    int lo = 0, hi = d.bias_count - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (bias[2 * mid] < i) lo = mid + 1;
+      else hi = mid;
+    }
+    return __int_as_float(bias[2 * lo + 1]);
+  }
+
+  // In the host's order: logit bias, masked -> -inf, repetition (prompt or output), frequency
+  // and presence (output counts). Explicit _rn intrinsics: no contraction into an FMA the host's
   // arithmetic does not have.
   __device__ __forceinline__ float processed(int64_t i) const {
     float l = raw[i];
     if (counts == nullptr) return l;
     const uint32_t c = counts[i];
+    if (c & kBiasBit) l = __fadd_rn(l, bias_of(i));
     if (c & kMaskedBit) l = -INFINITY;
     const uint32_t count = c & kCountMask;
     if (d.repetition_penalty != 1.0f && (c & (kPromptSeenBit | kCountMask)) != 0)
@@ -558,6 +571,7 @@ __device__ void row_logprobs(const float* raw, int64_t vocab, int target, int n,
 __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __restrict__ logits, int64_t vocab,
                                                                const SamplingRowDesc* __restrict__ rows,
                                                                const uint32_t* __restrict__ counts,
+                                                               const int32_t* __restrict__ ids,
                                                                const float* __restrict__ draft_probs,
                                                                float* __restrict__ probs_out,
                                                                SamplingRowResult* __restrict__ results,
@@ -567,6 +581,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __re
   row.d = rows[blockIdx.x];
   row.raw = logits + static_cast<int64_t>(row.d.logits_row) * vocab;
   row.counts = row.d.counts_row >= 0 ? counts + static_cast<int64_t>(row.d.counts_row) * vocab : nullptr;
+  row.bias = row.d.bias_count > 0 ? ids + row.d.bias_begin : nullptr;
   SamplingRowResult res;
   bool accepted = false;
   if (row.d.target >= 0) {
@@ -599,9 +614,13 @@ __global__ void build_counts_kernel(const CountsDesc* __restrict__ descs, const 
     const int32_t id = ids[i];
     if (id >= 0 && id < vocab) atomicAdd(&row[id], 1u);
   }
-  for (int i = d.masked_begin + threadIdx.x; i < d.end; i += blockDim.x) {
+  for (int i = d.masked_begin + threadIdx.x; i < d.bias_begin; i += blockDim.x) {
     const int32_t id = ids[i];
     if (id >= 0 && id < vocab) atomicOr(&row[id], kMaskedBit);
+  }
+  for (int i = d.bias_begin + 2 * threadIdx.x; i < d.end; i += 2 * blockDim.x) {
+    const int32_t id = ids[i];
+    if (id >= 0 && id < vocab) atomicOr(&row[id], kBiasBit);
   }
 }
 
@@ -615,12 +634,13 @@ cudaError_t launch_build_token_counts(const CountsDesc* descs, const int32_t* id
 }
 
 cudaError_t launch_sample_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
-                               const uint32_t* counts, const float* draft_probs, float* probs_out,
-                               SamplingRowResult* results, TopLogprob* top, int max_top, cudaStream_t stream) {
+                               const uint32_t* counts, const int32_t* ids, const float* draft_probs,
+                               float* probs_out, SamplingRowResult* results, TopLogprob* top, int max_top,
+                               cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
   if (vocab <= 0 || vocab > INT_MAX) return cudaErrorInvalidValue;
-  sample_rows_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, rows, counts, draft_probs, probs_out, results,
-                                                        top, max_top);
+  sample_rows_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab, rows, counts, ids, draft_probs, probs_out,
+                                                        results, top, max_top);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
 #include "backend/cuda/cuda_token_sampler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <string>
 
@@ -72,7 +73,7 @@ void CudaTokenSampler::check_probs(const Tensor* probs, int32_t row, const char*
 namespace {
 bool needs_counts(const TokenSamplingRow& r) {
   return r.repetition_penalty != 1.0f || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f ||
-         !r.masked_ids.empty();
+         !r.masked_ids.empty() || !r.logit_bias.empty();
 }
 }  // namespace
 
@@ -134,7 +135,7 @@ std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits, 
     }
     const bool repetition = r.repetition_penalty != 1.0f;
     const bool penalties = repetition || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f;
-    if (penalties || !r.masked_ids.empty()) {
+    if (penalties || !r.masked_ids.empty() || !r.logit_bias.empty()) {
       d.counts_row = static_cast<int32_t>(counts.size());
       cuda::CountsDesc c;
       c.prompt_begin = static_cast<int32_t>(ids.size());
@@ -143,6 +144,14 @@ std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits, 
       if (penalties) ids.insert(ids.end(), r.output_ids.begin(), r.output_ids.end());
       c.masked_begin = static_cast<int32_t>(ids.size());
       ids.insert(ids.end(), r.masked_ids.begin(), r.masked_ids.end());
+      c.bias_begin = static_cast<int32_t>(ids.size());
+      for (const auto& [id, bias] : r.logit_bias) {
+        if (id < 0 || id >= vocab_) continue;  // as the host's math: a bias outside the vocabulary does nothing
+        ids.push_back(id);
+        ids.push_back(std::bit_cast<int32_t>(bias));
+      }
+      d.bias_begin = c.bias_begin;
+      d.bias_count = (static_cast<int32_t>(ids.size()) - c.bias_begin) / 2;
       c.end = static_cast<int32_t>(ids.size());
       counts.push_back(c);
     }
@@ -210,7 +219,7 @@ std::vector<TokenSamplingResult> CudaTokenSampler::run(const Tensor& logits,
   auto* top_dev = reinterpret_cast<cuda::TopLogprob*>(res_dev + results_bytes(max_rows_));
   check_cuda(cuda::launch_sample_rows(logits.data_as<float>(), vocab_,
                                       reinterpret_cast<const cuda::SamplingRowDesc*>(dev + rows_at), n,
-                                      counts_.data_as<uint32_t>(),
+                                      counts_.data_as<uint32_t>(), reinterpret_cast<const int32_t*>(dev + ids_at),
                                       draft_probs ? draft_probs->data_as<float>() : nullptr,
                                       probs_out ? probs_out->data_as<float>() : nullptr,
                                       reinterpret_cast<cuda::SamplingRowResult*>(res_dev), top_dev, kMaxTopLogprobs,

@@ -203,6 +203,22 @@ TEST(EngineCore, PhaseTimesAndIterationTokensAreReported) {
     EXPECT_GT(m.iteration_tokens_sum, prompt_tokens + output_tokens - 6);
 }
 
+TEST(EngineCore, LogitBiasSteersGreedyAndSampledOutput) {
+  TestEngine e(core_config());
+  SamplingParams g = greedy(6);
+  g.logit_bias = {{7, 1000.0f}};
+  SamplingParams s;
+  s.temperature = 1.0f;
+  s.seed = 11;
+  s.max_tokens = 6;
+  s.logit_bias = {{9, 1000.0f}};
+  e.add("g", prompt_of(10, 1), g);
+  e.add("s", prompt_of(10, 2), s);
+  e.run();
+  EXPECT_EQ(e.results.at("g").choices[0].tokens, std::vector<int32_t>(6, 7));
+  EXPECT_EQ(e.results.at("s").choices[0].tokens, std::vector<int32_t>(6, 9));
+}
+
 TEST(EngineCore, SeededSamplingIsReproducibleWhateverElseRuns) {
   SamplingParams p;
   p.temperature = 1.0f;

@@ -146,6 +146,30 @@ TEST(SamplingMath, PenaltiesFollowVllm) {
   EXPECT_FLOAT_EQ(l[5], 0.5f);
 }
 
+// OpenAI's logit_bias: added to the raw logit before penalties, temperature and the filters.
+TEST(SamplingMath, LogitBiasIsAddedFirst) {
+  SamplingParams p;
+  p.temperature = 0.0f;
+  p.logit_bias = {{0, 10.0f}, {1, -100.0f}};
+  std::vector<float> l = {0.0f, 5.0f, 1.0f};
+  logits_to_probs(l, row_for(p));
+  EXPECT_EQ(argmax(l), 0);  // 0 + 10 beats 1; 5 - 100 is out
+  p.temperature = 1.0f;
+  p.logit_bias = {{2, std::log(3.0f)}};
+  std::vector<float> s = {0.0f, 0.0f, 0.0f};
+  logits_to_probs(s, row_for(p));
+  EXPECT_NEAR(s[2], 3.0f / 5.0f, 1e-6);  // exp(b) = 3 against 1 + 1
+  EXPECT_NEAR(s[0], 1.0f / 5.0f, 1e-6);
+  p.repetition_penalty = 2.0f;  // the bias comes before the penalty: (1 + 3) / 2
+  p.logit_bias = {{0, 3.0f}};
+  std::vector<float> r = {1.0f, 0.0f};
+  std::vector<int32_t> prompt = {0};
+  SamplingRow row = row_for(p);
+  row.prompt_token_ids = prompt;
+  apply_penalties(r, row);
+  EXPECT_FLOAT_EQ(r[0], 2.0f);
+}
+
 TEST(SamplingMath, MaskedTokensAreNeverChosen) {
   SamplingParams p;
   p.temperature = 0.0f;

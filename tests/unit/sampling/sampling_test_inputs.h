@@ -66,6 +66,14 @@ inline std::vector<SamplingParams> common_sampling_settings() {
   p.top_p = 0.5f;
   p.min_p = 0.01f;
   s.push_back(p);
+  p = SamplingParams{};
+  p.temperature = 0.0f;
+  p.logit_bias = {{3, 30.0f}};  // greedy, pushed onto token 3
+  s.push_back(p);
+  p = SamplingParams{};
+  p.temperature = 0.8f;
+  p.logit_bias = {{1, 2.5f}, {5, -100.0f}, {6, 1.0f}};
+  s.push_back(p);
   return s;
 }
 

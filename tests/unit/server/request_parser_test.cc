@@ -46,6 +46,16 @@ TEST(RequestParser, CompletionPromptForms) {
   EXPECT_EQ(nested.prompts[1].token_ids, (std::vector<int32_t>{3}));
 }
 
+TEST(RequestParser, LogitBiasIsParsedSortedAndBounded) {
+  auto c = completion({{"prompt", "x"}, {"logit_bias", {{"50", -100}, {"7", 2.5}}}});
+  EXPECT_EQ(c.params.logit_bias, (std::vector<std::pair<int32_t, float>>{{7, 2.5f}, {50, -100.0f}}));
+  for (const json& bad : {json{{"x", 1}}, json{{"-3", 1}}, json{{"7", 101}}, json{{"7", "big"}}, json{{"07", 1}, {"7", 2}}}) {
+    ApiError e = parse_error([&] { completion({{"prompt", "x"}, {"logit_bias", bad}}); });
+    EXPECT_EQ(e.status(), 400) << bad.dump();
+    EXPECT_EQ(e.param(), "logit_bias") << bad.dump();
+  }
+}
+
 TEST(RequestParser, FieldsTheServerDoesNotActOnAreListedForTheWarning) {
   auto c = parse_completion_request(json{{"prompt", "x"}, {"best_of", 2}, {"foo", 1}, {"temperature", 0.5}}, {});
   EXPECT_EQ(c.ignored_fields, (std::vector<std::string>{"best_of", "foo"}));
@@ -123,7 +133,7 @@ TEST(RequestParser, OutOfRangeValuesAre400sNamingTheParameter) {
       {{{"max_tokens", 0}}, "max_tokens"},
       {{{"stop", {"a", ""}}}, "stop"},
       {{{"stream_options", {{"include_usage", true}}}}, "stream_options"},
-      {{{"logit_bias", {{"5", 10}}}}, "logit_bias"},
+      {{{"logit_bias", {{"5", 1000}}}}, "logit_bias"},  // outside [-100, 100]
       {{{"prompt_logprobs", 1}, {"stream", true}}, "prompt_logprobs"},
   };
   for (const auto& c : cases) {

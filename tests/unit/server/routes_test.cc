@@ -356,6 +356,16 @@ TEST_F(ServerTest, DeeplyNestedJsonIsA400OnEveryRoute) {
 }
 
 // -1 (every token of the vocabulary) is allowed only when --max-logprobs is -1 itself.
+TEST_F(ServerTest, LogitBiasReachesTheEngineAndIdsOutsideTheVocabularyAre400) {
+  start();
+  EXPECT_EQ(post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}, {"logit_bias", {{"5", 3.0}}}}).status, 200);
+  ASSERT_FALSE(engine_.requests().empty());
+  EXPECT_EQ(engine_.requests().back().params.logit_bias, (std::vector<std::pair<int32_t, float>>{{5, 3.0f}}));
+  HttpResult r = post("/v1/chat/completions", json{{"messages", user("hi")}, {"logit_bias", {{"99999999", 1.0}}}});
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(r.json_body()["error"]["param"], "logit_bias");
+}
+
 TEST_F(ServerTest, WholeVocabularyLogprobsNeedAnUncappedServer) {
   start();
   HttpResult r = post("/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}, {"prompt_logprobs", -1}});
