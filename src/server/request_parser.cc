@@ -287,8 +287,9 @@ constexpr std::string_view kChatFields[] = {"messages", "top_logprobs", "max_com
 
 std::vector<std::string> ignored_fields(const json& body, std::span<const std::string_view> route_fields) {
   std::vector<std::string> ignored;
-  for (const auto& [key, value] : body.items()) {
-    auto known = [&](std::span<const std::string_view> names) {
+  for (const auto& item : body.items()) {
+    const std::string& key = item.key();
+    auto known = [&key](std::span<const std::string_view> names) {
       return std::find(names.begin(), names.end(), key) != names.end();
     };
     if (!known(kSamplingFields) && !known(route_fields)) ignored.push_back(key);

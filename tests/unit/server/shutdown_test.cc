@@ -47,9 +47,10 @@ TEST_F(ServerTest, RequestsInFlightFinishWithinTheDrainAndNewOnesGet503) {
   ASSERT_TRUE(a.send_post("/v1/chat/completions", chat_body(true)));
   ASSERT_TRUE(a.read_until("\"content\":\"H\"", 5s));
   auto stopped = std::async(std::launch::async, [this] { stop(); });
-  // Draining: a new request is refused at once, while the one in flight goes on.
-  ASSERT_TRUE(eventually([&] { return post("/v1/completions", json{{"prompt", "x"}}).status == 503; }, 5s));
-  EXPECT_EQ(get("/health").status, 503);
+  // Draining: a new request is refused at once, while the one in flight goes on. (Wait on /health:
+  // a completion sent before the drain began would be held with the first.)
+  ASSERT_TRUE(eventually([&] { return get("/health").status == 503; }, 5s));
+  EXPECT_EQ(post("/v1/completions", json{{"prompt", "x"}}).status, 503);
   engine_.hold_after_first(false);
   ASSERT_TRUE(a.read_until("data: [DONE]", 5s)) << a.received();
   EXPECT_NE(a.received().find("\"finish_reason\":\"stop\""), std::string::npos) << a.received();
