@@ -85,7 +85,8 @@ void check_parallel_and_types(const EngineConfig& config, const Backend& backend
 
 }  // namespace
 
-std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const SpeculatorFactory& make_speculator) {
+std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const SpeculatorFactory& make_speculator,
+                                             std::unique_ptr<RejectionSampler> verifier) {
   SPECULA_CHECK(!config.model.empty(), "no model given");
   SPECULA_CHECK(config.speculative_config.empty() || make_speculator,
                 "--speculative-config given but no speculator factory: build the engine with create_engine "
@@ -229,9 +230,10 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
     parts.speculator = std::move(speculator);
     runner->set_speculator(parts.speculator.get());
     // Verification on the device where the backend samples there (the draft probabilities stay).
-    if (auto device = make_device_rejection_sampler(*parts.backend, cc.max_num_seqs * (1 + cc.num_speculative_tokens),
-                                                    mc.vocab_size))
-      runner->set_rejection_sampler(std::move(device));
+    if (!verifier)
+      verifier = make_device_rejection_sampler(*parts.backend, cc.max_num_seqs * (1 + cc.num_speculative_tokens),
+                                               mc.vocab_size);
+    if (verifier) runner->set_rejection_sampler(std::move(verifier));
     LOG_INFO("Speculative decoding: {}", parts.speculator->describe());
   }
   if (on_cuda && !config.enforce_eager) {

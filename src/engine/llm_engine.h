@@ -10,6 +10,7 @@
 #include "engine/api.h"
 #include "engine/speculator.h"
 #include "model/config.h"
+#include "sampling/rejection_sampler.h"
 
 namespace specula {
 
@@ -85,7 +86,10 @@ class LLMEngine {
   // Loads config, tokenizer, weights and sizes the KV cache. Throws specula::Error with one clear
   // line on any failure. make_speculator (null: no speculative decoding) builds the speculator
   // once the target is loaded; app/create_engine.h makes it from config.speculative_config.
-  static std::unique_ptr<LLMEngine> create(const EngineConfig& config, const SpeculatorFactory& make_speculator = {});
+  // verifier (null: the backend's, on the device where it samples there) is the rejection sampler
+  // drafts are verified with; the lossless tests pass broken ones that their statistic must catch.
+  static std::unique_ptr<LLMEngine> create(const EngineConfig& config, const SpeculatorFactory& make_speculator = {},
+                                           std::unique_ptr<RejectionSampler> verifier = nullptr);
   virtual ~LLMEngine() = default;
 
   virtual const ModelConfig& model_config() const = 0;

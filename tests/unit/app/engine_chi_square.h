@@ -3,9 +3,9 @@
 // second verified by the rejection sampler against the speculator's q), and Pearson's chi-square
 // of the (first, second) pairs against the target's exact p1(y1) p2(y2 | y1).
 //
-// assemble_cpu_engine builds the same engine as LLMEngine::create does on the CPU, but with a
-// rejection sampler of the test's choice: the negative controls swap in a broken one
-// (unit/sampling/broken_samplers.h), which the same statistic must reject.
+// engine_with_verifier builds the engine with a rejection sampler of the test's choice: the
+// negative controls swap in a broken one (unit/sampling/broken_samplers.h), which the same
+// statistic must reject.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -20,15 +20,9 @@
 #include <utility>
 #include <vector>
 
-#include "engine/kv_cache_sizing.h"
 #include "engine/llm_engine.h"
-#include "engine/model_runner.h"
-#include "engine/threaded_engine.h"
 #include "model/config.h"
-#include "model/shared_expert_fusion.h"
-#include "model/weight_source.h"
 #include "mtp_test_util.h"
-#include "sampling/device_sampler.h"
 #include "sampling/rejection_sampler.h"
 #include "sampling/sampling_math.h"
 #include "spec_decode/speculative_config.h"
@@ -50,62 +44,13 @@ inline std::vector<BrokenSampler> broken_samplers() {
           {"resample from p", [] { return std::make_unique<ResampleFromP>(); }}};
 }
 
-// LLMEngine::create's CPU path (no device memory plan, no graphs) with `verifier` as the model
-// runner's rejection sampler. Safetensors weights; config.speculative_config must be set.
-inline std::unique_ptr<LLMEngine> assemble_cpu_engine(const EngineConfig& config,
-                                                      std::unique_ptr<RejectionSampler> verifier) {
+// The engine LLMEngine::create builds from `config` (config.speculative_config set), with
+// `verifier` as its rejection sampler.
+inline std::unique_ptr<LLMEngine> engine_with_verifier(const EngineConfig& config,
+                                                       std::unique_ptr<RejectionSampler> verifier) {
   SpeculativeConfig spec = parse_speculative_config(config.speculative_config);
   resolve_speculative_config(spec, load_model_config(config.model), config.model);
-  EngineComponents parts;
-  parts.config = config;
-  parts.model_config = load_model_config(config.model);
-  parts.generation_config = load_generation_config(config.model);
-  parts.tokenizer = Tokenizer::from_dir(config.model);
-  parts.backend = make_cpu_backend(config.cpu_threads);
-  const ModelConfig& mc = parts.model_config;
-  parts.config.shared_expert_fusion = resolve_shared_expert_fusion(config.shared_expert_fusion, mc, Device::kCPU);
-  parts.model = create_model(mc, *open_safetensors_checkpoint(config.model), *parts.backend,
-                             ModelOptions{parts.config.shared_expert_fusion});
-  const int max_model_len = config.max_model_len;
-  const int batched = config.max_num_batched_tokens;
-  std::unique_ptr<Speculator> speculator = make_speculator_factory(spec)(SpeculatorContext{
-      config.model, config.load_format, config.seed, parts.config.shared_expert_fusion, mc, *parts.model,
-      *parts.tokenizer, *parts.backend, max_model_len, config.max_num_seqs, batched});
-  const int k = speculator->num_speculative_tokens();
-  parts.sampler = make_sampler(*parts.backend, config.max_num_seqs * (1 + k), mc.vocab_size);
-  KVCacheSpec kv_spec = parts.model->kv_cache_spec();
-  if (speculator->kv_cache_spec().num_layers > 0) {  // as LLMEngine::create sizes a draft's cache
-    auto elems = [](const KVCacheSpec& s) { return s.num_layers * s.num_kv_heads * (s.head_dim + s.v_head_dim); };
-    kv_spec = KVCacheSpec{1, 1, elems(kv_spec) + elems(speculator->kv_cache_spec()), 0};
-  }
-  const KVCachePlan plan = plan_kv_cache(config, kv_spec, parts.backend->compute_dtype(), Device::kCPU, max_model_len,
-                                         config.max_num_seqs);
-  EngineCoreConfig& cc = parts.core_config;
-  cc.max_model_len = max_model_len;
-  cc.max_num_seqs = config.max_num_seqs;
-  cc.max_num_batched_tokens = batched;
-  cc.block_size = config.block_size;
-  cc.num_blocks = plan.num_blocks;
-  cc.enable_prefix_caching = config.enable_prefix_caching;
-  cc.num_speculative_tokens = k;
-  cc.spec_adaptive = speculator->adaptive();
-  cc.seed = config.seed;
-  cc.vocab_size = mc.vocab_size;
-  if (auto eos = parts.tokenizer->eos_token_id()) cc.eos_token_ids.push_back(static_cast<int32_t>(*eos));
-  ModelRunnerConfig rc;
-  rc.max_num_seqs = cc.max_num_seqs;
-  rc.max_num_batched_tokens = cc.max_num_batched_tokens;
-  rc.max_model_len = cc.max_model_len;
-  rc.block_size = cc.block_size;
-  rc.num_blocks = cc.num_blocks;
-  rc.num_speculative_tokens = k;
-  auto runner = std::make_unique<ModelRunner>(*parts.model, *parts.backend, *parts.sampler, rc);
-  speculator->allocate_kv_cache(cc.num_blocks, cc.block_size);
-  parts.speculator = std::move(speculator);
-  runner->set_speculator(parts.speculator.get());
-  runner->set_rejection_sampler(std::move(verifier));
-  parts.executor = std::move(runner);
-  return make_threaded_engine(std::move(parts));
+  return LLMEngine::create(config, make_speculator_factory(spec), std::move(verifier));
 }
 
 // Temperature 1, top_k 4, n = 16; three tokens: after the first, one draft (max_tokens leaves room

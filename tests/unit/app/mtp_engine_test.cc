@@ -150,7 +150,7 @@ TEST(MtpEngine, TheEngineChiSquareRejectsBrokenRejectionSamplers) {
   const testing::TargetPairs target = testing::target_pairs(testing::moe_dir(), prompt, p, 2);
   for (const testing::BrokenSampler& broken : testing::broken_samplers()) {
     SCOPED_TRACE(broken.name);
-    auto engine = testing::assemble_cpu_engine(testing::chi_square_engine_config(moe_engine_config(mtp_spec(2))),
+    auto engine = testing::engine_with_verifier(testing::chi_square_engine_config(moe_engine_config(mtp_spec(2))),
                                                broken.make());
     const testing::EngineChiSquare r = testing::engine_chi_square(*engine, target, prompt, p, kChiSquareRequests);
     EXPECT_GT(r.metrics.spec_num_draft_tokens, r.samples / 2) << "the broken sampler verified nothing";

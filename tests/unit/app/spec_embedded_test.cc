@@ -206,7 +206,7 @@ TEST(EmbeddedSpec, TheEngineChiSquareRejectsBrokenRejectionSamplers) {
   const testing::TargetPairs target = testing::target_pairs(tiny(), prompt, p, 0);
   for (const testing::BrokenSampler& broken : testing::broken_samplers()) {
     SCOPED_TRACE(broken.name);
-    auto engine = testing::assemble_cpu_engine(chi_square_config(), broken.make());
+    auto engine = testing::engine_with_verifier(chi_square_config(), broken.make());
     const testing::EngineChiSquare r = testing::engine_chi_square(*engine, target, prompt, p, kChiSquareRequests);
     EXPECT_GT(r.metrics.spec_num_draft_tokens, r.samples / 2) << "the broken sampler verified nothing";
     EXPECT_LT(r.chi.p_value, 1e-3) << "chi2 " << r.chi.statistic << " dof " << r.chi.dof;

@@ -45,6 +45,11 @@ inline std::vector<json> sse_events(const std::string& body, bool* saw_done = nu
   return events;
 }
 
+// A one-message chat request body.
+inline json chat_body(bool stream) {
+  return {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"stream", stream}};
+}
+
 class ServerTest : public ::testing::Test {
  protected:
   void start(server::ServerOptions opts = {}) {

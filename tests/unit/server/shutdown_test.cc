@@ -14,10 +14,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-json chat_body(bool stream) {
-  return {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"stream", stream}};
-}
-
 TEST_F(ServerTest, ShutdownEndsStreamsWithAnErrorEventAndWholeResponsesWith503) {
   start();
   engine_.hold_after_first(true);
@@ -26,6 +22,7 @@ TEST_F(ServerTest, ShutdownEndsStreamsWithAnErrorEventAndWholeResponsesWith503) 
   ASSERT_TRUE(b.send_post("/v1/completions", json{{"prompt", "x"}}));
   ASSERT_TRUE(a.read_until("\"content\":\"H\"", 5s));
   ASSERT_TRUE(eventually([&] { return engine_.started() == 2; }, 5s));
+  const auto t0 = std::chrono::steady_clock::now();
   auto stopped = std::async(std::launch::async, [this] { stop(); });
   // The stream: an OpenAI-shaped error event, then [DONE].
   ASSERT_TRUE(a.read_until("data: [DONE]", 5s)) << a.received();
@@ -35,6 +32,7 @@ TEST_F(ServerTest, ShutdownEndsStreamsWithAnErrorEventAndWholeResponsesWith503) 
   ASSERT_TRUE(b.read_until("shutting down", 5s)) << b.received();
   EXPECT_EQ(b.received().rfind("HTTP/1.1 503", 0), 0u) << b.received();
   stopped.get();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);  // a hang check: the drain here is 0
   EXPECT_EQ(engine_.aborted().size(), 2u);
   EXPECT_EQ(engine_.active(), 0u);
 }
