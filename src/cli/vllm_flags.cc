@@ -24,6 +24,9 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_flag("--enable-chunked-prefill,!--no-enable-chunked-prefill", f.enable_chunked_prefill,
                 "Split long prompts over steps beside decodes (on); off: a step fits a whole max-model-len prompt");
+  cmd->add_flag("--async-scheduling,!--no-async-scheduling", f.async_scheduling,
+                "Keep one engine step in flight: the host schedules step N+1 and processes step N's tokens "
+                "while the device runs (default: off)");
   cmd->add_flag("--disable-log-stats", f.disable_log_stats, "No periodic stats line");
   cmd->add_flag("--disable-log-requests", f.disable_log_requests,
                 "Accepted for vLLM compatibility (specula does not log request contents)");
@@ -37,6 +40,7 @@ void apply_vllm_flags(const VllmFlags& f, EngineConfig& c) {
   c.pipeline_parallel_size = f.pipeline_parallel_size;
   c.enable_chunked_prefill = f.enable_chunked_prefill;
   c.log_stats = !f.disable_log_stats;
+  if (f.async_scheduling) c.async_scheduling = f.async_scheduling;
 }
 
 namespace {

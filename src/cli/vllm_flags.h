@@ -22,6 +22,7 @@ struct VllmFlags {
   bool disable_log_stats = false;
   bool disable_log_requests = false;
   bool trust_remote_code = false;
+  std::optional<bool> async_scheduling;
 };
 
 void add_vllm_flags(CLI::App* cmd, VllmFlags& flags);

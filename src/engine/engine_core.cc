@@ -116,7 +116,48 @@ void EngineCore::fail_requests(const std::vector<std::string>& request_ids, cons
 
 void EngineCore::fail_all(const std::string& message) { fail_requests(outputs_.request_ids(), message); }
 
+void EngineCore::count_iteration_tokens(const SchedulerOutput& scheduled) {
+  const int tokens = scheduled.total_num_scheduled_tokens;
+  const auto* end = std::end(kIterationTokenBuckets);
+  const size_t bucket = static_cast<size_t>(std::lower_bound(std::begin(kIterationTokenBuckets), end, tokens) -
+                                            std::begin(kIterationTokenBuckets));
+  if (iteration_tokens_buckets_.empty()) iteration_tokens_buckets_.assign(std::size(kIterationTokenBuckets) + 1, 0);
+  iteration_tokens_buckets_[bucket] += 1;
+  iteration_tokens_sum_ += tokens;
+}
+
+void EngineCore::fail_step(const SchedulerOutput& scheduled, const std::exception& e) {
+  // One batch, one failure: every request in it gets the error; the engine carries on.
+  std::vector<std::string> parents;
+  for (const ScheduledRequest& s : scheduled.scheduled) {
+    std::string parent = outputs_.parent_of(s.req_id);
+    if (!parent.empty() && std::find(parents.begin(), parents.end(), parent) == parents.end())
+      parents.push_back(parent);
+  }
+  LOG_ERROR("engine step {} failed ({} requests): {}", scheduled.step_id, parents.size(), e.what());
+  fail_requests(parents, std::string("engine step failed: ") + e.what());
+}
+
+void EngineCore::process_result(const SchedulerOutput& scheduled, ModelRunnerOutput& result) {
+  phase_profile::Scope update_phase("engine.update+outputs");
+  std::vector<EngineCoreOutput> outs = scheduler_.update(scheduled, result, now_seconds());
+  if (!config_.async_scheduling) {
+    // Drafts for the next step (finished requests are gone from the scheduler: ignored). Async
+    // scheduling set them from the step's counts already.
+    for (size_t i = 0; i < result.draft_token_ids.size() && i < scheduled.scheduled.size(); ++i)
+      if (!result.draft_token_ids[i].empty())
+        scheduler_.set_draft_tokens(scheduled.scheduled[i].req_id, std::move(result.draft_token_ids[i]));
+    if (result.spec_depth >= 0) {
+      spec_depth_steps_ += 1;
+      spec_depth_sum_ += result.spec_depth;
+    }
+  }
+  std::vector<std::string> stopped = outputs_.process(outs);
+  scheduler_.finish_requests(stopped, RequestStatus::kFinishedStopped);
+}
+
 bool EngineCore::step() {
+  if (config_.async_scheduling) return step_async();
   if (!scheduler_.has_unfinished_requests()) return false;
   SchedulerOutput scheduled = [&] {
     phase_profile::Scope p("engine.schedule");
@@ -128,42 +169,62 @@ bool EngineCore::step() {
     fail_all("internal error: no request could be scheduled (KV cache too small?)");
     return true;
   }
-  {
-    const int tokens = scheduled.total_num_scheduled_tokens;
-    const auto* end = std::end(kIterationTokenBuckets);
-    const size_t bucket = static_cast<size_t>(std::lower_bound(std::begin(kIterationTokenBuckets), end, tokens) -
-                                              std::begin(kIterationTokenBuckets));
-    if (iteration_tokens_buckets_.empty()) iteration_tokens_buckets_.assign(std::size(kIterationTokenBuckets) + 1, 0);
-    iteration_tokens_buckets_[bucket] += 1;
-    iteration_tokens_sum_ += tokens;
-  }
+  count_iteration_tokens(scheduled);
   ModelRunnerOutput result;
   try {
     result = executor_.execute(scheduled);
   } catch (const std::exception& e) {
-    // One batch, one failure: every request in it gets the error; the engine carries on.
-    std::vector<std::string> parents;
-    for (const ScheduledRequest& s : scheduled.scheduled) {
-      std::string parent = outputs_.parent_of(s.req_id);
-      if (!parent.empty() && std::find(parents.begin(), parents.end(), parent) == parents.end())
-        parents.push_back(parent);
-    }
-    LOG_ERROR("engine step {} failed ({} requests): {}", scheduled.step_id, parents.size(), e.what());
-    fail_requests(parents, std::string("engine step failed: ") + e.what());
+    fail_step(scheduled, e);
     return true;
   }
-  phase_profile::Scope update_phase("engine.update+outputs");
-  std::vector<EngineCoreOutput> outs = scheduler_.update(scheduled, result, now_seconds());
-  // Drafts for the next step (finished requests are gone from the scheduler: ignored).
-  for (size_t i = 0; i < result.draft_token_ids.size() && i < scheduled.scheduled.size(); ++i)
-    if (!result.draft_token_ids[i].empty())
-      scheduler_.set_draft_tokens(scheduled.scheduled[i].req_id, std::move(result.draft_token_ids[i]));
-  if (result.spec_depth >= 0) {
-    spec_depth_steps_ += 1;
-    spec_depth_sum_ += result.spec_depth;
+  process_result(scheduled, result);
+  return true;
+}
+
+// One step in flight: schedule and submit step N+1 on step N's counts (its tokens are output
+// placeholders, its drafts may be placeholders the runner holds), then process step N's values
+// while N+1 runs. A request that step N's values stop (eos, max_tokens, a stop string) or that
+// was aborted meanwhile is finished then; its tokens from step N+1 are discarded in update().
+bool EngineCore::step_async() {
+  if (!scheduler_.has_unfinished_requests() && !in_flight_) return false;
+  std::optional<SchedulerOutput> next;
+  if (scheduler_.has_unfinished_requests()) {
+    phase_profile::Scope p("engine.schedule");
+    SchedulerOutput s = scheduler_.schedule(now_seconds());
+    if (!s.empty()) next = std::move(s);
   }
-  std::vector<std::string> stopped = outputs_.process(outs);
-  scheduler_.finish_requests(stopped, RequestStatus::kFinishedStopped);
+  if (!next && !in_flight_) {
+    fail_all("internal error: no request could be scheduled (KV cache too small?)");
+    return true;
+  }
+  if (next) {
+    count_iteration_tokens(*next);
+    try {
+      StepCounts counts = executor_.submit(*next);
+      scheduler_.apply_counts(*next, counts);
+      if (counts.spec_depth >= 0) {
+        spec_depth_steps_ += 1;
+        spec_depth_sum_ += counts.spec_depth;
+      }
+    } catch (const std::exception& e) {
+      fail_step(*next, e);
+      next.reset();
+    }
+  }
+  if (in_flight_) {
+    SchedulerOutput done = std::move(*in_flight_);
+    in_flight_.reset();
+    ModelRunnerOutput result;
+    bool ok = true;
+    try {
+      result = executor_.collect();
+    } catch (const std::exception& e) {
+      fail_step(done, e);
+      ok = false;
+    }
+    if (ok) process_result(done, result);
+  }
+  in_flight_ = std::move(next);
   return true;
 }
 

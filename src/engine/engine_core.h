@@ -28,6 +28,9 @@ struct EngineCoreConfig {
   int num_speculative_tokens = 0;      // k: KV slots reserved ahead of each request for its drafts
   bool enable_chunked_prefill = true;
   bool spec_adaptive = false;   // (for the metrics) the speculator adapts the depth per step
+  // --async-scheduling: one step in flight; step N+1 is scheduled and submitted before step N's
+  // tokens are processed (engine/README.md).
+  bool async_scheduling = false;
   uint64_t seed = 0;            // requests without a seed draw from seed + a per-sequence counter
   int64_t vocab_size = 0;       // prompt token ids must lie below it
   // eos: the tokenizer's eos_token_id when it has one, else the first generation_config eos; the
@@ -49,9 +52,10 @@ class EngineCore {
   // Fails every unfinished request with `message` (the loop itself broke).
   void fail_all(const std::string& message);
 
-  // One iteration; false when there was nothing to run.
+  // One iteration; false when there was nothing to run. With async scheduling an iteration submits
+  // the next step and then processes the one in flight.
   bool step();
-  bool has_unfinished_requests() const { return scheduler_.has_unfinished_requests(); }
+  bool has_unfinished_requests() const { return scheduler_.has_unfinished_requests() || in_flight_.has_value(); }
 
   const Scheduler& scheduler() const { return scheduler_; }
   Scheduler& scheduler() { return scheduler_; }
@@ -60,6 +64,11 @@ class EngineCore {
 
  private:
   void fail_requests(const std::vector<std::string>& request_ids, const std::string& message);
+  void fail_step(const SchedulerOutput& scheduled, const std::exception& e);
+  void count_iteration_tokens(const SchedulerOutput& scheduled);
+  // The step's result into the scheduler and the request streams.
+  void process_result(const SchedulerOutput& scheduled, ModelRunnerOutput& result);
+  bool step_async();
   std::vector<std::string> child_ids(const std::string& request_id, int n) const;
 
   EngineCoreConfig config_;
@@ -73,6 +82,7 @@ class EngineCore {
   int64_t iteration_tokens_sum_ = 0;
   int64_t spec_depth_steps_ = 0;  // steps whose result carried a speculative depth
   int64_t spec_depth_sum_ = 0;
+  std::optional<SchedulerOutput> in_flight_;  // async scheduling: submitted, result not processed
 };
 
 }  // namespace specula

@@ -213,6 +213,10 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   cc.enable_chunked_prefill = config.enable_chunked_prefill;
   cc.num_speculative_tokens = num_speculative_tokens;
   cc.spec_adaptive = speculator && speculator->adaptive();
+  cc.async_scheduling = config.async_scheduling.value_or(false);
+  LOG_INFO("Async scheduling: {}", config.async_scheduling
+                                       ? (*config.async_scheduling ? "on (--async-scheduling)" : "off (--no-async-scheduling)")
+                                       : "off (the default until it measures faster; --async-scheduling turns it on)");
   cc.seed = config.seed;
   cc.vocab_size = mc.vocab_size;
   cc.eos_token_ids = eos_token_ids(*parts.tokenizer, parts.generation_config, mc);

@@ -50,6 +50,9 @@ struct EngineConfig {
   int pipeline_parallel_size = 1;
   bool enable_chunked_prefill = true;
   bool log_stats = true;
+  // --async-scheduling / --no-async-scheduling: one engine step in flight while the host plans the
+  // next; unset: the engine's default (LLMEngine::create logs which and why).
+  std::optional<bool> async_scheduling;
 };
 
 // Counters and gauges for /metrics and the periodic stats line (vLLM's names in comments).

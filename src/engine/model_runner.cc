@@ -14,6 +14,27 @@ namespace {
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 }  // namespace
 
+StepCounts ModelExecutor::counts_of(const ModelRunnerOutput& out) {
+  StepCounts c;
+  c.num_sampled.reserve(out.sampled_token_ids.size());
+  for (const std::vector<int32_t>& t : out.sampled_token_ids) c.num_sampled.push_back(static_cast<int>(t.size()));
+  c.draft_token_ids = out.draft_token_ids;
+  c.spec_depth = out.spec_depth;
+  return c;
+}
+
+StepCounts ModelExecutor::submit(const SchedulerOutput& scheduled) {
+  submitted_.push_back(execute(scheduled));
+  return counts_of(submitted_.back());
+}
+
+ModelRunnerOutput ModelExecutor::collect() {
+  SPECULA_CHECK(!submitted_.empty(), "internal error: no submitted step to collect");
+  ModelRunnerOutput out = std::move(submitted_.front());
+  submitted_.pop_front();
+  return out;
+}
+
 ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const ModelRunnerConfig& config)
     : model_(model), backend_(backend), sampler_(sampler), rejection_sampler_(make_cpu_rejection_sampler(backend)),
       config_(config) {

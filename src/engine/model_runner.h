@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,6 +34,18 @@ class ModelExecutor {
  public:
   virtual ~ModelExecutor() = default;
   virtual ModelRunnerOutput execute(const SchedulerOutput& scheduled) = 0;
+  // Async scheduling: starts the step and returns its counts (what the next step's schedule needs)
+  // before its values are on the host; collect() returns the oldest submitted step's output. The
+  // step after a submitted one may be submitted before the first is collected. This default runs
+  // the step at once.
+  virtual StepCounts submit(const SchedulerOutput& scheduled);
+  virtual ModelRunnerOutput collect();
+
+ protected:
+  static StepCounts counts_of(const ModelRunnerOutput& out);
+
+ private:
+  std::deque<ModelRunnerOutput> submitted_;
 };
 
 struct ModelRunnerConfig {

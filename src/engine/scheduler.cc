@@ -73,6 +73,12 @@ SchedulerOutput Scheduler::schedule(double now) {
   // 1. Running requests, in admission order.
   for (size_t i = 0; i < running_.size() && budget > 0;) {
     Request* r = running_[i];
+    if (r->num_output_placeholders > 0 &&
+        (r->num_output_tokens() + r->num_output_placeholders >= r->max_tokens ||
+         r->num_tokens() + r->num_output_placeholders >= config_.max_model_len)) {
+      ++i;  // async scheduling: the step in flight ends it on length; update() finishes it
+      continue;
+    }
     int n = r->num_tokens_with_spec() + r->num_output_placeholders - r->num_computed_tokens;
     n = std::min(n, budget);
     // No input position may reach max_model_len (drafts past it are dropped).
@@ -161,32 +167,64 @@ bool Scheduler::check_stop(Request& r) const {
   return false;
 }
 
+void Scheduler::roll_back_rejected(Request& r, const ScheduledRequest& s, int num_sampled) {
+  if (s.spec_token_ids.empty() || num_sampled == 0) return;
+  // k drafts verified: sampled = accepted drafts + one token from the target.
+  const int num_drafts = static_cast<int>(s.spec_token_ids.size());
+  const int num_accepted = num_sampled - 1;
+  SPECULA_ASSERT(num_accepted >= 0 && num_accepted <= num_drafts);
+  r.num_computed_tokens -= num_drafts - num_accepted;  // rejected drafts' KV is overwritten later
+}
+
+void Scheduler::count_verification(const ScheduledRequest& s, int num_sampled) {
+  if (s.spec_token_ids.empty() || num_sampled == 0) return;
+  const int num_drafts = static_cast<int>(s.spec_token_ids.size());
+  const int num_accepted = num_sampled - 1;
+  stats_.spec_num_drafts += 1;
+  stats_.spec_num_draft_tokens += num_drafts;
+  stats_.spec_num_accepted_tokens += num_accepted;
+  if (stats_.spec_accepted_per_pos.size() < static_cast<size_t>(num_drafts))
+    stats_.spec_accepted_per_pos.resize(static_cast<size_t>(num_drafts), 0);
+  for (int j = 0; j < num_accepted; ++j) stats_.spec_accepted_per_pos[j] += 1;
+}
+
+void Scheduler::apply_counts(const SchedulerOutput& scheduled, const StepCounts& counts) {
+  SPECULA_CHECK(counts.num_sampled.size() == scheduled.scheduled.size(),
+                "internal error: the model runner counted {} results for {} scheduled requests",
+                counts.num_sampled.size(), scheduled.scheduled.size());
+  counts_applied_step_ = scheduled.step_id;
+  for (size_t k = 0; k < scheduled.scheduled.size(); ++k) {
+    auto it = requests_.find(scheduled.scheduled[k].req_id);
+    if (it == requests_.end()) continue;
+    Request& r = *it->second;
+    roll_back_rejected(r, scheduled.scheduled[k], counts.num_sampled[k]);
+    r.num_output_placeholders += counts.num_sampled[k];
+    if (k < counts.draft_token_ids.size()) r.spec_token_ids = counts.draft_token_ids[k];
+  }
+}
+
 std::vector<EngineCoreOutput> Scheduler::update(const SchedulerOutput& scheduled, const ModelRunnerOutput& result,
                                                 double now) {
   SPECULA_CHECK(result.sampled_token_ids.size() == scheduled.scheduled.size(),
                 "internal error: the model runner returned {} results for {} scheduled requests",
                 result.sampled_token_ids.size(), scheduled.scheduled.size());
+  const bool counts_applied = scheduled.step_id <= counts_applied_step_;
   std::vector<EngineCoreOutput> outputs;
   for (size_t k = 0; k < scheduled.scheduled.size(); ++k) {
     const ScheduledRequest& s = scheduled.scheduled[k];
     auto it = requests_.find(s.req_id);
-    if (it == requests_.end()) continue;  // finished (aborted) after it was scheduled
+    if (it == requests_.end()) continue;  // finished (aborted, stopped a step late) after it was scheduled
     Request* r = it->second.get();
     const std::vector<int32_t>& sampled = result.sampled_token_ids[k];
-
-    if (!s.spec_token_ids.empty() && !sampled.empty()) {
-      // k drafts verified: sampled = accepted drafts + one token from the target.
-      const int num_drafts = static_cast<int>(s.spec_token_ids.size());
-      const int num_accepted = static_cast<int>(sampled.size()) - 1;
-      SPECULA_ASSERT(num_accepted >= 0 && num_accepted <= num_drafts);
-      r->num_computed_tokens -= num_drafts - num_accepted;  // rejected drafts' KV is overwritten later
-      stats_.spec_num_drafts += 1;
-      stats_.spec_num_draft_tokens += num_drafts;
-      stats_.spec_num_accepted_tokens += num_accepted;
-      if (stats_.spec_accepted_per_pos.size() < static_cast<size_t>(num_drafts))
-        stats_.spec_accepted_per_pos.resize(static_cast<size_t>(num_drafts), 0);
-      for (int j = 0; j < num_accepted; ++j) stats_.spec_accepted_per_pos[j] += 1;
+    if (counts_applied) {
+      // The placeholders become values (a request preempted meanwhile has none left: its tokens
+      // are still valid, and recomputed with the rest when it resumes).
+      r->num_output_placeholders = std::max(0, r->num_output_placeholders - static_cast<int>(sampled.size()));
+    } else {
+      roll_back_rejected(*r, s, static_cast<int>(sampled.size()));
     }
+    // Counted here, not in apply_counts: a verification whose request ended meanwhile is discarded.
+    count_verification(s, static_cast<int>(sampled.size()));
 
     EngineCoreOutput o;
     o.req_id = r->request_id;

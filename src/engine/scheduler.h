@@ -5,9 +5,10 @@
 // preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed.
 //
 // Accounting is "scheduled = computed": num_computed_tokens advances when a step is scheduled and
-// is rolled back for rejected draft tokens when the step's result arrives. Together with
-// Request::num_output_placeholders this is what lets async scheduling (schedule step N+1 while
-// step N runs) slot in later without changing the data flow.
+// is rolled back for rejected draft tokens when the step's counts are known. Synchronously that is
+// update(); with async scheduling apply_counts() does it as soon as the runner has submitted the
+// step, adding the tokens it will sample as Request::num_output_placeholders, so that step N+1 is
+// planned while step N runs; update() then replaces the placeholders with the values.
 #pragma once
 
 #include <cstdint>
@@ -63,8 +64,13 @@ class Scheduler {
 
   // now: the engine's clock (seconds), for the requests' phase times (RequestTimes).
   SchedulerOutput schedule(double now = 0.0);
-  // Applies a step's result: appends the accepted tokens (rolling back rejected drafts), checks
-  // stop conditions, frees finished requests' blocks.
+  // Async scheduling: applies a submitted step's counts before its values reach the host (rolls
+  // back rejected drafts, counts the tokens it samples as output placeholders, sets the drafts of
+  // the next step), so that the next step can be scheduled while this one runs.
+  void apply_counts(const SchedulerOutput& scheduled, const StepCounts& counts);
+  // Applies a step's result: appends the accepted tokens (rolling back rejected drafts unless
+  // apply_counts did), checks stop conditions, frees finished requests' blocks. A request that
+  // ended while the step ran (a late stop, an abort) gets nothing: its tokens are discarded.
   std::vector<EngineCoreOutput> update(const SchedulerOutput& scheduled, const ModelRunnerOutput& result,
                                        double now = 0.0);
 
@@ -78,6 +84,10 @@ class Scheduler {
 
  private:
   bool check_stop(Request& r) const;
+  // num_sampled tokens came out of a step that verified s.spec_token_ids: the rejected drafts'
+  // KV slots are rolled back, the verification counted (the SpecDecoding metrics).
+  void roll_back_rejected(Request& r, const ScheduledRequest& s, int num_sampled);
+  void count_verification(const ScheduledRequest& s, int num_sampled);
   void preempt(Request* r);
   void finish(Request* r, RequestStatus status, bool kv_contents_valid);
   NewRequestData new_request_data(const Request& r) const;
@@ -89,6 +99,7 @@ class Scheduler {
   std::vector<Request*> running_;  // admission order; the back is preempted first
   std::vector<std::string> finished_since_last_step_;
   uint64_t step_id_ = 0;
+  uint64_t counts_applied_step_ = 0;  // steps up to this one had apply_counts (update must not redo it)
   SchedulerStats stats_;
 };
 

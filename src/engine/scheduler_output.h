@@ -5,6 +5,10 @@
 //   ModelRunner::execute() -> ModelRunnerOutput     the tokens each request accepted (a list: a
 //                                                    verified speculative step yields up to k+1)
 //   Scheduler::update()    -> EngineCoreOutput[]    what the OutputProcessor turns into text
+//
+// With async scheduling the runner's submit() returns StepCounts first (how many tokens each
+// request gains, how many drafts it gets), Scheduler::apply_counts() plans the next step on them,
+// and the step's ModelRunnerOutput (the values) reaches Scheduler::update() a step later.
 #pragma once
 
 #include <cstdint>
@@ -66,6 +70,18 @@ struct ModelRunnerOutput {
   // core hands to Scheduler::set_draft_tokens, and the depth the proposer was asked for this step
   // (-1: speculation is off).
   std::vector<std::vector<int32_t>> draft_token_ids;
+  int spec_depth = -1;
+};
+
+// A token id the host does not know yet (async scheduling): a draft the runner proposed and still
+// holds on the device. The runner substitutes its own value; the scheduler only counts it.
+inline constexpr int32_t kPlaceholderToken = -1;
+
+// What a submitted step will produce, known before its token values reach the host. Parallel to
+// SchedulerOutput::scheduled.
+struct StepCounts {
+  std::vector<int> num_sampled;                     // accepted drafts + 1; 0: a prefill chunk
+  std::vector<std::vector<int32_t>> draft_token_ids; // the next step's drafts (values or placeholders)
   int spec_depth = -1;
 };
 

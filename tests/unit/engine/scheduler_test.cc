@@ -279,6 +279,76 @@ TEST(Scheduler, VerifiesDraftTokensAndRollsBackRejectedOnes) {
   EXPECT_TRUE(so.scheduled[0].spec_token_ids.empty());
 }
 
+TEST(Scheduler, AsyncSchedulingPlansTheNextStepOnPlaceholders) {
+  SchedulerConfig c = small_config(64);
+  c.num_speculative_tokens = 3;
+  Scheduler s(c);
+  s.add_request(make_request("r", iota_tokens(5), 50));
+  auto s1 = s.schedule();
+  s.apply_counts(s1, StepCounts{{1}, {{kPlaceholderToken, kPlaceholderToken}}, 2});  // 1 token, 2 drafts
+  EXPECT_EQ(s.find("r")->num_output_placeholders, 1);
+  // Step 2 is planned before step 1's token is known: the placeholder and the two drafts.
+  auto s2 = s.schedule();
+  ASSERT_EQ(s2.scheduled.size(), 1u);
+  EXPECT_EQ(s2.scheduled[0].num_computed_tokens, 5);
+  EXPECT_EQ(s2.scheduled[0].num_scheduled_tokens, 3);
+  EXPECT_EQ(s2.scheduled[0].spec_token_ids, (std::vector<int32_t>{kPlaceholderToken, kPlaceholderToken}));
+  // Step 2 accepts one draft (2 tokens): the rejected draft's slot is rolled back at once.
+  s.apply_counts(s2, StepCounts{{2}, {{}}, 0});
+  EXPECT_EQ(s.find("r")->num_computed_tokens, 7);
+  EXPECT_EQ(s.find("r")->num_output_placeholders, 3);
+  // Step 1's value lands: one placeholder becomes token 40; counted once, not rolled back again.
+  ModelRunnerOutput o1;
+  o1.sampled_token_ids = {{40}};
+  auto outs = s.update(s1, o1);
+  ASSERT_EQ(outs.size(), 1u);
+  EXPECT_EQ(outs[0].new_token_ids, (std::vector<int32_t>{40}));
+  EXPECT_EQ(s.find("r")->num_output_placeholders, 2);
+  EXPECT_EQ(s.find("r")->num_computed_tokens, 7);
+  EXPECT_EQ(s.stats().spec_num_drafts, 0);
+  ModelRunnerOutput o2;
+  o2.sampled_token_ids = {{41, 42}};
+  s.update(s2, o2);
+  const Request* r = s.find("r");
+  EXPECT_EQ(r->num_tokens(), 8);
+  EXPECT_EQ(r->num_output_placeholders, 0);
+  EXPECT_EQ(s.stats().spec_num_draft_tokens, 2);
+  EXPECT_EQ(s.stats().spec_num_accepted_tokens, 1);
+}
+
+TEST(Scheduler, AsyncSchedulingDiscardsTheStepAfterALateStop) {
+  Scheduler s(small_config(64));
+  SamplingParams p;
+  s.add_request(make_request("r", iota_tokens(5), 3, p));
+  auto s1 = s.schedule();
+  s.apply_counts(s1, StepCounts{{1}, {{}}, -1});
+  auto s2 = s.schedule();  // planned before step 1's token is known
+  ASSERT_EQ(s2.scheduled.size(), 1u);
+  s.apply_counts(s2, StepCounts{{1}, {{}}, -1});
+  // Step 1's token ends the request (a stop string, found by the output processor).
+  ModelRunnerOutput o;
+  o.sampled_token_ids = {{9}};
+  EXPECT_EQ(s.update(s1, o).size(), 1u);
+  EXPECT_EQ(s.finish_requests({"r"}, RequestStatus::kFinishedStopped), (std::vector<std::string>{"r"}));
+  EXPECT_EQ(s.kv_cache().usage(), 0.0);
+  // Step 2's token for it is discarded; the runner hears of the finish with the next step.
+  EXPECT_TRUE(s.update(s2, o).empty());
+  EXPECT_EQ(s.stats().generation_tokens, 1);
+  s.add_request(make_request("q", iota_tokens(4, 50), 3, p));
+  EXPECT_EQ(s.schedule().finished_req_ids, (std::vector<std::string>{"r"}));
+}
+
+TEST(Scheduler, AsyncSchedulingDoesNotScheduleAStepPastMaxTokens) {
+  Scheduler s(small_config(64));
+  s.add_request(make_request("r", iota_tokens(5), 2));
+  auto s1 = s.schedule();
+  s.apply_counts(s1, StepCounts{{1}, {{}}, -1});
+  auto s2 = s.schedule();
+  s.apply_counts(s2, StepCounts{{1}, {{}}, -1});
+  // Two tokens on their way = max_tokens: no third step, whatever their values.
+  EXPECT_TRUE(s.schedule().empty());
+}
+
 TEST(Scheduler, AbortFreesBlocksAndTellsTheRunner) {
   Scheduler s(small_config(64));
   s.add_request(make_request("a", iota_tokens(9)));
