@@ -87,11 +87,22 @@ class TokenSampler {
   // later work on the backend's stream sees it, the host does not need it).
   virtual std::vector<TokenSamplingResult> sample(const Tensor& logits, std::span<const TokenSamplingRow> rows,
                                                   const Tensor* draft_probs = nullptr, Tensor* probs_out = nullptr) = 0;
+  // sample() in two halves, for async scheduling: start_sample() queues the work and the copy of
+  // the results and returns; finish_sample() waits for them. One may be outstanding; nothing else
+  // may be asked of the sampler meanwhile. This default samples at once.
+  virtual void start_sample(const Tensor& logits, std::span<const TokenSamplingRow> rows,
+                            const Tensor* draft_probs = nullptr, Tensor* probs_out = nullptr) {
+    started_ = sample(logits, rows, draft_probs, probs_out);
+  }
+  virtual std::vector<TokenSamplingResult> finish_sample() { return std::move(started_); }
   // log_softmax of raw logits rows[i] reporting targets[i] and the top top_n (<= max_top_logprobs).
   virtual std::vector<TokenSamplingResult> logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
                                                        std::span<const int32_t> targets, int top_n) = 0;
   // Device bytes the sampler holds (for the memory plan's log).
   virtual size_t device_bytes() const = 0;
+
+ private:
+  std::vector<TokenSamplingResult> started_;
 };
 
 }  // namespace specula

@@ -72,7 +72,58 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const
   pair(h_logits_idx_, d_logits_idx_, max_logits, DType::kI32);
 }
 
-ModelRunner::~ModelRunner() = default;
+ModelRunner::~ModelRunner() {
+  // A deferred step's results are still being copied into the sampler's pinned memory.
+  if (pending_) {
+    try {
+      sampler_.finish_sample();
+    } catch (const std::exception&) {
+    }
+  }
+}
+
+StepCounts ModelRunner::submit(const SchedulerOutput& scheduled) {
+  // The previous step's tokens are inputs of this one (and its host buffers are rewritten below).
+  finish_pending();
+  ModelRunnerOutput out = run_step(scheduled, /*may_defer=*/true);
+  if (!pending_) {
+    ready_.push_back(std::move(out));
+    return counts_of(ready_.back());
+  }
+  StepCounts counts;
+  counts.num_sampled.assign(scheduled.scheduled.size(), 0);
+  for (const auto& [s, state] : pending_->samplers) counts.num_sampled[s] = 1;
+  counts.draft_token_ids.resize(scheduled.scheduled.size());
+  pending_->out = std::move(out);
+  return counts;
+}
+
+ModelRunnerOutput ModelRunner::collect() {
+  finish_pending();
+  SPECULA_CHECK(!ready_.empty(), "internal error: no submitted step to collect");
+  ModelRunnerOutput out = std::move(ready_.front());
+  ready_.pop_front();
+  return out;
+}
+
+void ModelRunner::finish_pending() {
+  if (!pending_) return;
+  PendingStep step = std::move(*pending_);
+  pending_.reset();
+  std::vector<SampledToken> sampled = [&] {
+    phase_profile::Scope p("runner.wait_for_tokens");
+    return sampler_.finish_sample();
+  }();
+  SPECULA_CHECK(sampled.size() == step.samplers.size(), "internal error: {} tokens for {} deferred rows",
+                sampled.size(), step.samplers.size());
+  for (size_t i = 0; i < sampled.size(); ++i) {
+    const auto [s, state] = step.samplers[i];
+    state->tokens.push_back(sampled[i].token);
+    step.out.sampled_token_ids[s] = {sampled[i].token};
+    if (sampled[i].logprobs) step.out.logprobs[s].push_back(std::move(*sampled[i].logprobs));
+  }
+  ready_.push_back(std::move(step.out));
+}
 
 void ModelRunner::set_rejection_sampler(std::unique_ptr<RejectionSampler> sampler) {
   SPECULA_CHECK(sampler != nullptr, "set_rejection_sampler: null sampler");
@@ -218,6 +269,11 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
 }
 
 ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
+  SPECULA_CHECK(!pending_ && ready_.empty(), "internal error: execute() while submitted steps are uncollected");
+  return run_step(scheduled, /*may_defer=*/false);
+}
+
+ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool may_defer) {
   update_states(scheduled);
   ModelRunnerOutput out;
   const size_t num_seqs = scheduled.scheduled.size();
@@ -283,6 +339,20 @@ ModelRunnerOutput ModelRunner::execute(const SchedulerOutput& scheduled) {
       verify.push_back(VerifyRequest{std::span<const SamplingRow>(rows.data() + first_row_of[s], drafts.size() + 1),
                                      drafts, speculator_ ? speculator_->draft_probs_row(plan.sched->req_id) : -1});
     }
+  }
+  // Deferred: nothing after sampling needs the tokens on the host this step.
+  bool defer = may_defer && !speculator_ && verify.empty() && !plain.empty() && sampler_.can_defer(plain);
+  for (size_t s = 0; s < num_seqs && defer; ++s) defer = plans[s].num_prompt_rows == 0;
+  if (defer) {
+    {
+      phase_profile::Scope p("runner.sample (deferred)");
+      sampler_.start_sample(fwd.logits, plain);
+    }
+    pending_.emplace();
+    for (size_t s = 0; s < num_seqs; ++s)
+      if (plans[s].first_sample_row >= 0) pending_->samplers.emplace_back(s, plans[s].state);
+    deferred_steps_ += 1;
+    return out;
   }
   std::vector<SampledToken> sampled;
   if (!plain.empty()) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -65,6 +66,14 @@ class ModelRunner : public ModelExecutor {
   ~ModelRunner() override;
 
   ModelRunnerOutput execute(const SchedulerOutput& scheduled) override;
+  // Async scheduling: a step whose every sampling row the device sampler covers and that verifies
+  // and proposes nothing (no speculator) returns from submit() with its tokens still on the
+  // device; the next submit() or collect() waits for them (finish_pending). Other steps run at
+  // once. engine/README.md lists which host buffers that makes safe.
+  StepCounts submit(const SchedulerOutput& scheduled) override;
+  ModelRunnerOutput collect() override;
+  // Submitted steps whose tokens were still on the device when submit() returned (tests).
+  int64_t num_deferred_steps() const { return deferred_steps_; }
 
   // Speculative decoding: the speculator proposes drafts after every step (not owned; it must
   // outlive the runner). Without one, drafts set on the scheduler by hand are still verified.
@@ -118,12 +127,28 @@ class ModelRunner : public ModelExecutor {
     int first_token_row = 0;       // its first row of the flattened batch (hidden states)
   };
 
+  // A submitted step whose sampled tokens are still on the device.
+  struct PendingStep {
+    ModelRunnerOutput out;
+    std::vector<std::pair<size_t, RequestState*>> samplers;  // (scheduled index, its state), in row order
+  };
+
+  // execute() and submit(): with may_defer, a step that can leaves its sampling in flight in
+  // pending_ (its output then lacks the sampled tokens).
+  ModelRunnerOutput run_step(const SchedulerOutput& scheduled, bool may_defer);
+  // Waits for the pending step's tokens, appends them to the requests' states and queues its
+  // output for collect().
+  void finish_pending();
   void update_states(const SchedulerOutput& scheduled);
   ForwardInput prepare_inputs(const SchedulerOutput& scheduled, std::vector<RequestPlan>& plans);
   // Asks the speculator for the next step's drafts of every request the step ran.
   void propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,
                       ModelRunnerOutput& out);
   Tensor upload(const Tensor& host, Tensor& device, int64_t n);
+
+  std::optional<PendingStep> pending_;
+  std::deque<ModelRunnerOutput> ready_;  // submitted steps' outputs, oldest first
+  int64_t deferred_steps_ = 0;
 
   Model& model_;
   Backend& backend_;

@@ -24,31 +24,26 @@ class DeviceSampler : public Sampler {
   DeviceSampler(Backend& backend, std::unique_ptr<TokenSampler> device) : backend_(backend), device_(std::move(device)) {}
 
   std::vector<SampledToken> sample(const Tensor& logits, std::span<const SamplingRow> rows) override {
-    std::vector<TokenSamplingRow> dev(rows.size());
     std::vector<size_t> host_logprob_rows;  // rows whose logprobs the device does not cover
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const SamplingRow& r = rows[i];
-      TokenSamplingRow& d = dev[i] = device_row_settings(r);
-      if (r.logprobs) {
-        if (*r.logprobs >= 0 && *r.logprobs <= device_->max_top_logprobs()) {
-          d.top_logprobs = *r.logprobs;
-        } else {
-          host_logprob_rows.push_back(i);
-        }
-      }
-    }
-    std::vector<TokenSamplingResult> res = device_->sample(logits, dev);
-    std::vector<SampledToken> out(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) {
-      out[i].token = res[i].token;
-      if (res[i].has_logprobs) out[i].logprobs = to_position_logprobs(res[i]);
-    }
+    const std::vector<TokenSamplingRow> dev = device_rows(rows, &host_logprob_rows);
+    std::vector<SampledToken> out = to_sampled(device_->sample(logits, dev));
     for (size_t i : host_logprob_rows) {
       const std::vector<float> raw = host_row(logits, rows[i].logits_row);
       out[i].logprobs = compute_logprobs(raw, out[i].token, *rows[i].logprobs);
     }
     return out;
   }
+
+  bool can_defer(std::span<const SamplingRow> rows) const override {
+    for (const SamplingRow& r : rows)
+      if (r.logprobs && !covers_logprobs(*r.logprobs)) return false;
+    return true;
+  }
+  void start_sample(const Tensor& logits, std::span<const SamplingRow> rows) override {
+    SPECULA_CHECK(can_defer(rows), "internal error: deferred sampling of rows that need the host");
+    device_->start_sample(logits, device_rows(rows, nullptr));
+  }
+  std::vector<SampledToken> finish_sample() override { return to_sampled(device_->finish_sample()); }
 
   std::vector<PositionLogprobs> logprobs_of(const Tensor& logits, std::span<const int> rows,
                                             std::span<const int32_t> targets, int top_n) override {
@@ -66,6 +61,32 @@ class DeviceSampler : public Sampler {
   }
 
  private:
+  bool covers_logprobs(int n) const { return n >= 0 && n <= device_->max_top_logprobs(); }
+
+  std::vector<TokenSamplingRow> device_rows(std::span<const SamplingRow> rows, std::vector<size_t>* host_logprob_rows) const {
+    std::vector<TokenSamplingRow> dev(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const SamplingRow& r = rows[i];
+      TokenSamplingRow& d = dev[i] = device_row_settings(r);
+      if (!r.logprobs) continue;
+      if (covers_logprobs(*r.logprobs)) {
+        d.top_logprobs = *r.logprobs;
+      } else if (host_logprob_rows) {
+        host_logprob_rows->push_back(i);
+      }
+    }
+    return dev;
+  }
+
+  static std::vector<SampledToken> to_sampled(const std::vector<TokenSamplingResult>& res) {
+    std::vector<SampledToken> out(res.size());
+    for (size_t i = 0; i < res.size(); ++i) {
+      out[i].token = res[i].token;
+      if (res[i].has_logprobs) out[i].logprobs = to_position_logprobs(res[i]);
+    }
+    return out;
+  }
+
   std::vector<float> host_row(const Tensor& logits, int row) {
     SPECULA_CHECK(row >= 0 && row < logits.size(0), "sampler: logits row {} of {}", row, logits.size(0));
     Tensor host = Tensor::empty({logits.size(1)}, DType::kF32, Device::kCPU);

@@ -41,10 +41,19 @@ class Sampler {
   virtual ~Sampler() = default;
   // logits: F32 [L, V] on the backend's device; one result per row.
   virtual std::vector<SampledToken> sample(const Tensor& logits, std::span<const SamplingRow> rows) = 0;
+  // sample() in two halves, for async scheduling: start_sample() queues the sampling and returns,
+  // finish_sample() waits for the tokens. Only where can_defer(rows) (the device has everything
+  // the rows need); one may be outstanding. The defaults sample at once.
+  virtual bool can_defer(std::span<const SamplingRow> rows) const { return false; }
+  virtual void start_sample(const Tensor& logits, std::span<const SamplingRow> rows) { started_ = sample(logits, rows); }
+  virtual std::vector<SampledToken> finish_sample() { return std::move(started_); }
   // log_softmax of raw logits rows[i], reporting targets[i] (its logprob and rank) and the top N
   // (-1: all): prompt logprobs.
   virtual std::vector<PositionLogprobs> logprobs_of(const Tensor& logits, std::span<const int> rows,
                                                     std::span<const int32_t> targets, int top_n) = 0;
+
+ private:
+  std::vector<SampledToken> started_;
 };
 
 // Reads logits back to the host through backend.copy when they live on a device.

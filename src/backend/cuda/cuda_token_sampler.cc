@@ -79,6 +79,22 @@ bool needs_counts(const TokenSamplingRow& r) {
 
 std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits, std::span<const TokenSamplingRow> rows,
                                                           const Tensor* draft_probs, Tensor* probs_out) {
+  start_sample(logits, rows, draft_probs, probs_out);
+  return finish_sample();
+}
+
+std::vector<TokenSamplingResult> CudaTokenSampler::finish_sample() {
+  SPECULA_CHECK(started_, "internal error: CUDA sampler: finish_sample() without start_sample()");
+  started_ = false;
+  std::vector<TokenSamplingResult> out = finished_early_ ? std::move(*finished_early_) : read_results();
+  finished_early_.reset();
+  for (size_t i = 0; i < out.size(); ++i)
+    SPECULA_CHECK(out[i].token >= 0, "sampling: every token is masked or the logits are not finite (row {})", i);
+  return out;
+}
+
+void CudaTokenSampler::start_sample(const Tensor& logits, std::span<const TokenSamplingRow> rows,
+                                    const Tensor* draft_probs, Tensor* probs_out) {
   check_logits(logits);
   SPECULA_CHECK(static_cast<int>(rows.size()) <= max_rows_, "CUDA sampler: {} rows, made for at most {}",
                 rows.size(), max_rows_);
@@ -87,10 +103,13 @@ std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits, 
   for (; cut < rows.size(); ++cut) {
     if (needs_counts(rows[cut]) && ++with_counts > static_cast<size_t>(count_rows_)) break;
   }
-  if (cut < rows.size()) {
+  SPECULA_CHECK(!started_, "internal error: CUDA sampler: start_sample() twice");
+  if (cut < rows.size()) {  // several launches, each waited for: the results are ready at once
     std::vector<TokenSamplingResult> out = sample(logits, rows.first(cut), draft_probs, probs_out);
     for (TokenSamplingResult& r : sample(logits, rows.subspan(cut), draft_probs, probs_out)) out.push_back(std::move(r));
-    return out;
+    finished_early_ = std::move(out);
+    started_ = true;
+    return;
   }
   std::vector<cuda::SamplingRowDesc> descs(rows.size());
   std::vector<cuda::CountsDesc> counts;
@@ -156,10 +175,8 @@ std::vector<TokenSamplingResult> CudaTokenSampler::sample(const Tensor& logits, 
       counts.push_back(c);
     }
   }
-  std::vector<TokenSamplingResult> out = run(logits, descs, counts, ids, draft_probs, probs_out);
-  for (size_t i = 0; i < out.size(); ++i)
-    SPECULA_CHECK(out[i].token >= 0, "sampling: every token is masked or the logits are not finite (row {})", i);
-  return out;
+  launch(logits, descs, counts, ids, draft_probs, probs_out);
+  started_ = true;
 }
 
 std::vector<TokenSamplingResult> CudaTokenSampler::logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
@@ -192,8 +209,17 @@ std::vector<TokenSamplingResult> CudaTokenSampler::run(const Tensor& logits,
                                                        const std::vector<cuda::CountsDesc>& counts,
                                                        const std::vector<int32_t>& ids,
                                                        const Tensor* draft_probs, Tensor* probs_out) {
+  launch(logits, rows, counts, ids, draft_probs, probs_out);
+  return read_results();
+}
+
+void CudaTokenSampler::launch(const Tensor& logits, const std::vector<cuda::SamplingRowDesc>& rows,
+                              const std::vector<cuda::CountsDesc>& counts, const std::vector<int32_t>& ids,
+                              const Tensor* draft_probs, Tensor* probs_out) {
   const int n = static_cast<int>(rows.size());
-  if (n == 0) return {};
+  launched_top_n_.resize(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) launched_top_n_[i] = rows[i].top_n;
+  if (n == 0) return;
   const size_t rows_at = 0, counts_at = align_up(sizeof(cuda::SamplingRowDesc) * rows.size());
   const size_t ids_at = counts_at + align_up(sizeof(cuda::CountsDesc) * counts.size());
   const size_t bytes = ids_at + sizeof(int32_t) * ids.size();
@@ -235,16 +261,22 @@ std::vector<TokenSamplingResult> CudaTokenSampler::run(const Tensor& logits,
     check_cuda(cudaMemcpyAsync(top_host, top_dev, top_bytes(n), cudaMemcpyDeviceToHost, stream_),
                "CUDA sampler: top logprobs");
   }
-  check_cuda(cudaStreamSynchronize(stream_), "CUDA sampler: waiting for the results");
+}
 
+std::vector<TokenSamplingResult> CudaTokenSampler::read_results() {
+  const int n = static_cast<int>(launched_top_n_.size());
+  if (n == 0) return {};
+  check_cuda(cudaStreamSynchronize(stream_), "CUDA sampler: waiting for the results");
+  const char* res_host = static_cast<const char*>(host_results_);
+  const auto* top_host = reinterpret_cast<const cuda::TopLogprob*>(res_host + results_bytes(max_rows_));
   const auto* results = reinterpret_cast<const cuda::SamplingRowResult*>(res_host);
-  std::vector<TokenSamplingResult> out(rows.size());
+  std::vector<TokenSamplingResult> out(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
     const cuda::SamplingRowResult& r = results[i];
     TokenSamplingResult& o = out[static_cast<size_t>(i)];
     o.token = r.token;
     o.accepted = r.accepted != 0;
-    if (rows[i].top_n < 0 || r.token < 0) continue;
+    if (launched_top_n_[static_cast<size_t>(i)] < 0 || r.token < 0) continue;
     o.has_logprobs = true;
     o.logprob = r.logprob;
     o.rank = r.rank;

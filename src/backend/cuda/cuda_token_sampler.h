@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -34,16 +35,24 @@ class CudaTokenSampler final : public TokenSampler {
   int max_top_logprobs() const override { return kMaxTopLogprobs; }
   std::vector<TokenSamplingResult> sample(const Tensor& logits, std::span<const TokenSamplingRow> rows,
                                           const Tensor* draft_probs = nullptr, Tensor* probs_out = nullptr) override;
+  void start_sample(const Tensor& logits, std::span<const TokenSamplingRow> rows, const Tensor* draft_probs = nullptr,
+                    Tensor* probs_out = nullptr) override;
+  std::vector<TokenSamplingResult> finish_sample() override;
   std::vector<TokenSamplingResult> logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
                                                std::span<const int32_t> targets, int top_n) override;
   size_t device_bytes() const override;
 
  private:
-  // Uploads, launches and reads back one batch of at most max_rows_ rows.
+  // Uploads, launches and reads back one batch of at most max_rows_ rows: launch() queues the work
+  // and the results' copy into pinned memory, read_results() waits for it and decodes them.
   std::vector<TokenSamplingResult> run(const Tensor& logits, const std::vector<cuda::SamplingRowDesc>& rows,
                                        const std::vector<cuda::CountsDesc>& counts,
                                        const std::vector<int32_t>& ids, const Tensor* draft_probs = nullptr,
                                        Tensor* probs_out = nullptr);
+  void launch(const Tensor& logits, const std::vector<cuda::SamplingRowDesc>& rows,
+              const std::vector<cuda::CountsDesc>& counts, const std::vector<int32_t>& ids,
+              const Tensor* draft_probs, Tensor* probs_out);
+  std::vector<TokenSamplingResult> read_results();
   void check_logits(const Tensor& logits) const;
   void check_probs(const Tensor* probs, int32_t row, const char* what, size_t row_index) const;
   void ensure_upload_capacity(size_t bytes);
@@ -59,6 +68,9 @@ class CudaTokenSampler final : public TokenSampler {
   void* host_results_ = nullptr;  // pinned mirror of results_
   void* host_upload_ = nullptr;   // pinned staging for upload_
   size_t upload_capacity_ = 0;
+  std::vector<int32_t> launched_top_n_;  // per row of the launched batch (read_results decodes it)
+  bool started_ = false;                 // start_sample() ran, finish_sample() not yet
+  std::optional<std::vector<TokenSamplingResult>> finished_early_;  // a start_sample() that had to wait
 };
 
 }  // namespace specula

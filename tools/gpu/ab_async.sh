@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Async scheduling on against off, ONE binary, alternated inside every repetition (AB_REPS, default
+# 3) so that drift during the call hits both (issue 15's benchmarks):
+#   tiny_c1_spec    the embedded pair, draft_model k = 10 adaptive, concurrency 1, AB_ITERS_C1
+#                   requests a run (default 40), TPOT p10 / median / p90 per run;
+#   tiny_c1_nospec  the embedded target alone at concurrency 1 (plain decode: the deferred path);
+#   qwen_b1         Qwen3-0.6B (dummy weights) batch 1, 20 requests a run, and one SPECULA_PROFILE
+#                   run without async for its graph replay time (the host-work-hidden bound);
+#   qwen_c64/c256   Qwen3-0.6B throughput at 64 and 256 requests (2 batches a run).
+# $OUT receives async_summary.txt and async_logs.tar.gz.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tools/gpu/env.sh
+OUT=${OUT:-$(pwd)/.gpu/out}
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+BUDGET=${RUN_AB_BUDGET:-420}
+START=$(date +%s)
+SKIP=" "
+: > "$WORK/status.txt"
+source tools/gpu/stages.sh
+
+DATASET="$WORK/prompts.txt"
+find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"
+TINY=models/specula-tiny
+QWEN=bench/configs/Qwen3-0.6B
+tok_qwen=()
+[ -f .gpu/tokenizers/qwen3/tokenizer.json ] && tok_qwen=(--tokenizer .gpu/tokenizers/qwen3)
+SPEC='{"method":"draft_model","model":"models/specula-tiny-draft","num_speculative_tokens":10,"adaptive":true}'
+mode_flag() { [ "$1" = async ] && echo --async-scheduling || echo --no-async-scheduling; }
+
+for rep in $(seq 1 "${AB_REPS:-3}"); do
+  for mode in sync async; do
+    f=$(mode_flag $mode)
+    bench "tiny_c1_spec_${mode}_r${rep}" 60 latency "$TINY" --dataset "$DATASET" --temperature 0 --batch-size 1 \
+      --input-len 128 --output-len 128 --num-iters "${AB_ITERS_C1:-40}" --num-iters-warmup 1 --max-model-len 1024 \
+      --max-num-seqs 8 --speculative-config "$SPEC" $f
+    bench "tiny_c1_nospec_${mode}_r${rep}" 60 latency "$TINY" --dataset "$DATASET" --temperature 0 --batch-size 1 \
+      --input-len 128 --output-len 128 --num-iters "${AB_ITERS_C1:-40}" --num-iters-warmup 1 --max-model-len 1024 \
+      --max-num-seqs 8 $f
+    bench "qwen_b1_${mode}_r${rep}" 60 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" --batch-size 1 \
+      --input-len 128 --output-len 128 --num-iters 20 --num-iters-warmup 1 --max-model-len 4096 --max-num-seqs 8 $f
+    for c in 64 256; do
+      bench "qwen_c${c}_${mode}_r${rep}" 60 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" --batch-size $c \
+        --input-len 128 --output-len 128 --num-iters 2 --num-iters-warmup 1 --max-model-len 4096 --max-num-seqs $c $f
+    done
+  done
+done
+SPECULA_PROFILE=1 bench qwen_b1_profile 60 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" --batch-size 1 \
+  --input-len 128 --output-len 128 --num-iters 5 --num-iters-warmup 1 --max-model-len 4096 --max-num-seqs 8 --no-async-scheduling
+
+{
+  echo "commit: $(head -1 .gpu/commit.txt 2>/dev/null)"
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null
+  cat "$WORK/status.txt"
+  python3 - "$WORK" <<'PY'
+import glob, json, os, re, statistics, sys
+work = sys.argv[1]
+rows = {}
+for path in sorted(glob.glob(os.path.join(work, "*_r*.json"))):
+    m = re.match(r"(\w+?)_(sync|async)_r(\d+)\.json", os.path.basename(path))
+    if not m:
+        continue
+    j = json.load(open(path))
+    rows.setdefault((m.group(1), m.group(2)), []).append(j)
+print("config | mode | per run: TPOT p10/median/p90 ms (batch 1) or output tok/s | median over runs")
+med = {}
+for (config, mode), runs in sorted(rows.items()):
+    if config.startswith("qwen_c"):
+        vals = [r["output_tokens_per_second"] for r in runs]
+        desc = ", ".join(f"{v:.0f}" for v in vals)
+    else:
+        vals = [r["tpot_ms"]["median"] for r in runs]
+        desc = ", ".join(f"{r['tpot_ms']['p10']:.4f}/{r['tpot_ms']['median']:.4f}/{r['tpot_ms']['p90']:.4f}" for r in runs)
+    med[(config, mode)] = statistics.median(vals)
+    depth = [(r.get("spec_decoding") or {}).get("mean_depth") for r in runs]
+    depth = [d for d in depth if d is not None]
+    extra = f" | mean depth {min(depth):.2f}-{max(depth):.2f}" if depth else ""
+    print(f"{config} | {mode} | {desc} | {med[(config, mode)]:.4g}{extra}")
+for config in sorted({c for c, _ in med}):
+    s, a = med.get((config, "sync")), med.get((config, "async"))
+    if s and a:
+        if config.startswith("qwen_c"):
+            print(f"{config}: async / sync tokens/s = {a / s:.3f}")
+        else:
+            print(f"{config}: async TPOT {a:.4f} vs sync {s:.4f} ms = {100 * (1 - a / s):+.1f}% lower")
+PY
+  echo "-- qwen_b1_profile (sync, SPECULA_PROFILE=1):"
+  grep -E "runner\.|engine\.|phase|steps" "$WORK/qwen_b1_profile.log" | head -30
+} | tee "$OUT/async_summary.txt"
+tar -czf "$OUT/async_logs.tar.gz" -C "$WORK" .
+! grep -qE "exit [1-9]|not run" "$WORK/status.txt"
