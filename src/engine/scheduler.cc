@@ -76,7 +76,10 @@ SchedulerOutput Scheduler::schedule(double now) {
     if (r->num_output_placeholders > 0 &&
         (r->num_output_tokens() + r->num_output_placeholders >= r->max_tokens ||
          r->num_tokens() + r->num_output_placeholders >= config_.max_model_len)) {
-      ++i;  // async scheduling: the step in flight ends it on length; update() finishes it
+      // Async scheduling: the step in flight ends it on length and update() finishes it. Its seat
+      // (and its state in the runner and proposer) is taken until then: admission may come a step
+      // later than synchronously.
+      ++i;
       continue;
     }
     int n = r->num_tokens_with_spec() + r->num_output_placeholders - r->num_computed_tokens;
