@@ -351,7 +351,6 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     pending_.emplace();
     for (size_t s = 0; s < num_seqs; ++s)
       if (plans[s].first_sample_row >= 0) pending_->samplers.emplace_back(s, plans[s].state);
-    deferred_steps_ += 1;
     return out;
   }
   std::vector<SampledToken> sampled;

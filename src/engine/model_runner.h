@@ -72,8 +72,6 @@ class ModelRunner : public ModelExecutor {
   // once. engine/README.md lists which host buffers that makes safe.
   StepCounts submit(const SchedulerOutput& scheduled) override;
   ModelRunnerOutput collect() override;
-  // Submitted steps whose tokens were still on the device when submit() returned (tests).
-  int64_t num_deferred_steps() const { return deferred_steps_; }
 
   // Speculative decoding: the speculator proposes drafts after every step (not owned; it must
   // outlive the runner). Without one, drafts set on the scheduler by hand are still verified.
@@ -148,7 +146,6 @@ class ModelRunner : public ModelExecutor {
 
   std::optional<PendingStep> pending_;
   std::deque<ModelRunnerOutput> ready_;  // submitted steps' outputs, oldest first
-  int64_t deferred_steps_ = 0;
 
   Model& model_;
   Backend& backend_;
