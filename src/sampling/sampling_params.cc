@@ -34,6 +34,8 @@ void SamplingParams::validate() const {
     SPECULA_CHECK(*prompt_logprobs >= -1, "prompt_logprobs must be non-negative or -1, got {}", *prompt_logprobs);
   for (const std::string& s : stop) SPECULA_CHECK(!s.empty(), "stop cannot contain an empty string");
   for (int32_t t : stop_token_ids) SPECULA_CHECK(t >= 0, "stop_token_ids must be non-negative, got {}", t);
+  if (structured_outputs && structured_outputs->kind == StructuredOutputsParams::Kind::kChoice)
+    SPECULA_CHECK(!structured_outputs->choices.empty(), "structured_outputs: choice must list at least one string");
 }
 
 }  // namespace specula

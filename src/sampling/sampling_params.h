@@ -9,6 +9,18 @@
 
 namespace specula {
 
+// vLLM's StructuredOutputsParams: one constraint on the output's text, compiled into a grammar by
+// the engine (structured_output/). The server maps response_format, structured_outputs, the older
+// guided_* fields and forced tool calls onto it.
+struct StructuredOutputsParams {
+  enum class Kind { kJson, kJsonObject, kRegex, kChoice, kGrammar };
+  Kind kind = Kind::kJsonObject;
+  std::string spec;                  // kJson: the JSON Schema's text; kRegex: the pattern; kGrammar: EBNF/GBNF
+  std::vector<std::string> choices;  // kChoice: the output is exactly one of these
+  // Whitespace between JSON tokens (kJson, kJsonObject): vLLM's disable_any_whitespace is false.
+  bool any_whitespace = true;
+};
+
 struct SamplingParams {
   int n = 1;
   float temperature = 1.0f;        // 0 = greedy
@@ -32,6 +44,7 @@ struct SamplingParams {
   std::optional<int> prompt_logprobs;
   bool skip_special_tokens = true;
   bool spaces_between_special_tokens = true;
+  std::optional<StructuredOutputsParams> structured_outputs;
 
   bool greedy() const { return temperature <= 1e-5f; }
   // Throws specula::Error naming the offending parameter (OpenAI-style 400 at the server).
