@@ -121,8 +121,6 @@ namespace {
 // Code point boundaries of the UTF-8 encoding lengths.
 constexpr uint32_t kMaxOfLength[] = {0, 0x7f, 0x7ff, 0xffff, 0x10ffff};
 
-int utf8_length(uint32_t cp) { return cp <= 0x7f ? 1 : cp <= 0x7ff ? 2 : cp <= 0xffff ? 3 : 4; }
-
 void encode(uint32_t cp, int len, uint8_t* out) {
   if (len == 1) {
     out[0] = static_cast<uint8_t>(cp);
