@@ -1,0 +1,83 @@
+#include "structured_output/grammar_matcher.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace specula {
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<CompiledGrammar> grammar, std::vector<int32_t> end_token_ids)
+    : grammar_(std::move(grammar)), end_tokens_(std::move(end_token_ids)) {
+  states_.push_back(grammar_->automaton().initial());
+}
+
+bool GrammarMatcher::is_end_token(int32_t token) const {
+  return std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end();
+}
+
+bool GrammarMatcher::accepting() { return !terminated() && grammar_->automaton().accepting(states_.back()); }
+
+bool GrammarMatcher::allows(int32_t token) {
+  if (terminated()) return false;
+  GrammarAutomaton& a = grammar_->automaton();
+  const CompiledGrammar::StateId s = states_.back();
+  if (is_end_token(token)) return a.accepting(s) || !a.can_continue(s);
+  const std::string_view bytes = grammar_->vocabulary().token_bytes(token);
+  return !bytes.empty() && a.advance(s, bytes) != GrammarAutomaton::kDead;
+}
+
+bool GrammarMatcher::accept_token(int32_t token) {
+  if (!allows(token)) return false;
+  if (is_end_token(token)) {
+    states_.push_back(kTerminated);
+  } else {
+    states_.push_back(grammar_->automaton().advance(states_.back(), grammar_->vocabulary().token_bytes(token)));
+  }
+  return true;
+}
+
+void GrammarMatcher::rollback(int num_tokens) {
+  SPECULA_ASSERT(num_tokens >= 0 && num_tokens <= num_accepted());
+  states_.resize(states_.size() - static_cast<size_t>(num_tokens));
+}
+
+void GrammarMatcher::fill_next_token_mask(std::span<uint32_t> mask) {
+  SPECULA_ASSERT(static_cast<int64_t>(mask.size()) == mask_words());
+  // After an end token only end tokens again: a verification row past an accepted eos is sampled
+  // (and then dropped by the stop check) and must have something to sample.
+  if (terminated()) {
+    std::fill(mask.begin(), mask.end(), 0u);
+    set_end_tokens(mask);
+    return;
+  }
+  const CompiledGrammar::StateId s = states_.back();
+  const std::vector<uint32_t>& allowed = grammar_->token_mask(s);
+  std::memcpy(mask.data(), allowed.data(), allowed.size() * sizeof(uint32_t));
+  GrammarAutomaton& a = grammar_->automaton();
+  bool any = false;
+  for (uint32_t w : allowed) any = any || w != 0;
+  if (a.accepting(s) || !any) set_end_tokens(mask);
+}
+
+void GrammarMatcher::set_end_tokens(std::span<uint32_t> mask) const {
+  for (int32_t t : end_tokens_)
+    if (t >= 0 && t < grammar_->vocabulary().size()) mask[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
+}
+
+int GrammarMatcher::fill_draft_masks(std::span<const int32_t> drafts, std::vector<uint32_t>& masks) {
+  const size_t words = static_cast<size_t>(mask_words());
+  int valid = 0;
+  masks.resize(words);
+  fill_next_token_mask(std::span<uint32_t>(masks.data(), words));
+  for (int32_t d : drafts) {
+    if (!accept_token(d)) break;
+    ++valid;
+    masks.resize(words * static_cast<size_t>(valid + 1));
+    fill_next_token_mask(std::span<uint32_t>(masks.data() + words * valid, words));
+  }
+  rollback(valid);
+  return valid;
+}
+
+}  // namespace specula

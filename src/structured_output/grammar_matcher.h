@@ -1,0 +1,46 @@
+// One sequence's place in its grammar, token by token: which tokens may come next (a bitmask for
+// the sampler), accepting the sampled ones, and rolling back the drafts a verification rejected.
+// End tokens (eos, stop tokens) are allowed exactly where the grammar accepts the output so far,
+// and always when nothing else could follow, so that a sequence is never left with no token.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "structured_output/compiled_grammar.h"
+
+namespace specula {
+
+class GrammarMatcher {
+ public:
+  GrammarMatcher(std::shared_ptr<CompiledGrammar> grammar, std::vector<int32_t> end_token_ids);
+
+  bool allows(int32_t token);
+  // Advances by `token`; false (nothing changes) when the grammar forbids it.
+  bool accept_token(int32_t token);
+  void rollback(int num_tokens);          // undoes the last num_tokens accepted tokens
+  int num_accepted() const { return static_cast<int>(states_.size()) - 1; }
+  bool terminated() const { return states_.back() == kTerminated; }  // an end token was accepted
+  bool accepting();                       // the output so far is a whole match
+
+  // mask.size() == vocabulary().mask_words(): the tokens allowed next.
+  void fill_next_token_mask(std::span<uint32_t> mask);
+  // Masks for verifying `drafts`: row j allows what may follow the first j drafts. Stops at the
+  // first draft the grammar forbids (it ends the draft) and returns how many drafts were valid;
+  // `masks` gets (valid + 1) rows. The matcher is left as it was.
+  int fill_draft_masks(std::span<const int32_t> drafts, std::vector<uint32_t>& masks);
+  int64_t mask_words() const { return grammar_->vocabulary().mask_words(); }
+
+ private:
+  static constexpr CompiledGrammar::StateId kTerminated = -1;
+  bool is_end_token(int32_t token) const;
+  void set_end_tokens(std::span<uint32_t> mask) const;
+
+  std::shared_ptr<CompiledGrammar> grammar_;
+  std::vector<int32_t> end_tokens_;
+  std::vector<CompiledGrammar::StateId> states_;  // [0]: the start; one more per accepted token
+};
+
+}  // namespace specula
