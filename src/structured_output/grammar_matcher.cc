@@ -65,6 +65,13 @@ void GrammarMatcher::set_end_tokens(std::span<uint32_t> mask) const {
     if (t >= 0 && t < grammar_->vocabulary().size()) mask[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
 }
 
+int GrammarMatcher::num_valid_drafts(std::span<const int32_t> drafts) {
+  int valid = 0;
+  while (valid < static_cast<int>(drafts.size()) && accept_token(drafts[valid])) ++valid;
+  rollback(valid);
+  return valid;
+}
+
 int GrammarMatcher::fill_draft_masks(std::span<const int32_t> drafts, std::vector<uint32_t>& masks) {
   const size_t words = static_cast<size_t>(mask_words());
   int valid = 0;
