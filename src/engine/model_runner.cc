@@ -376,7 +376,9 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
       const size_t num_drafts = plan.sched->spec_token_ids.size();
       st.tokens.resize(st.tokens.size() - num_drafts);
       std::vector<int32_t> accepted;
+      const int cut = plan.sched->num_grammar_cut_drafts;
       if (num_drafts == 0) {
+        if (speculator_ && cut > 0) speculator_->record_verification(cut, 0);
         SampledToken& tok = sampled[index_of[s]];
         accepted.push_back(tok.token);
         if (tok.logprobs) out.logprobs[s].push_back(std::move(*tok.logprobs));
@@ -384,7 +386,8 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
         VerifyResult& v = verified[index_of[s]];
         accepted = std::move(v.tokens);
         out.logprobs[s] = std::move(v.logprobs);
-        if (speculator_) speculator_->record_verification(static_cast<int>(num_drafts), static_cast<int>(accepted.size()) - 1);
+        if (speculator_)
+          speculator_->record_verification(static_cast<int>(num_drafts) + cut, static_cast<int>(accepted.size()) - 1);
       }
       st.tokens.insert(st.tokens.end(), accepted.begin(), accepted.end());
       out.sampled_token_ids[s] = std::move(accepted);

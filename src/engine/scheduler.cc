@@ -88,9 +88,12 @@ SchedulerOutput Scheduler::schedule(double now) {
       ++i;
       continue;
     }
+    int grammar_cut = 0;
     if (r->grammar && !r->spec_token_ids.empty()) {
       // A draft the grammar forbids could never be accepted: it and what follows are not verified.
-      r->spec_token_ids.resize(static_cast<size_t>(r->grammar->num_valid_drafts(r->spec_token_ids)));
+      const int valid = r->grammar->num_valid_drafts(r->spec_token_ids);
+      grammar_cut = static_cast<int>(r->spec_token_ids.size()) - valid;
+      r->spec_token_ids.resize(static_cast<size_t>(valid));
     }
     int n = r->num_tokens_with_spec() + r->num_output_placeholders - r->num_computed_tokens;
     n = std::min(n, budget);
@@ -114,6 +117,7 @@ SchedulerOutput Scheduler::schedule(double now) {
     s.num_scheduled_tokens = n;
     s.num_computed_tokens = r->num_computed_tokens;
     s.new_block_ids = std::move(*new_blocks);
+    s.num_grammar_cut_drafts = grammar_cut;
     const int num_spec = n + r->num_computed_tokens - r->num_tokens() - r->num_output_placeholders;
     if (num_spec > 0) s.spec_token_ids.assign(r->spec_token_ids.begin(), r->spec_token_ids.begin() + num_spec);
     out.scheduled.push_back(std::move(s));

@@ -68,6 +68,9 @@ struct SamplingRowDesc {
   int32_t draft_token = -1; // >= 0: verify this draft token against q = row q_row of the draft probabilities
   int32_t q_row = -1;
   int32_t probs_out_row = -1;  // >= 0: sampling rows write their final distribution to this row of probs_out
+  // >= 0: structured outputs' allowed-token bitmask, ceil(V / 32) words from ids[allowed_begin];
+  // a clear bit makes the token -inf.
+  int32_t allowed_begin = -1;
   double uniform = 0.0;
   double uniform_accept = 0.0;    // verification: the min(1, p/q) test
   double uniform_residual = 0.0;  // verification: the draw from max(0, p - q)
@@ -75,12 +78,9 @@ struct SamplingRowDesc {
 
 // Where a counts row's ids lie in the ids array: [prompt_begin, output_begin) prompt ids (seen
 // bit), [output_begin, masked_begin) output ids (counted), [masked_begin, bias_begin) masked ids,
-// [bias_begin, end) logit-bias (id, float bits) pairs (bias bit), and an allowed-token bitmask.
+// [bias_begin, end) logit-bias (id, float bits) pairs (bias bit).
 struct CountsDesc {
   int32_t prompt_begin = 0, output_begin = 0, masked_begin = 0, bias_begin = 0, end = 0;
-  // >= 0: ceil(V / 32) words of an allowed-token bitmask from ids[allowed_begin] (structured
-  // outputs); a clear bit sets the token's masked bit.
-  int32_t allowed_begin = -1;
 };
 
 struct SamplingRowResult {

@@ -211,6 +211,9 @@ struct RowView {
   const float* raw;
   const uint32_t* counts;  // null: no penalties, no masks, no bias
   const int32_t* bias;     // d.bias_count (id, float bits) pairs, sorted by id
+  // Structured outputs: one bit a token, read in place (a counts row would cost a V-wide clear
+  // and build per row); null: every token allowed.
+  const uint32_t* allowed;
   SamplingRowDesc d;
 
   // The bias of token i (its bias bit is set): a binary search of the row's few pairs.
@@ -229,6 +232,8 @@ struct RowView {
   // arithmetic does not have.
   __device__ __forceinline__ float processed(int64_t i) const {
     float l = raw[i];
+    // -inf stays -inf through bias and penalties: a disallowed token can return at once.
+    if (allowed != nullptr && !((allowed[i >> 5] >> (i & 31)) & 1u)) return -INFINITY;
     if (counts == nullptr) return l;
     const uint32_t c = counts[i];
     if (c & kBiasBit) l = __fadd_rn(l, bias_of(i));
@@ -582,6 +587,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __re
   row.raw = logits + static_cast<int64_t>(row.d.logits_row) * vocab;
   row.counts = row.d.counts_row >= 0 ? counts + static_cast<int64_t>(row.d.counts_row) * vocab : nullptr;
   row.bias = row.d.bias_count > 0 ? ids + row.d.bias_begin : nullptr;
+  row.allowed = row.d.allowed_begin >= 0 ? reinterpret_cast<const uint32_t*>(ids + row.d.allowed_begin) : nullptr;
   SamplingRowResult res;
   bool accepted = false;
   if (row.d.target >= 0) {
@@ -621,12 +627,6 @@ __global__ void build_counts_kernel(const CountsDesc* __restrict__ descs, const 
   for (int i = d.bias_begin + 2 * threadIdx.x; i < d.end; i += 2 * blockDim.x) {
     const int32_t id = ids[i];
     if (id >= 0 && id < vocab) atomicOr(&row[id], kBiasBit);
-  }
-  if (d.allowed_begin >= 0) {
-    // Consecutive threads read consecutive bits of one word: the word loads coalesce.
-    const uint32_t* allowed = reinterpret_cast<const uint32_t*>(ids + d.allowed_begin);
-    for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x)
-      if (!((allowed[t >> 5] >> (t & 31)) & 1u)) atomicOr(&row[t], kMaskedBit);
   }
 }
 
