@@ -41,6 +41,8 @@ struct TokenSamplingRow {
   std::span<const int32_t> prompt_ids;  // read only when repetition_penalty != 1
   std::span<const int32_t> output_ids;  // read when any penalty is on
   std::span<const int32_t> masked_ids;  // -> -inf
+  // Structured outputs: bit t (word t / 32) clear -> token t is -inf, like a masked id; empty: none.
+  std::span<const uint32_t> allowed_mask;
   // Added to the logits first (logit_bias), sorted by token id.
   std::span<const std::pair<int32_t, float>> logit_bias;
   int32_t top_logprobs = -1;            // -1: no logprobs; N >= 0: the sampled token's and the top N

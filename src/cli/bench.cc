@@ -26,6 +26,7 @@
 #include "core/logging.h"
 #include "app/create_engine.h"
 #include "engine/llm_engine.h"
+#include "server/structured_output_fields.h"
 
 namespace specula::cli {
 namespace {
@@ -46,6 +47,9 @@ struct BenchArgs {
   float temperature = 1.0f;
   bool skip_tokenizer_init = false;
   int num_gpu_blocks_override = 0;
+  // vLLM's structured_outputs request field as JSON ({"json": SCHEMA}, {"regex": ...}, ...):
+  // every request carries the constraint (structured-output overhead).
+  std::string structured_outputs;
 };
 
 void add_engine_flags(CLI::App* cmd, BenchArgs& a) {
@@ -77,6 +81,8 @@ void add_engine_flags(CLI::App* cmd, BenchArgs& a) {
                 "prefix caching (on by default)");
   cmd->add_option("--num-gpu-blocks-override", a.num_gpu_blocks_override, "use this many KV cache blocks");
   cmd->add_option("--speculative-config", a.engine.speculative_config, "speculative decoding as JSON");
+  cmd->add_option("--structured-outputs", a.structured_outputs,
+                  "constrain every request: vLLM's structured_outputs field as JSON, e.g. '{\"json\": {...}}'");
   cmd->add_option("--shared-expert-fusion", a.engine.shared_expert_fusion, kSharedExpertFusionHelp)
       ->capture_default_str()->check(CLI::Range(-1, 64));
   add_vllm_flags(cmd, a.vllm);
@@ -95,12 +101,24 @@ std::unique_ptr<LLMEngine> make_engine(BenchArgs& a) {
 
 // vLLM's benchmark requests: temperature 1 (--temperature), top_p 1, ignore_eos, exactly
 // output_len tokens.
-SamplingParams bench_params(int output_len, float temperature) {
+// With --structured-outputs the grammar may end before output_len: then only eos is allowed and,
+// eos ignored, the request goes on sampling it, masks and all.
+SamplingParams bench_params(const BenchArgs& a) {
   SamplingParams p;
-  p.temperature = temperature;
+  p.temperature = a.temperature;
   p.top_p = 1.0f;
   p.ignore_eos = true;
-  p.max_tokens = output_len;
+  p.max_tokens = a.output_len;
+  if (!a.structured_outputs.empty()) {
+    nlohmann::ordered_json body;
+    try {
+      body["structured_outputs"] = nlohmann::ordered_json::parse(a.structured_outputs);
+      p.structured_outputs = server::parse_structured_output_fields(body).constraint;
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("--structured-outputs: {}", e.what()));
+    }
+    SPECULA_CHECK(p.structured_outputs.has_value(), "--structured-outputs: no constraint in {}", a.structured_outputs);
+  }
   return p;
 }
 
@@ -170,7 +188,7 @@ int run_latency(BenchArgs& a) {
   auto engine = make_engine(a);
   check_fits(*engine, a);
   engine->start();
-  const SamplingParams params = bench_params(a.output_len, a.temperature);
+  const SamplingParams params = bench_params(a);
   std::vector<double> latencies, ttfts, tpots, e2es;
   EngineMetrics before;
   int64_t output_tokens = 0;
@@ -218,6 +236,7 @@ int run_latency(BenchArgs& a) {
   j["num_iters"] = a.num_iters;
   j["enforce_eager"] = a.engine.enforce_eager;
   j["async_scheduling"] = a.engine.async_scheduling.value_or(false);
+  if (!a.structured_outputs.empty()) j["structured_outputs"] = nlohmann::json::parse(a.structured_outputs);
   j["speculative_config"] = a.engine.speculative_config;
   j["temperature"] = a.temperature;
   j["dataset"] = a.dataset;
@@ -241,7 +260,7 @@ int run_throughput(BenchArgs& a) {
   engine->start();
   auto prompts = make_prompts(*engine, a, a.num_prompts, a.engine.seed * 1000003 + 7);
   const EngineMetrics before = engine->metrics();
-  BatchTiming b = run_batch(*engine, prompts, bench_params(a.output_len, a.temperature), "thr-");
+  BatchTiming b = run_batch(*engine, prompts, bench_params(a), "thr-");
   const nlohmann::json spec = spec_summary(before, engine->metrics());
   engine->shutdown();
   int64_t out_tokens = 0, prompt_tokens = 0;

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
@@ -29,6 +30,7 @@
 #include "cli/vllm_flags.h"
 #include "engine/llm_engine.h"
 #include "server/openai_server.h"
+#include "server/tool_parser.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -117,6 +119,8 @@ struct ServeArgs {
   std::string served_model_name;
   std::string api_key;
   std::string reasoning_parser;
+  bool enable_auto_tool_choice = false;
+  std::string tool_call_parser;
   std::string load_format = "auto";
   uint64_t seed = 0;
   std::string device = "auto";
@@ -266,6 +270,8 @@ int run_serve(const ServeArgs& a, CLI::App* cmd) {
       if (const char* env = std::getenv("VLLM_API_KEY")) opts.api_key = env;
     }
     opts.reasoning_parser = a.reasoning_parser;
+    opts.enable_auto_tool_choice = a.enable_auto_tool_choice;
+    opts.tool_call_parser = a.tool_call_parser;
     opts.enable_prompt_tokens_details = a.enable_prompt_tokens_details;
     opts.access_log = !a.disable_access_log;
     opts.defaults.max_logprobs = a.max_logprobs;
@@ -337,6 +343,14 @@ Runner add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key", args->api_key, "Require this key as 'Authorization: Bearer <key>' (or VLLM_API_KEY)");
   cmd->add_option("--reasoning-parser", args->reasoning_parser, "Split reasoning_content from content")
       ->check(CLI::IsMember({"deepseek_r1", "qwen3"}));
+  // vLLM refuses the first without the second at startup; CLI11's needs() says so at parse time.
+  auto* tool_parser = cmd->add_option("--tool-call-parser", args->tool_call_parser,
+                                      fmt::format("The format the model writes tool calls in: {}",
+                                                  fmt::join(server::ToolParser::names(), ", ")))
+                          ->check(CLI::IsMember(server::ToolParser::names()));
+  cmd->add_flag("--enable-auto-tool-choice", args->enable_auto_tool_choice,
+                "Let the model call tools on its own (tool_choice \"auto\", the default with tools)")
+      ->needs(tool_parser);
   cmd->add_option("--load-format", args->load_format, "Weights: auto (safetensors) or dummy (random)")
       ->capture_default_str()->check(CLI::IsMember({"auto", "safetensors", "dummy"}));
   cmd->add_option("--seed", args->seed, "Random seed")->capture_default_str();

@@ -32,7 +32,8 @@ double now_seconds() {
 
 EngineCore::EngineCore(const EngineCoreConfig& config, ModelExecutor& executor, const Tokenizer& tokenizer)
     : config_(config), executor_(executor), tokenizer_(tokenizer), scheduler_(scheduler_config(config)),
-      outputs_(tokenizer) {}
+      outputs_(tokenizer),
+      structured_outputs_(std::make_unique<StructuredOutputManager>(tokenizer, config.vocab_size)) {}
 
 void EngineCore::validate(const NewRequest& request) const {
   request.params.validate();
@@ -47,6 +48,7 @@ void EngineCore::validate(const NewRequest& request) const {
                 "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the "
                 "prompt, {} in the completion). Please reduce the length of the prompt or completion.",
                 config_.max_model_len, total, prompt_len, max_tokens);
+  if (request.params.structured_outputs) structured_outputs_->compile(*request.params.structured_outputs);
 }
 
 std::vector<std::string> EngineCore::child_ids(const std::string& request_id, int n) const {
@@ -89,6 +91,14 @@ void EngineCore::add_request(NewRequest request, std::shared_ptr<RequestStream> 
     // Each choice its own stream: (seed + index) as vLLM does for n > 1; unseeded sequences take
     // the engine seed plus a counter, so a whole run is reproducible from --seed.
     r->sampling_seed = params->seed ? *params->seed + i : config_.seed + (++unseeded_counter_) * 0x9e3779b97f4a7c15ull;
+    if (params->structured_outputs) {
+      // Every eos id ends a constrained output where its grammar is complete (even with
+      // ignore_eos, the grammar has nothing else to offer there).
+      std::vector<int32_t> end_ids = config_.eos_token_ids;
+      for (int32_t t : stop_ids)
+        if (std::find(end_ids.begin(), end_ids.end(), t) == end_ids.end()) end_ids.push_back(t);
+      r->grammar = structured_outputs_->make_matcher(*params->structured_outputs, std::move(end_ids));
+    }
     r->arrival_seq = arrival_seq_++;
     r->arrival_time = arrival;
     scheduler_.add_request(std::move(r));
@@ -187,6 +197,12 @@ bool EngineCore::step() {
 // was aborted meanwhile is finished then; its tokens from step N+1 are discarded in update().
 bool EngineCore::step_async() {
   if (!scheduler_.has_unfinished_requests() && !in_flight_) return false;
+  if (in_flight_ && scheduler_.num_structured_requests() > 0) {
+    // A grammar's next masks need the in-flight step's tokens: with structured requests running,
+    // the step in flight is processed before the next is scheduled.
+    process_in_flight();
+    if (!scheduler_.has_unfinished_requests()) return true;
+  }
   std::optional<SchedulerOutput> next;
   if (scheduler_.has_unfinished_requests()) {
     phase_profile::Scope p("engine.schedule");
@@ -211,21 +227,22 @@ bool EngineCore::step_async() {
       next.reset();
     }
   }
-  if (in_flight_) {
-    SchedulerOutput done = std::move(*in_flight_);
-    in_flight_.reset();
-    ModelRunnerOutput result;
-    bool ok = true;
-    try {
-      result = executor_.collect();
-    } catch (const std::exception& e) {
-      fail_step(done, e);
-      ok = false;
-    }
-    if (ok) process_result(done, result);
-  }
+  if (in_flight_) process_in_flight();
   in_flight_ = std::move(next);
   return true;
+}
+
+void EngineCore::process_in_flight() {
+  SchedulerOutput done = std::move(*in_flight_);
+  in_flight_.reset();
+  ModelRunnerOutput result;
+  try {
+    result = executor_.collect();
+  } catch (const std::exception& e) {
+    fail_step(done, e);
+    return;
+  }
+  process_result(done, result);
 }
 
 EngineMetrics EngineCore::metrics() const {

@@ -14,6 +14,7 @@
 #include "engine/model_runner.h"
 #include "engine/output_processor.h"
 #include "engine/scheduler.h"
+#include "engine/structured_output_manager.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula {
@@ -69,6 +70,7 @@ class EngineCore {
   // The step's result into the scheduler and the request streams.
   void process_result(const SchedulerOutput& scheduled, ModelRunnerOutput& result);
   bool step_async();
+  void process_in_flight();  // async scheduling: collect the step in flight and process it
   std::vector<std::string> child_ids(const std::string& request_id, int n) const;
 
   EngineCoreConfig config_;
@@ -83,6 +85,8 @@ class EngineCore {
   int64_t spec_depth_steps_ = 0;  // steps whose result carried a speculative depth
   int64_t spec_depth_sum_ = 0;
   std::optional<SchedulerOutput> in_flight_;  // async scheduling: submitted, result not processed
+  // Compiles structured-output constraints; validate() (any thread) uses it too.
+  std::unique_ptr<StructuredOutputManager> structured_outputs_;
 };
 
 }  // namespace specula

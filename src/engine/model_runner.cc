@@ -308,6 +308,9 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     const int num_tokens = static_cast<int>(st.tokens.size());
     st.tokens.insert(st.tokens.end(), drafts.begin(), drafts.end());
     first_row_of[s] = rows.size();
+    const std::vector<uint32_t>& masks = plan.sched->grammar_masks;
+    const size_t mask_words = masks.size() / static_cast<size_t>(plan.num_sample_rows);
+    SPECULA_ASSERT(masks.empty() || mask_words * plan.num_sample_rows == masks.size());
     for (int j = 0; j < plan.num_sample_rows; ++j) {
       SamplingRow row;
       row.logits_row = plan.first_sample_row + j;
@@ -320,6 +323,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
       if (st.num_output_tokens() - static_cast<int>(drafts.size()) + j < st.params->min_tokens)
         row.masked_token_ids = st.min_tokens_stop_ids;
       row.logprobs = st.params->logprobs;
+      if (!masks.empty()) row.allowed_token_mask = std::span<const uint32_t>(masks.data() + j * mask_words, mask_words);
       rows.push_back(row);
     }
   }

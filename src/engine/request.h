@@ -12,6 +12,7 @@
 
 #include "engine/api.h"
 #include "sampling/sampling_params.h"
+#include "structured_output/grammar_matcher.h"
 
 namespace specula {
 
@@ -68,6 +69,10 @@ struct Request {
   int num_output_placeholders = 0;
   int num_cached_tokens = -1;          // prompt tokens served by the prefix cache (first schedule)
   int num_preemptions = 0;
+
+  // Structured outputs: where the output stands in its grammar (null: unconstrained). Advanced by
+  // every token update() appends; drafts it forbids are cut before they are scheduled.
+  std::unique_ptr<GrammarMatcher> grammar;
 
   // Prefix-cache hashes of this sequence's full blocks of known tokens, extended lazily.
   std::vector<BlockHash> block_hashes;

@@ -28,6 +28,12 @@ const Request* Scheduler::find(const std::string& id) const {
   return it == requests_.end() ? nullptr : it->second.get();
 }
 
+int Scheduler::num_structured_requests() const {
+  int n = 0;
+  for (const auto& [id, r] : requests_) n += r->grammar ? 1 : 0;
+  return n;
+}
+
 void Scheduler::set_draft_tokens(const std::string& id, std::vector<int32_t> tokens) {
   auto it = requests_.find(id);
   if (it != requests_.end()) it->second->spec_token_ids = std::move(tokens);
@@ -81,6 +87,10 @@ SchedulerOutput Scheduler::schedule(double now) {
       // later than synchronously.
       ++i;
       continue;
+    }
+    if (r->grammar && !r->spec_token_ids.empty()) {
+      // A draft the grammar forbids could never be accepted: it and what follows are not verified.
+      r->spec_token_ids.resize(static_cast<size_t>(r->grammar->num_valid_drafts(r->spec_token_ids)));
     }
     int n = r->num_tokens_with_spec() + r->num_output_placeholders - r->num_computed_tokens;
     n = std::min(n, budget);
@@ -142,11 +152,21 @@ SchedulerOutput Scheduler::schedule(double now) {
     }
   }
 
-  // 3. Scheduled tokens count as computed from now on; drafts are consumed.
+  // 3. Scheduled tokens count as computed from now on; drafts are consumed. Requests with a
+  // grammar that sample this step get their rows' token masks.
   for (size_t k = 0; k < scheduled.size(); ++k) {
-    scheduled[k]->num_computed_tokens += num_tokens[k];
-    scheduled[k]->spec_token_ids.clear();
+    Request& r = *scheduled[k];
+    r.num_computed_tokens += num_tokens[k];
+    r.spec_token_ids.clear();
     out.total_num_scheduled_tokens += num_tokens[k];
+    if (r.grammar && r.num_computed_tokens >= r.num_tokens()) {
+      // The masks follow the output's values: async scheduling runs these requests' steps one
+      // at a time (EngineCore), so no placeholder is ahead of the grammar here.
+      SPECULA_ASSERT(r.num_output_placeholders == 0);
+      ScheduledRequest& s = out.scheduled[k];
+      const int valid = r.grammar->fill_draft_masks(s.spec_token_ids, s.grammar_masks);
+      SPECULA_ASSERT(valid == static_cast<int>(s.spec_token_ids.size()));
+    }
   }
   return out;
 }
@@ -238,6 +258,10 @@ std::vector<EngineCoreOutput> Scheduler::update(const SchedulerOutput& scheduled
     bool stopped = false;
     if (!sampled.empty() && r->num_output_tokens() == 0) stats_.prompt_tokens += r->num_prompt_tokens();
     for (size_t j = 0; j < sampled.size() && !stopped; ++j) {
+      // The sampler masked every token the grammar forbids: a refusal here is a bug upstream.
+      SPECULA_CHECK(!r->grammar || r->grammar->accept_token(sampled[j]),
+                    "internal error: request {} sampled token {}, which its grammar forbids", r->request_id,
+                    sampled[j]);
       r->append_output_token(sampled[j]);
       o.new_token_ids.push_back(sampled[j]);
       if (logprobs && j < logprobs->size()) o.new_logprobs.push_back((*logprobs)[j]);

@@ -78,6 +78,8 @@ class Scheduler {
   int num_running() const { return static_cast<int>(running_.size()); }
   int num_waiting() const { return static_cast<int>(waiting_.size()); }
   bool has_unfinished_requests() const { return !running_.empty() || !waiting_.empty(); }
+  // Unfinished requests with a grammar (structured outputs).
+  int num_structured_requests() const;
   const KVCacheManager& kv_cache() const { return kv_; }
   KVCacheManager& kv_cache() { return kv_; }
   const SchedulerStats& stats() const { return stats_; }

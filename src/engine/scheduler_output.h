@@ -42,6 +42,9 @@ struct ScheduledRequest {
   int num_computed_tokens = 0;            // before this step
   std::vector<int32_t> spec_token_ids;    // drafts to verify: the last tokens of this request's chunk
   std::vector<int32_t> new_block_ids;     // appended to its block table (requests seen before)
+  // Structured outputs, when this step samples the request: the allowed-token bitmask of each
+  // sampled row (spec_token_ids.size() + 1 rows of equal length, row j after the first j drafts).
+  std::vector<uint32_t> grammar_masks;
 };
 
 struct SchedulerOutput {

@@ -117,6 +117,7 @@ TokenSamplingRow device_row_settings(const SamplingRow& r, uint32_t stream) {
   d.prompt_ids = r.prompt_token_ids;
   d.output_ids = r.output_token_ids;
   d.masked_ids = r.masked_token_ids;
+  d.allowed_mask = r.allowed_token_mask;
   d.logit_bias = p.logit_bias;
   return d;
 }

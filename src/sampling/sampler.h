@@ -27,6 +27,8 @@ struct SamplingRow {
   std::span<const int32_t> prompt_token_ids; // repetition penalty looks at prompt + output
   std::span<const int32_t> output_token_ids; // generated so far (for a verified draft: drafts before it)
   std::span<const int32_t> masked_token_ids; // eos/stop ids while min_tokens is not reached
+  // Structured outputs: bit t (word t / 32) set = token t allowed; empty = no constraint.
+  std::span<const uint32_t> allowed_token_mask;
   // Logprobs wanted: the sampled token's and the top N (N = -1: the whole vocabulary, as vLLM).
   std::optional<int> logprobs;
 };

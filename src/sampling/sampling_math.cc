@@ -76,6 +76,10 @@ void apply_penalties(std::span<float> logits, const SamplingRow& row) {
     if (in_vocab(t)) logits[t] += bias;
   for (int32_t t : row.masked_token_ids)
     if (in_vocab(t)) logits[t] = kNegInf;
+  if (!row.allowed_token_mask.empty()) {
+    for (int64_t t = 0; t < vocab; ++t)
+      if (!(row.allowed_token_mask[static_cast<size_t>(t >> 5)] >> (t & 31) & 1)) logits[t] = kNegInf;
+  }
 
   if (p.repetition_penalty != 1.0f) {
     // Each token seen in prompt or output is penalised once: divided when positive, multiplied

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <httplib.h>
 
 #include "core/error.h"
@@ -15,6 +16,7 @@
 #include "server/api_error.h"
 #include "server/api_key.h"
 #include "server/reasoning_parser.h"
+#include "server/tool_parser.h"
 #include "server/routes.h"
 #include "server/server_state.h"
 #include "server/thread_pool.h"
@@ -73,6 +75,11 @@ OpenAIServer::OpenAIServer(LLMEngine& engine, const ChatTemplate* chat_template,
   SPECULA_CHECK(!options_.served_model_name.empty(), "OpenAIServer: served_model_name is empty");
   SPECULA_CHECK(options_.reasoning_parser.empty() || ReasoningParser::is_known(options_.reasoning_parser),
                 "--reasoning-parser {}: unknown parser (choose deepseek_r1 or qwen3)", options_.reasoning_parser);
+  SPECULA_CHECK(options_.tool_call_parser.empty() || ToolParser::is_known(options_.tool_call_parser),
+                "--tool-call-parser {}: unknown parser (choose one of {})", options_.tool_call_parser,
+                fmt::join(ToolParser::names(), ", "));
+  SPECULA_CHECK(!options_.enable_auto_tool_choice || !options_.tool_call_parser.empty(),
+                "--enable-auto-tool-choice requires --tool-call-parser");
   state_ = std::make_unique<ServerState>(engine, engine.tokenizer(), engine.max_model_len());
   state_->chat_template = chat_template;
   state_->max_prompt_bytes = max_prompt_bytes(engine.tokenizer(), engine.max_model_len());
@@ -80,6 +87,8 @@ OpenAIServer::OpenAIServer(LLMEngine& engine, const ChatTemplate* chat_template,
   state_->model_root = options_.model_root.empty() ? options_.served_model_name : options_.model_root;
   state_->defaults = options_.defaults;
   state_->reasoning_parser = options_.reasoning_parser;
+  state_->enable_auto_tool_choice = options_.enable_auto_tool_choice;
+  state_->tool_call_parser = options_.tool_call_parser;
   state_->enable_prompt_tokens_details = options_.enable_prompt_tokens_details;
   install_routes();
 }

@@ -33,6 +33,8 @@ struct ServerOptions {
   std::string model_root;               // the checkpoint path, shown as /v1/models root
   std::string api_key;                  // "": no authentication
   std::string reasoning_parser;         // "", deepseek_r1 or qwen3
+  bool enable_auto_tool_choice = false; // tool_choice "auto" allowed (needs tool_call_parser)
+  std::string tool_call_parser;         // "", or a ToolParser name (hermes, llama3_json, deepseek_v3)
   bool enable_prompt_tokens_details = false;
   bool access_log = true;               // uvicorn-style line per request
   size_t max_threads = 2048;            // upper bound on concurrent connections (streams)

@@ -10,6 +10,7 @@
 
 #include "server/api_error.h"
 #include "server/json_fields.h"
+#include "server/structured_output_fields.h"
 #include "server/text_util.h"
 
 namespace specula::server {
@@ -41,8 +42,9 @@ void parse_stream_options(const json& body, CommonRequest* req) {
   }
 }
 
-// The sampling fields common to both routes.
-void parse_sampling(const json& body, const RequestDefaults& defaults, CommonRequest* req) {
+// The sampling fields common to both routes (`ordered`: the same body, in the client's key order).
+void parse_sampling(const json& body, const nlohmann::ordered_json& ordered, const RequestDefaults& defaults,
+                    CommonRequest* req) {
   const GenerationConfig& g = defaults.generation;
   SamplingParams& p = req->params;
   req->model = fields::string(body, "model");
@@ -96,13 +98,11 @@ void parse_sampling(const json& body, const RequestDefaults& defaults, CommonReq
   if (fields::boolean(body, "use_beam_search").value_or(false)) {
     throw bad_request("Beam search is not supported by this server.", "use_beam_search");
   }
-  if (const json* rf = fields::object(body, "response_format")) {
-    auto type = fields::string(*rf, "type").value_or("text");
-    if (type != "text") {
-      throw bad_request(fmt::format("response_format type '{}' is not supported by this server (only 'text').", type),
-                        "response_format");
-    }
-  }
+  StructuredOutputFields so = parse_structured_output_fields(ordered);
+  p.structured_outputs = std::move(so.constraint);
+  req->structured_outputs_source = std::move(so.source);
+  req->any_whitespace = so.any_whitespace;
+  req->ignored_fields.insert(req->ignored_fields.end(), so.ignored.begin(), so.ignored.end());
   parse_stream_options(body, req);
   if (p.prompt_logprobs && req->stream && (*p.prompt_logprobs > 0 || *p.prompt_logprobs == -1)) {
     throw bad_request("`prompt_logprobs` are not available when `stream=True`.", "prompt_logprobs");
@@ -279,11 +279,12 @@ constexpr std::string_view kSamplingFields[] = {
     "frequency_penalty", "seed", "stop", "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
     "skip_special_tokens", "spaces_between_special_tokens", "prompt_logprobs", "user", "return_tokens_as_token_ids",
     "logit_bias", "use_beam_search", "response_format", "stream", "stream_options", "echo", "add_special_tokens",
-    "max_tokens", "logprobs"};
+    "max_tokens", "logprobs", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "guided_whitespace_pattern"};
 constexpr std::string_view kCompletionFields[] = {"prompt", "suffix"};
 constexpr std::string_view kChatFields[] = {"messages", "top_logprobs", "max_completion_tokens",
                                             "add_generation_prompt", "continue_final_message",
-                                            "chat_template_kwargs", "tools", "tool_choice"};
+                                            "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls"};
 
 std::vector<std::string> ignored_fields(const json& body, std::span<const std::string_view> route_fields) {
   std::vector<std::string> ignored;
@@ -300,10 +301,14 @@ std::vector<std::string> ignored_fields(const json& body, std::span<const std::s
 }  // namespace
 
 CompletionRequest parse_completion_request(const json& body, const RequestDefaults& defaults) {
+  return parse_completion_request(body, body.is_object() ? ojson::parse(body.dump()) : ojson(), defaults);
+}
+
+CompletionRequest parse_completion_request(const json& body, const ojson& ordered, const RequestDefaults& defaults) {
   if (!body.is_object()) throw bad_request("The request body must be a JSON object.");
   CompletionRequest req;
-  parse_sampling(body, defaults, &req);
   req.ignored_fields = ignored_fields(body, kCompletionFields);
+  parse_sampling(body, ordered, defaults, &req);
   req.prompts = parse_prompts(body);
   req.echo = fields::boolean(body, "echo").value_or(false);
   req.add_special_tokens = fields::boolean(body, "add_special_tokens").value_or(true);
@@ -325,8 +330,8 @@ CompletionRequest parse_completion_request(const json& body, const RequestDefaul
 ChatRequest parse_chat_request(const json& body, const ojson& ordered, const RequestDefaults& defaults) {
   if (!body.is_object()) throw bad_request("The request body must be a JSON object.");
   ChatRequest req;
-  parse_sampling(body, defaults, &req);
   req.ignored_fields = ignored_fields(body, kChatFields);
+  parse_sampling(body, ordered, defaults, &req);
   auto messages = body.find("messages");
   if (messages == body.end() || messages->is_null()) throw bad_request("Field required: 'messages'.", "messages");
   req.messages = normalize_messages(ordered.at("messages"));
@@ -362,13 +367,12 @@ ChatRequest parse_chat_request(const json& body, const ojson& ordered, const Req
   }
   req.add_special_tokens = fields::boolean(body, "add_special_tokens").value_or(false);
   if (fields::object(body, "chat_template_kwargs")) req.chat_template_kwargs = ordered.at("chat_template_kwargs");
-  if (fields::array(body, "tools")) req.tools = ordered.at("tools");
-  if (const json* choice = body.contains("tool_choice") ? &body["tool_choice"] : nullptr; choice && !choice->is_null()) {
-    bool plain = choice->is_string() && (*choice == "none" || *choice == "auto");
-    if (!plain) {
-      throw bad_request("Only tool_choice 'none' and 'auto' are supported: this server passes tools to the chat "
-                        "template but does not parse tool calls.", "tool_choice");
-    }
+  req.tool_choice = parse_tool_choice(ordered);
+  if (auto it = ordered.find("tools"); it != ordered.end() && !it->is_null()) req.tools = *it;
+  if (auto forced = tool_choice_constraint(req.tool_choice, req.tools)) {
+    if (req.params.structured_outputs) throw_structured_output_conflict(req.structured_outputs_source, "tool_choice");
+    forced->any_whitespace = req.any_whitespace;
+    req.params.structured_outputs = std::move(forced);
   }
   validate_sampling_params(req.params, defaults);
   return req;

@@ -12,6 +12,7 @@
 
 #include "sampling/sampling_params.h"
 #include "model/config.h"
+#include "server/tool_choice.h"
 
 namespace specula::server {
 
@@ -31,6 +32,10 @@ struct CommonRequest {
   bool include_usage = false;             // stream_options.include_usage
   bool continuous_usage_stats = false;    // stream_options.continuous_usage_stats (vLLM extra)
   bool tokens_as_ids = false;             // return_tokens_as_token_ids (vLLM extra): "token_id:N"
+  // The field that set params.structured_outputs (response_format, guided_json, ...), for the 400
+  // when a forced tool_choice would set a second constraint; "" when none did.
+  std::string structured_outputs_source;
+  bool any_whitespace = true;             // structured_outputs.disable_any_whitespace, negated
   // Fields of the body this server does not act on (unknown ones, best_of, ...): vLLM logs them
   // once per request instead of dropping them silently.
   std::vector<std::string> ignored_fields;
@@ -60,11 +65,15 @@ struct ChatRequest : CommonRequest {
   bool echo = false;                  // vLLM extra: prepend the last message when it is the assistant's
   bool logprobs = false;              // chat: a boolean; top_logprobs gives the count
   int top_logprobs = 0;
+  ToolChoice tool_choice;             // a forced one has already set params.structured_outputs
 };
 
-// Both throw ApiError (400) naming the offending parameter.
+// Both throw ApiError (400) naming the offending parameter. `ordered` is the same body parsed as
+// ordered_json: JSON schemas (structured outputs, tools) keep the client's key order.
+CompletionRequest parse_completion_request(const nlohmann::json& body, const nlohmann::ordered_json& ordered,
+                                           const RequestDefaults& defaults);
+// The same, ordering keys as nlohmann::json does (tests).
 CompletionRequest parse_completion_request(const nlohmann::json& body, const RequestDefaults& defaults);
-// `ordered` is the same body parsed as ordered_json (for messages, tools, chat_template_kwargs).
 ChatRequest parse_chat_request(const nlohmann::json& body, const nlohmann::ordered_json& ordered,
                                const RequestDefaults& defaults);
 

@@ -1,6 +1,8 @@
 // POST /v1/chat/completions: messages -> chat template -> tokens -> engine, answered as one
 // chat.completion or as a stream of chat.completion.chunk events (role chunk first, content
 // deltas, a finish chunk, the usage chunk when asked, [DONE]), as OpenAI and vLLM do.
+// The output splits in two steps: --reasoning-parser takes the reasoning off, then the tool
+// parser (tool_choice.h) finds tool calls in what is left.
 #include <ctime>
 #include <memory>
 
@@ -11,6 +13,7 @@
 #include "server/reasoning_parser.h"
 #include "server/routes.h"
 #include "server/text_util.h"
+#include "server/tool_choice.h"
 #include "tokenizer/tokenizer.h"
 
 namespace specula::server {
@@ -41,6 +44,16 @@ class ChatResponder {
     return usage_json(state_, run_->prompt_tokens(), run_->completion_tokens(), run_->cached_tokens());
   }
   ReasoningParser* parser(int index);
+  ToolParser* tool_parser(int index);
+  std::unique_ptr<ToolParser> new_tool_parser() const {
+    return make_tool_choice_parser(req_.tool_choice, state_.tool_call_parser);
+  }
+  // OpenAI's "tool_calls" once a choice has made calls and stopped on its own.
+  static json finish_json(FinishReason r, bool made_calls) {
+    return made_calls && r == FinishReason::kStop ? json("tool_calls") : finish_reason_json(r);
+  }
+  // Delta entries for the calls' pieces: a call's first carries its id, type and name.
+  void tool_call_entries(int index, const ToolParseDelta& parsed, std::vector<json>* entries);
   void delta_events(const ChoiceDelta& d, std::string* out);
 
   ServerState& state_;
@@ -50,6 +63,8 @@ class ChatResponder {
   int64_t created_;
   std::string echo_;  // echo: the last message's content, prepended to the reply
   std::vector<std::unique_ptr<ReasoningParser>> parsers_;  // one per choice, for streaming
+  std::vector<std::unique_ptr<ToolParser>> tool_parsers_;  // one per choice, for streaming
+  std::vector<std::vector<std::string>> call_ids_;         // per choice, per call: the id sent
   bool started_ = false;
 };
 
@@ -61,24 +76,47 @@ ReasoningParser* ChatResponder::parser(int index) {
   return p.get();
 }
 
+ToolParser* ChatResponder::tool_parser(int index) {
+  if (req_.tool_choice.kind == ToolChoice::Kind::kNone) return nullptr;
+  if (tool_parsers_.empty()) {
+    tool_parsers_.resize(run_->choices().size());
+    call_ids_.resize(run_->choices().size());
+  }
+  auto& p = tool_parsers_.at(index);
+  if (!p) p = new_tool_parser();
+  return p.get();
+}
+
 json ChatResponder::response() const {
   json choices = json::array();
   for (const auto& c : run_->choices()) {
     json message = {{"role", "assistant"}};
-    if (!state_.reasoning_parser.empty()) {
+    std::string content = c.text;
+    bool reasoning = !state_.reasoning_parser.empty();
+    if (reasoning) {
       auto p = ReasoningParser::create(state_.reasoning_parser, req_.chat_template_kwargs);
       ReasoningDelta split = p->parse_all(c.text);
-      std::string content = echo_ + split.content;
-      message["content"] = content.empty() ? json(nullptr) : json(content);
+      content = std::move(split.content);
       message["reasoning_content"] = split.reasoning.empty() ? json(nullptr) : json(split.reasoning);
-    } else {
-      message["content"] = echo_ + c.text;
     }
-    message["tool_calls"] = json::array();
+    json tool_calls = json::array();
+    std::unique_ptr<ToolParser> tools = new_tool_parser();
+    if (tools) {
+      ParsedToolOutput parsed = tools->parse_all(content);
+      content = std::move(parsed.content);
+      for (auto& call : parsed.calls) {
+        tool_calls.push_back({{"id", "chatcmpl-tool-" + random_hex(32)}, {"type", "function"},
+                              {"function", {{"name", std::move(call.name)}, {"arguments", std::move(call.arguments)}}}});
+      }
+    }
+    content = echo_ + content;
+    // vLLM answers null for no content where a parser split the output; plain text stays a string.
+    message["content"] = (reasoning || tools) && content.empty() ? json(nullptr) : json(content);
+    message["tool_calls"] = tool_calls;
     json logprobs = nullptr;
     if (req_.logprobs) logprobs = {{"content", lp_.chat_content(c.logprobs, req_.top_logprobs)}};
     choices.push_back({{"index", c.index}, {"message", std::move(message)}, {"logprobs", std::move(logprobs)},
-                       {"finish_reason", finish_reason_json(c.finish_reason)},
+                       {"finish_reason", finish_json(c.finish_reason, !tool_calls.empty())},
                        {"stop_reason", stop_reason_json(c.stop_reason)}});
   }
   json out = {{"id", run_->id()}, {"object", "chat.completion"}, {"created", created_},
@@ -88,11 +126,24 @@ json ChatResponder::response() const {
   return out;
 }
 
+void ChatResponder::tool_call_entries(int index, const ToolParseDelta& parsed, std::vector<json>* entries) {
+  auto& ids = call_ids_.at(index);
+  for (const ToolCallDelta& call : parsed.calls) {
+    if (call.name) {
+      ids.push_back("chatcmpl-tool-" + random_hex(32));
+      entries->push_back({{"index", call.index}, {"id", ids.back()}, {"type", "function"},
+                          {"function", {{"name", *call.name}, {"arguments", ""}}}});
+    }
+    if (!call.arguments.empty()) entries->push_back({{"index", call.index}, {"function", {{"arguments", call.arguments}}}});
+  }
+}
+
 void ChatResponder::delta_events(const ChoiceDelta& d, std::string* out) {
+  bool finished = d.finish_reason != FinishReason::kNone;
   ReasoningDelta split;
   if (ReasoningParser* p = parser(d.index)) {
     split = p->feed(d.text);
-    if (d.finish_reason != FinishReason::kNone) {
+    if (finished) {
       ReasoningDelta tail = p->finish();
       split.reasoning += tail.reasoning;
       split.content += tail.content;
@@ -100,20 +151,44 @@ void ChatResponder::delta_events(const ChoiceDelta& d, std::string* out) {
   } else {
     split.content = d.text;
   }
-  bool finished = d.finish_reason != FinishReason::kNone;
+  std::vector<json> calls;  // tool_calls entries, each sent in a chunk of its own
+  ToolParser* tools = tool_parser(d.index);
+  if (tools) {
+    ToolParseDelta parsed = tools->feed(split.content);
+    if (finished) {
+      ToolParseDelta tail = tools->finish();
+      parsed.content += tail.content;
+      parsed.calls.insert(parsed.calls.end(), tail.calls.begin(), tail.calls.end());
+    }
+    split.content = std::move(parsed.content);
+    tool_call_entries(d.index, parsed, &calls);
+  }
+  bool made_calls = tools && !call_ids_.at(d.index).empty();
   bool has_logprobs = req_.logprobs && !d.logprobs.empty();
-  if (split.content.empty() && split.reasoning.empty() && !has_logprobs && !finished) return;  // nothing to say
 
-  json delta = json::object();
-  if (!split.reasoning.empty()) delta["reasoning_content"] = split.reasoning;
-  if (!split.content.empty() || split.reasoning.empty()) delta["content"] = split.content;
-  json choice = {{"index", d.index}, {"delta", std::move(delta)},
-                 {"logprobs", has_logprobs ? json{{"content", lp_.chat_content(d.logprobs, req_.top_logprobs)}} : json(nullptr)},
-                 {"finish_reason", finish_reason_json(d.finish_reason)}};
-  if (finished) choice["stop_reason"] = stop_reason_json(d.stop_reason);
-  json c = chunk(json::array({std::move(choice)}));
-  if (req_.continuous_usage_stats) c["usage"] = usage();
-  *out += sse_event(c);
+  std::vector<json> deltas;
+  if (!split.content.empty() || !split.reasoning.empty()) {
+    json delta = json::object();
+    if (!split.reasoning.empty()) delta["reasoning_content"] = split.reasoning;
+    if (!split.content.empty()) delta["content"] = split.content;
+    deltas.push_back(std::move(delta));
+  }
+  for (auto& entry : calls) deltas.push_back({{"tool_calls", json::array({std::move(entry)})}});
+  if (deltas.empty()) {
+    if (!has_logprobs && !finished) return;  // nothing to say
+    deltas.push_back(made_calls ? json::object() : json{{"content", ""}});
+  }
+  for (size_t k = 0; k < deltas.size(); ++k) {
+    bool first = k == 0, last = k + 1 == deltas.size();
+    json choice = {{"index", d.index}, {"delta", std::move(deltas[k])},
+                   {"logprobs", first && has_logprobs ? json{{"content", lp_.chat_content(d.logprobs, req_.top_logprobs)}}
+                                                      : json(nullptr)},
+                   {"finish_reason", last ? finish_json(d.finish_reason, made_calls) : json(nullptr)}};
+    if (last && finished) choice["stop_reason"] = stop_reason_json(d.stop_reason);
+    json c = chunk(json::array({std::move(choice)}));
+    if (req_.continuous_usage_stats) c["usage"] = usage();
+    *out += sse_event(c);
+  }
 }
 
 bool ChatResponder::pump(std::string* out) {
@@ -158,6 +233,14 @@ void handle_chat_completions(ServerState& state, const httplib::Request& http, h
   ChatRequest req = parse_chat_request(
       body, fields::parse_limited<nlohmann::ordered_json>(http.body, "the request body"), state.defaults);
   log_ignored_fields(req.ignored_fields);
+  if (req.tool_choice.kind == ToolChoice::Kind::kAuto) {
+    if (!state.enable_auto_tool_choice || state.tool_call_parser.empty()) {
+      throw bad_request("\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set",
+                        "tool_choice");
+    }
+    // The parser must see its markers, which some checkpoints make special tokens.
+    if (ToolParser::keeps_special_tokens(state.tool_call_parser)) req.params.skip_special_tokens = false;
+  }
   if (!state.chat_template) {
     throw bad_request("As of transformers v4.44, default chat template is no longer allowed, so you must provide a "
                       "chat template if the tokenizer does not define one.", "messages");

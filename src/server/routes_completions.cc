@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "server/api_error.h"
+#include "server/json_fields.h"
 #include "server/logprobs_format.h"
 #include "server/routes.h"
 #include "server/text_util.h"
@@ -152,7 +153,8 @@ void handle_completions(ServerState& state, const httplib::Request& http, httpli
   auto arrival = GenerationRun::Clock::now();
   json body = parse_body(http);
   check_model(state, body);
-  CompletionRequest req = parse_completion_request(body, state.defaults);
+  CompletionRequest req = parse_completion_request(
+      body, fields::parse_limited<nlohmann::ordered_json>(http.body, "the request body"), state.defaults);
   log_ignored_fields(req.ignored_fields);
 
   std::vector<std::vector<int32_t>> prompts;

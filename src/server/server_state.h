@@ -31,6 +31,8 @@ struct ServerState {
   size_t max_prompt_bytes = 0;
   RequestDefaults defaults;
   std::string reasoning_parser;                 // "" = off
+  bool enable_auto_tool_choice = false;         // --enable-auto-tool-choice
+  std::string tool_call_parser;                 // --tool-call-parser ("" = none)
   bool enable_prompt_tokens_details = false;    // usage.prompt_tokens_details.cached_tokens
   ServerMetrics metrics;
   // Shutdown: first `draining` (new requests get 503, in-flight ones may finish), then `stopping`

@@ -19,7 +19,8 @@ bool GrammarMatcher::is_end_token(int32_t token) const {
 bool GrammarMatcher::accepting() { return !terminated() && grammar_->automaton().accepting(states_.back()); }
 
 bool GrammarMatcher::allows(int32_t token) {
-  if (terminated()) return false;
+  // Past an end token (a request that ignores eos goes on) only end tokens again.
+  if (terminated()) return is_end_token(token);
   GrammarAutomaton& a = grammar_->automaton();
   const CompiledGrammar::StateId s = states_.back();
   if (is_end_token(token)) return a.accepting(s) || !a.can_continue(s);
@@ -29,7 +30,7 @@ bool GrammarMatcher::allows(int32_t token) {
 
 bool GrammarMatcher::accept_token(int32_t token) {
   if (!allows(token)) return false;
-  if (is_end_token(token)) {
+  if (terminated() || is_end_token(token)) {
     states_.push_back(kTerminated);
   } else {
     states_.push_back(grammar_->automaton().advance(states_.back(), grammar_->vocabulary().token_bytes(token)));
@@ -63,6 +64,13 @@ void GrammarMatcher::fill_next_token_mask(std::span<uint32_t> mask) {
 void GrammarMatcher::set_end_tokens(std::span<uint32_t> mask) const {
   for (int32_t t : end_tokens_)
     if (t >= 0 && t < grammar_->vocabulary().size()) mask[static_cast<size_t>(t) >> 5] |= 1u << (t & 31);
+}
+
+int GrammarMatcher::num_valid_drafts(std::span<const int32_t> drafts) {
+  int valid = 0;
+  while (valid < static_cast<int>(drafts.size()) && accept_token(drafts[valid])) ++valid;
+  rollback(valid);
+  return valid;
 }
 
 int GrammarMatcher::fill_draft_masks(std::span<const int32_t> drafts, std::vector<uint32_t>& masks) {

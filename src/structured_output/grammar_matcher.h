@@ -31,6 +31,8 @@ class GrammarMatcher {
   // first draft the grammar forbids (it ends the draft) and returns how many drafts were valid;
   // `masks` gets (valid + 1) rows. The matcher is left as it was.
   int fill_draft_masks(std::span<const int32_t> drafts, std::vector<uint32_t>& masks);
+  // How many leading drafts the grammar allows (the first forbidden one ends the draft).
+  int num_valid_drafts(std::span<const int32_t> drafts);
   int64_t mask_words() const { return grammar_->vocabulary().mask_words(); }
 
  private:

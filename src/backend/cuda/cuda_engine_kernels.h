@@ -75,9 +75,12 @@ struct SamplingRowDesc {
 
 // Where a counts row's ids lie in the ids array: [prompt_begin, output_begin) prompt ids (seen
 // bit), [output_begin, masked_begin) output ids (counted), [masked_begin, bias_begin) masked ids,
-// [bias_begin, end) logit-bias (id, float bits) pairs (bias bit).
+// [bias_begin, end) logit-bias (id, float bits) pairs (bias bit), and an allowed-token bitmask.
 struct CountsDesc {
   int32_t prompt_begin = 0, output_begin = 0, masked_begin = 0, bias_begin = 0, end = 0;
+  // >= 0: ceil(V / 32) words of an allowed-token bitmask from ids[allowed_begin] (structured
+  // outputs); a clear bit sets the token's masked bit.
+  int32_t allowed_begin = -1;
 };
 
 struct SamplingRowResult {

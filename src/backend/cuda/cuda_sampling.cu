@@ -622,6 +622,12 @@ __global__ void build_counts_kernel(const CountsDesc* __restrict__ descs, const 
     const int32_t id = ids[i];
     if (id >= 0 && id < vocab) atomicOr(&row[id], kBiasBit);
   }
+  if (d.allowed_begin >= 0) {
+    // Consecutive threads read consecutive bits of one word: the word loads coalesce.
+    const uint32_t* allowed = reinterpret_cast<const uint32_t*>(ids + d.allowed_begin);
+    for (int64_t t = threadIdx.x; t < vocab; t += blockDim.x)
+      if (!((allowed[t >> 5] >> (t & 31)) & 1u)) atomicOr(&row[t], kMaskedBit);
+  }
 }
 
 }  // namespace

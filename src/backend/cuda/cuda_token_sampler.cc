@@ -73,7 +73,7 @@ void CudaTokenSampler::check_probs(const Tensor* probs, int32_t row, const char*
 namespace {
 bool needs_counts(const TokenSamplingRow& r) {
   return r.repetition_penalty != 1.0f || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f ||
-         !r.masked_ids.empty() || !r.logit_bias.empty();
+         !r.masked_ids.empty() || !r.logit_bias.empty() || !r.allowed_mask.empty();
 }
 }  // namespace
 
@@ -154,7 +154,7 @@ void CudaTokenSampler::start_sample(const Tensor& logits, std::span<const TokenS
     }
     const bool repetition = r.repetition_penalty != 1.0f;
     const bool penalties = repetition || r.frequency_penalty != 0.0f || r.presence_penalty != 0.0f;
-    if (penalties || !r.masked_ids.empty() || !r.logit_bias.empty()) {
+    if (needs_counts(r)) {
       d.counts_row = static_cast<int32_t>(counts.size());
       cuda::CountsDesc c;
       c.prompt_begin = static_cast<int32_t>(ids.size());
@@ -172,6 +172,13 @@ void CudaTokenSampler::start_sample(const Tensor& logits, std::span<const TokenS
       d.bias_begin = c.bias_begin;
       d.bias_count = (static_cast<int32_t>(ids.size()) - c.bias_begin) / 2;
       c.end = static_cast<int32_t>(ids.size());
+      if (!r.allowed_mask.empty()) {
+        SPECULA_CHECK(static_cast<int64_t>(r.allowed_mask.size()) == (vocab_ + 31) / 32,
+                      "CUDA sampler: row {} has an allowed-token mask of {} words for a vocabulary of {}", i,
+                      r.allowed_mask.size(), vocab_);
+        c.allowed_begin = static_cast<int32_t>(ids.size());
+        for (uint32_t w : r.allowed_mask) ids.push_back(std::bit_cast<int32_t>(w));
+      }
       counts.push_back(c);
     }
   }

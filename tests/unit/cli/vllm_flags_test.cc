@@ -85,6 +85,17 @@ TEST_F(VllmFlags, AnUnknownFlagNamesTheNearestOne) {
   EXPECT_NE(r.output.find("did you mean --dtype?"), std::string::npos) << r.output;
 }
 
+// Both fail while parsing, before any weight loads, saying what is wrong.
+TEST_F(VllmFlags, ToolCallFlagsAreCheckedAtStartup) {
+  CliRun r = run_cli("serve '" + model_ + "' --device cpu --port 0 --tool-call-parser mistral");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("hermes"), std::string::npos) << r.output;  // the known ones are listed
+  EXPECT_NE(r.output.find("deepseek_v3"), std::string::npos) << r.output;
+  r = run_cli("serve '" + model_ + "' --device cpu --port 0 --enable-auto-tool-choice");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--enable-auto-tool-choice requires --tool-call-parser"), std::string::npos) << r.output;
+}
+
 TEST_F(VllmFlags, HubIdsResolveFromTheLocalCacheOnly) {
   const fs::path home = fs::temp_directory_path() / ("specula_hf_" + std::to_string(::getpid()));
   const fs::path repo = home / "hub" / "models--SomeOrg--Tiny";

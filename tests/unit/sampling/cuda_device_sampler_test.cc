@@ -66,6 +66,8 @@ void compare_samplers(int64_t vocab, float scale, float step, int rows_per_setti
   std::mt19937 rng(seed + 1);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
   std::vector<std::vector<int32_t>> prompt(static_cast<size_t>(rows)), output(prompt.size()), masked(prompt.size());
+  // Every third row has a structured-output mask allowing about a quarter of the vocabulary.
+  std::vector<std::vector<uint32_t>> allowed(prompt.size());
   std::vector<SamplingRow> sr(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
     for (int i = 0; i < 50; ++i) prompt[r].push_back(tok(rng));
@@ -80,6 +82,12 @@ void compare_samplers(int64_t vocab, float scale, float step, int rows_per_setti
     row.prompt_token_ids = prompt[r];
     row.output_token_ids = output[r];
     row.masked_token_ids = masked[r];
+    if (r % 3 == 2) {
+      allowed[r].assign(static_cast<size_t>((vocab + 31) / 32), 0u);
+      for (int64_t t = 0; t < vocab; ++t)
+        if (rng() % 4 == 0) allowed[r][t >> 5] |= 1u << (t & 31);
+      row.allowed_token_mask = allowed[r];
+    }
     row.logprobs = row.params->logprobs;
   }
   auto cpu_sampler = make_cpu_sampler(*gpu);

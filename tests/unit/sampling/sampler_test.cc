@@ -181,6 +181,25 @@ TEST(SamplingMath, MaskedTokensAreNeverChosen) {
   EXPECT_EQ(argmax(l), 2);
 }
 
+TEST(SamplingMath, AllowedTokenMaskLeavesOnlyAllowedTokens) {
+  SamplingParams p;
+  p.temperature = 1.0f;
+  std::vector<float> l(70, 0.0f);
+  l[3] = 9.0f;  // the best token is not allowed
+  std::vector<uint32_t> allowed(3, 0u);
+  for (int t : {5, 40, 69}) allowed[t >> 5] |= 1u << (t & 31);
+  SamplingRow r = row_for(p);
+  r.allowed_token_mask = allowed;
+  logits_to_probs(l, r);
+  float total = 0.0f;
+  for (int t = 0; t < 70; ++t) {
+    if (t == 5 || t == 40 || t == 69) EXPECT_NEAR(l[t], 1.0f / 3.0f, 1e-6) << t;
+    else EXPECT_EQ(l[t], 0.0f) << t;
+    total += l[t];
+  }
+  EXPECT_NEAR(total, 1.0f, 1e-6);
+}
+
 TEST(SamplingMath, InverseCdfDrawsFollowTheDistribution) {
   std::vector<float> probs = {0.1f, 0.0f, 0.6f, 0.3f};
   std::vector<int> counts(4, 0);

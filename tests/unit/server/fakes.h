@@ -83,8 +83,8 @@ class FakeTokenizer : public Tokenizer {
   std::string template_ = "fake";
 };
 
-// "<s>[role]content\n" per message, "[assistant]" for the generation prompt; tools and
-// enable_thinking show up so tests can see they reached the template.
+// "<s>[role]content\n" per message, "[assistant]" for the generation prompt; tools, tool calls,
+// tool_call_id and enable_thinking show up so tests can see they reached the template.
 class FakeChatTemplate : public ChatTemplate {
  public:
   using ChatTemplate::render;
@@ -93,7 +93,9 @@ class FakeChatTemplate : public ChatTemplate {
     for (const auto& m : ctx["messages"]) {
       if (m["role"] == "raise") throw Error("template says no");
       out += "[" + m["role"].get<std::string>() + "]";
+      if (m.contains("tool_call_id")) out += "(" + m["tool_call_id"].get<std::string>() + ")";
       if (m.contains("content") && m["content"].is_string()) out += m["content"].get<std::string>();
+      if (m.contains("tool_calls")) out += "[calls:" + m["tool_calls"].dump() + "]";
       out += "\n";
     }
     if (ctx.contains("tools")) out += "[tools:" + ctx["tools"].dump() + "]";
@@ -105,7 +107,8 @@ class FakeChatTemplate : public ChatTemplate {
 
 // Replies with `reply` (default "Hello!") one byte-token per step, per choice. A prompt holding
 // "ERROR" fails in the engine; hold_after_first() keeps every request after its first token
-// until release().
+// until release(). `max_len` (set before the server starts) is max_model_len: tool definitions
+// rendered into a prompt need more than the default 128 byte-tokens.
 class FakeEngine : public LLMEngine {
  public:
   FakeEngine() {
@@ -115,12 +118,13 @@ class FakeEngine : public LLMEngine {
   ~FakeEngine() override { shutdown(); }
 
   std::string reply = "Hello!";
+  int max_len = 128;
   std::atomic<int> step_delay_ms{1};  // set by tests while the worker runs
 
   const ModelConfig& model_config() const override { return model_config_; }
   const GenerationConfig& generation_config() const override { return generation_config_; }
   const Tokenizer& tokenizer() const override { return tokenizer_; }
-  int max_model_len() const override { return 128; }
+  int max_model_len() const override { return max_len; }
   void start() override {}
   void shutdown() override {
     {
@@ -133,9 +137,9 @@ class FakeEngine : public LLMEngine {
   }
 
   std::shared_ptr<RequestStream> add_request(NewRequest request) override {
-    SPECULA_CHECK(static_cast<int>(request.prompt_token_ids.size()) + request.params.max_tokens.value_or(0) <= 128,
-                  "prompt of {} tokens plus max_tokens {} exceed max_model_len 128", request.prompt_token_ids.size(),
-                  request.params.max_tokens.value_or(0));
+    SPECULA_CHECK(static_cast<int>(request.prompt_token_ids.size()) + request.params.max_tokens.value_or(0) <= max_len,
+                  "prompt of {} tokens plus max_tokens {} exceed max_model_len {}", request.prompt_token_ids.size(),
+                  request.params.max_tokens.value_or(0), max_len);
     auto stream = std::make_shared<RequestStream>();
     std::lock_guard<std::mutex> lock(mu_);
     Active a;

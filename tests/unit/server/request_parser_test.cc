@@ -166,7 +166,8 @@ TEST(RequestParser, ChatFields) {
                                                                  {{"type", "text"}, {"text", "b"}}}}}}},
                  {"max_tokens", 5}, {"max_completion_tokens", 9}, {"logprobs", true}, {"top_logprobs", 2},
                  {"stream", true}, {"stream_options", {{"include_usage", true}}},
-                 {"chat_template_kwargs", {{"enable_thinking", false}}}, {"tools", {{{"type", "function"}}}}});
+                 {"chat_template_kwargs", {{"enable_thinking", false}}},
+                 {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}});
   EXPECT_EQ(r.messages[0]["content"], "a\nb");  // text parts joined with newlines, as vLLM
   EXPECT_EQ(*r.max_tokens, 9);                  // max_completion_tokens wins
   EXPECT_STREQ(r.max_tokens_param, "max_completion_tokens");

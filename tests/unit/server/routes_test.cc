@@ -100,7 +100,8 @@ TEST_F(ServerTest, ChatCompletion) {
   start();
   auto r = post("/v1/chat/completions",
                 json{{"model", "fake-model"}, {"messages", user("hi")}, {"temperature", 0}, {"seed", 3},
-                     {"chat_template_kwargs", {{"enable_thinking", false}}}, {"tools", {{{"type", "function"}}}}});
+                     {"chat_template_kwargs", {{"enable_thinking", false}}},
+                     {"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}, {"tool_choice", "none"}});
   ASSERT_EQ(r.status, 200) << r.body;
   json j = r.json_body();
   EXPECT_EQ(j["id"].get<std::string>().rfind("chatcmpl-", 0), 0u);
@@ -121,7 +122,7 @@ TEST_F(ServerTest, ChatCompletion) {
   auto reqs = engine_.requests();
   ASSERT_EQ(reqs.size(), 1u);
   std::string prompt = engine_.tokenizer().decode(reqs[0].prompt_token_ids, false);
-  EXPECT_EQ(prompt, "<s>[user]hi\n[tools:[{\"type\":\"function\"}]][nothink][assistant]");
+  EXPECT_EQ(prompt, "<s>[user]hi\n[tools:[{\"function\":{\"name\":\"f\"},\"type\":\"function\"}]][nothink][assistant]");
   EXPECT_EQ(reqs[0].params.seed, 3u);
   EXPECT_EQ(*reqs[0].params.max_tokens, 128 - static_cast<int>(reqs[0].prompt_token_ids.size()));
   EXPECT_EQ(j["usage"], json({{"prompt_tokens", reqs[0].prompt_token_ids.size()}, {"completion_tokens", 6},

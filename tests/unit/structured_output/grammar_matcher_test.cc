@@ -80,6 +80,11 @@ TEST(GrammarMatcher, EndTokenOnlyWhereAccepting) {
   ASSERT_TRUE(m.accept_token(kEos));
   EXPECT_TRUE(m.terminated());
   EXPECT_EQ(allowed_ids(m, vocab->mask_words()), std::vector<int32_t>{kEos});
+  // A request that ignores eos goes on: end tokens only, each accepted.
+  EXPECT_FALSE(m.accept_token(6));
+  ASSERT_TRUE(m.accept_token(kEos));
+  EXPECT_TRUE(m.terminated());
+  m.rollback(1);
   m.rollback(2);
   EXPECT_FALSE(m.terminated());
   EXPECT_EQ(m.num_accepted(), 4);
