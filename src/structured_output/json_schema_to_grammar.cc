@@ -11,6 +11,7 @@
 #include "structured_output/json_string.h"
 #include "structured_output/number_range.h"
 #include "structured_output/regex_to_grammar.h"
+#include "structured_output/repetition.h"
 
 namespace specula {
 
@@ -76,6 +77,8 @@ class Converter {
   [[noreturn]] void fail(const std::string& path, const std::string& what) const {
     throw Error(fmt::format("JSON schema: {} at '{}'", what, path.empty() ? "#" : "#" + path));
   }
+
+  std::string fresh(std::string_view base) { return names_(base); }
 
   // ---- Formatting: whitespace and separators.
   Sequence ws() {
@@ -216,16 +219,16 @@ class Converter {
       }
       std::vector<Sequence> alts;
       for (size_t i = 0; i < c.size(); ++i) alts.push_back({schema(c[i], cpath + "/" + std::to_string(i), depth + 1)});
-      return b_.choice(std::move(alts), "any_of");
+      return b_.choice(std::move(alts), fresh("any_of"));
     }
 
-    if (s.contains("const")) return b_.choice({literal_value(s["const"])}, "const");
+    if (s.contains("const")) return b_.choice({literal_value(s["const"])}, fresh("const"));
     if (s.contains("enum")) {
       const ojson& e = s["enum"];
       if (!e.is_array() || e.empty()) fail(path + "/enum", "'enum' must be a non-empty array");
       std::vector<Sequence> alts;
       for (const ojson& v : e) alts.push_back(literal_value(v));
-      return b_.choice(std::move(alts), "enum");
+      return b_.choice(std::move(alts), fresh("enum"));
     }
 
     std::vector<std::string> types;
@@ -256,7 +259,7 @@ class Converter {
     }
     std::vector<Sequence> alts;
     for (const std::string& t : types) alts.push_back({typed(s, t, path, depth)});
-    return b_.choice(std::move(alts), "types");
+    return b_.choice(std::move(alts), fresh("types"));
   }
 
   Symbol typed(const ojson& s, const std::string& type, const std::string& path, int depth) {
@@ -282,7 +285,7 @@ class Converter {
       fail(path, fmt::format("the reference '{}' does not resolve", target));
     }
     std::string name = target.substr(target.rfind('/') + 1);
-    uint32_t rule = b_.declare(name.empty() ? "ref" : name);
+    uint32_t rule = b_.declare(fresh(name.empty() ? "ref" : name));
     refs_.emplace(target, rule);  // before converting: recursive references find it
     b_.define(rule, {{schema(*node, target.substr(1), depth + 1)}});
     return GrammarBuilder::ref(rule);
@@ -329,7 +332,7 @@ class Converter {
       if (has_length) fail(pattern_path, "a pattern or format together with minLength / maxLength is not supported");
       uint32_t rule = 0;
       try {
-        rule = add_regex_rule(b_, *pattern, RegexTarget::kJsonStringBody, "pattern");
+        rule = add_regex_rule(b_, *pattern, RegexTarget::kJsonStringBody, fresh("pattern"));
       } catch (const Error& e) {
         fail(pattern_path, e.what());
       }
@@ -338,10 +341,10 @@ class Converter {
       return any_string();
     } else {
       Symbol c = json_any_string_char(b_);
-      if (min == 0 && !max) body = {b_.star({c}, "string_chars")};
-      else if (!(max && *max == 0)) body = {b_.repeat({c}, min, max, "string_chars")};
+      if (min == 0 && !max) body = {b_.star({c}, fresh("string_chars"))};
+      else if (!(max && *max == 0)) body = {repeat_unique(b_, {c}, min, max, names_, "string_chars")};
     }
-    return GrammarBuilder::ref(b_.add("string", {join({b_.literal("\""), body, b_.literal("\"")})}));
+    return GrammarBuilder::ref(b_.add(fresh("string"), {join({b_.literal("\""), body, b_.literal("\"")})}));
   }
 
   // Reads minimum / maximum / exclusive*: (value, exclusive) for each side. Draft-4 boolean
@@ -387,7 +390,7 @@ class Converter {
     if (lo) l = to_int(*lo, true, "minimum");
     if (hi) h = to_int(*hi, false, "maximum");
     try {
-      return integer_range(b_, l, h, "int_range");
+      return integer_range(b_, l, h, fresh("int_range"));
     } catch (const Error& e) {
       fail(path, e.what());
     }
@@ -397,7 +400,7 @@ class Converter {
     auto [lo, hi] = number_bounds(s, path);
     if (!lo && !hi) return any_number();
     try {
-      return number_range(b_, lo, hi, "num_range");
+      return number_range(b_, lo, hi, fresh("num_range"));
     } catch (const Error& e) {
       fail(path, e.what());
     }
@@ -440,23 +443,23 @@ class Converter {
     const size_t n = props.size();
     std::optional<Sequence> extra_pair;
     if (additional) extra_pair = join({{any_string()}, key_sep(), {*additional}});
-    Sequence rest = extra_pair ? Sequence{b_.star(join({item_sep(), *extra_pair}), "extra_props")} : Sequence{};
+    Sequence rest = extra_pair ? Sequence{b_.star(join({item_sep(), *extra_pair}), fresh("extra_props"))} : Sequence{};
     std::optional<Symbol> first;
-    if (extra_pair) first = GrammarBuilder::ref(b_.add("props", {join({*extra_pair, rest})}));
+    if (extra_pair) first = GrammarBuilder::ref(b_.add(fresh("props"), {join({*extra_pair, rest})}));
     for (size_t i = n; i-- > 0;) {
       const Prop& p = props[i];
       std::vector<Sequence> first_alts{join({p.pair, rest})};
       if (!p.required && first) first_alts.push_back({*first});
-      first = GrammarBuilder::ref(b_.add("props", std::move(first_alts)));
+      first = GrammarBuilder::ref(b_.add(fresh("props"), std::move(first_alts)));
       std::vector<Sequence> rest_alts{join({item_sep(), p.pair, rest})};
       if (!p.required) rest_alts.push_back(rest);
-      rest = {GrammarBuilder::ref(b_.add("props_rest", std::move(rest_alts)))};
+      rest = {GrammarBuilder::ref(b_.add(fresh("props_rest"), std::move(rest_alts)))};
     }
     const bool any_required = std::any_of(props.begin(), props.end(), [](const Prop& p) { return p.required; });
     std::vector<Sequence> alts;
     if (first) alts.push_back(join({open('{'), {*first}, close('}')}));
     if (!any_required) alts.push_back(join({b_.literal("{"), ws(), b_.literal("}")}));
-    return GrammarBuilder::ref(b_.add("object", std::move(alts)));
+    return GrammarBuilder::ref(b_.add(fresh("object"), std::move(alts)));
   }
 
   Symbol array(const ojson& s, const std::string& path, int depth) {
@@ -500,7 +503,7 @@ class Converter {
       Sequence s_items = open('[');
       for (int i = 0; i < k; ++i) s_items = join({s_items, i ? item_sep() : Sequence{}, {prefix[i]}});
       if (!(extra_max && *extra_max == 0))
-        s_items.push_back(b_.repeat(join({item_sep(), {*item}}), extra_min, extra_max, "array_items"));
+        s_items.push_back(repeat_unique(b_, join({item_sep(), {*item}}), extra_min, extra_max, names_, "array_items"));
       alts.push_back(join({s_items, close(']')}));
     } else {
       if (min == 0) alts.push_back(join({b_.literal("["), ws(), b_.literal("]")}));
@@ -509,17 +512,18 @@ class Converter {
         std::optional<int> more_max;
         if (max) more_max = *max - 1;
         if (!(more_max && *more_max == 0))
-          more.push_back(b_.repeat(join({item_sep(), {*item}}), std::max(0, min - 1), more_max, "array_items"));
+          more.push_back(repeat_unique(b_, join({item_sep(), {*item}}), std::max(0, min - 1), more_max, names_, "array_items"));
         alts.push_back(join({open('['), {*item}, more, close(']')}));
       }
     }
-    return GrammarBuilder::ref(b_.add("array", std::move(alts)));
+    return GrammarBuilder::ref(b_.add(fresh("array"), std::move(alts)));
   }
 
   const ojson& root_;
   JsonGrammarOptions opt_;
   GrammarBuilder b_;
   std::map<std::string, uint32_t> refs_;
+  RuleNamer names_;
   std::optional<Symbol> ws_, any_string_, any_integer_, any_number_, boolean_, null_, any_value_, any_object_;
 };
 

@@ -339,3 +339,20 @@ TEST(AnyJsonGrammar, AnyObjectAtTheTop) {
 
 }  // namespace
 }  // namespace specula
+
+namespace specula {
+namespace {
+
+TEST(JsonSchemaToGrammar, LargeBoundsAtTheLimitCompileAndRun) {
+  Grammar s = compile(R"({"type":"string","maxLength":10000})");
+  EXPECT_TRUE(grammar_matches(s, "\"" + std::string(10000, 'a') + "\""));
+  EXPECT_FALSE(grammar_matches(s, "\"" + std::string(10001, 'a') + "\""));
+  Grammar a = compile(R"({"type":"array","items":{"type":"integer"},"minItems":3,"maxItems":10000})", compact());
+  std::string arr = "[1";
+  for (int i = 1; i < 10000; ++i) arr += ",1";
+  EXPECT_TRUE(grammar_matches(a, arr + "]"));
+  EXPECT_FALSE(grammar_matches(a, arr + ",1]"));
+}
+
+}  // namespace
+}  // namespace specula
