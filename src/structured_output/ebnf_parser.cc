@@ -7,7 +7,6 @@
 
 #include "core/error.h"
 #include "structured_output/code_point_set.h"
-#include "structured_output/repetition.h"
 
 namespace specula {
 
@@ -133,7 +132,7 @@ class EbnfParser {
     return seq;
   }
 
-  std::string hint(std::string_view what) { return names_(fmt::format("{}_{}", current_, what)); }
+  std::string hint(std::string_view what) { return fmt::format("{}_{}", current_, what); }  // the builder makes names unique
 
   Sequence parse_item() {
     Sequence s = parse_primary();
@@ -150,7 +149,7 @@ class EbnfParser {
       else if (min == 1 && max < 0) s = {b_.plus(std::move(s), hint("plus"))};
       else if (min == 0 && max == 1) s = {b_.optional(std::move(s), hint("opt"))};
       else if (!(min == 1 && max == 1))
-        s = {repeat_unique(b_, std::move(s), min, max < 0 ? std::nullopt : std::optional<int>(max), names_, current_ + "_rep")};
+        s = {b_.repeat(std::move(s), min, max < 0 ? std::nullopt : std::optional<int>(max), current_ + "_rep")};
       (void)at;
     }
     return s;
@@ -303,7 +302,6 @@ class EbnfParser {
   GrammarBuilder b_;
   std::map<std::string, RuleInfo> rules_;
   std::string current_;
-  RuleNamer names_;
 };
 
 }  // namespace

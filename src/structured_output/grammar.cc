@@ -78,11 +78,18 @@ std::string Grammar::to_string() const {
 }
 
 uint32_t GrammarBuilder::declare(std::string_view name) {
-  std::string unique(name.empty() ? "rule" : name);
-  for (int n = 1; find(unique); ++n) unique = fmt::format("{}_{}", name.empty() ? "rule" : name, n);
+  const std::string base(name.empty() ? "rule" : name);
+  std::string unique = base;
+  if (rule_ids_.count(unique)) {
+    int& n = next_suffix_[base];
+    do unique = fmt::format("{}_{}", base, ++n);
+    while (rule_ids_.count(unique));
+  }
+  const auto id = static_cast<uint32_t>(g_.rules_.size());
+  rule_ids_.emplace(unique, id);
   g_.rules_.push_back({unique, {}});
   defined_.push_back(false);
-  return static_cast<uint32_t>(g_.rules_.size() - 1);
+  return id;
 }
 
 void GrammarBuilder::define(uint32_t rule, std::vector<Sequence> alternatives) {
@@ -99,9 +106,9 @@ uint32_t GrammarBuilder::add(std::string_view name, std::vector<Sequence> altern
 }
 
 std::optional<uint32_t> GrammarBuilder::find(std::string_view name) const {
-  for (uint32_t i = 0; i < g_.rules_.size(); ++i)
-    if (g_.rules_[i].name == name) return i;
-  return std::nullopt;
+  auto it = rule_ids_.find(std::string(name));
+  if (it == rule_ids_.end()) return std::nullopt;
+  return it->second;
 }
 
 Symbol GrammarBuilder::bytes(const ByteSet& set) {
@@ -330,6 +337,8 @@ Grammar GrammarBuilder::build(uint32_t root) {
   Grammar out = std::move(g_);
   g_ = Grammar{};
   defined_.clear();
+  rule_ids_.clear();
+  next_suffix_.clear();
   return out;
 }
 

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -95,6 +96,10 @@ class GrammarBuilder {
  private:
   Grammar g_;
   std::vector<bool> defined_;
+  // Name -> rule, and per name the next suffix to try: declaring thousands of rules from one
+  // hint (a long repeat) stays linear.
+  std::unordered_map<std::string, uint32_t> rule_ids_;
+  std::unordered_map<std::string, int> next_suffix_;
 };
 
 }  // namespace specula

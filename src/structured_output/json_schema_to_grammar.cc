@@ -11,7 +11,6 @@
 #include "structured_output/json_string.h"
 #include "structured_output/number_range.h"
 #include "structured_output/regex_to_grammar.h"
-#include "structured_output/repetition.h"
 
 namespace specula {
 
@@ -78,7 +77,7 @@ class Converter {
     throw Error(fmt::format("JSON schema: {} at '{}'", what, path.empty() ? "#" : "#" + path));
   }
 
-  std::string fresh(std::string_view base) { return names_(base); }
+  std::string fresh(std::string_view base) { return std::string(base); }  // the builder makes names unique
 
   // ---- Formatting: whitespace and separators.
   Sequence ws() {
@@ -342,7 +341,7 @@ class Converter {
     } else {
       Symbol c = json_any_string_char(b_);
       if (min == 0 && !max) body = {b_.star({c}, fresh("string_chars"))};
-      else if (!(max && *max == 0)) body = {repeat_unique(b_, {c}, min, max, names_, "string_chars")};
+      else if (!(max && *max == 0)) body = {b_.repeat({c}, min, max, "string_chars")};
     }
     return GrammarBuilder::ref(b_.add(fresh("string"), {join({b_.literal("\""), body, b_.literal("\"")})}));
   }
@@ -503,7 +502,7 @@ class Converter {
       Sequence s_items = open('[');
       for (int i = 0; i < k; ++i) s_items = join({s_items, i ? item_sep() : Sequence{}, {prefix[i]}});
       if (!(extra_max && *extra_max == 0))
-        s_items.push_back(repeat_unique(b_, join({item_sep(), {*item}}), extra_min, extra_max, names_, "array_items"));
+        s_items.push_back(b_.repeat(join({item_sep(), {*item}}), extra_min, extra_max, "array_items"));
       alts.push_back(join({s_items, close(']')}));
     } else {
       if (min == 0) alts.push_back(join({b_.literal("["), ws(), b_.literal("]")}));
@@ -512,7 +511,7 @@ class Converter {
         std::optional<int> more_max;
         if (max) more_max = *max - 1;
         if (!(more_max && *more_max == 0))
-          more.push_back(repeat_unique(b_, join({item_sep(), {*item}}), std::max(0, min - 1), more_max, names_, "array_items"));
+          more.push_back(b_.repeat(join({item_sep(), {*item}}), std::max(0, min - 1), more_max, "array_items"));
         alts.push_back(join({open('['), {*item}, more, close(']')}));
       }
     }
@@ -523,7 +522,6 @@ class Converter {
   JsonGrammarOptions opt_;
   GrammarBuilder b_;
   std::map<std::string, uint32_t> refs_;
-  RuleNamer names_;
   std::optional<Symbol> ws_, any_string_, any_integer_, any_number_, boolean_, null_, any_value_, any_object_;
 };
 

@@ -8,7 +8,6 @@
 #include "core/error.h"
 #include "structured_output/code_point_set.h"
 #include "structured_output/json_string.h"
-#include "structured_output/repetition.h"
 
 namespace specula {
 
@@ -476,14 +475,14 @@ class Lowering {
         if (min == 1 && n.max < 0) return {b_.plus(std::move(s), hint("plus"))};
         if (min == 0 && n.max == 1) return {b_.optional(std::move(s), hint("opt"))};
         if (min == 1 && n.max == 1) return s;
-        return {repeat_unique(b_, std::move(s), min, n.max < 0 ? std::nullopt : std::optional<int>(n.max), names_, name_ + "_rep")};
+        return {b_.repeat(std::move(s), min, n.max < 0 ? std::nullopt : std::optional<int>(n.max), name_ + "_rep")};
       }
     }
     return {};
   }
 
  private:
-  std::string hint(std::string_view what) { return names_(fmt::format("{}_{}", name_, what)); }
+  std::string hint(std::string_view what) { return fmt::format("{}_{}", name_, what); }  // the builder makes names unique
 
   Symbol set_symbol(const CodePointSet& set) {
     if (set.empty()) return GrammarBuilder::ref(b_.add(hint("none"), {}));
@@ -500,7 +499,6 @@ class Lowering {
   GrammarBuilder& b_;
   RegexTarget target_;
   std::string name_;
-  RuleNamer names_;
 };
 
 }  // namespace
