@@ -187,6 +187,52 @@ class Converter {
   }
 
   // ---- Schemas.
+  static std::vector<std::string> type_list(const ojson& t) {
+    std::vector<std::string> out;
+    if (t.is_string()) out.push_back(t.get<std::string>());
+    if (t.is_array())
+      for (const ojson& x : t)
+        if (x.is_string()) out.push_back(x.get<std::string>());
+    return out;
+  }
+
+  // {"type": T, "anyOf": [A, B]} (vLLM's forced tool calls, and common in client schemas) is the
+  // union of each alternative restricted to T: an alternative without a type takes T, one with
+  // types keeps those it shares with T, one that shares none is dropped.
+  Symbol typed_union(const ojson& s, const char* combinator, const std::string& path, int depth) {
+    const std::vector<std::string> outer = type_list(s["type"]);
+    if (outer.empty()) fail(path + "/type", "'type' must be a string or an array of strings");
+    // The type both allow, "" for none ("integer" is the meet of "integer" and "number").
+    auto meet = [&](const std::string& t) -> std::string {
+      for (const std::string& o : outer) {
+        if (o == t) return t;
+        if ((o == "number" && t == "integer") || (o == "integer" && t == "number")) return "integer";
+      }
+      return "";
+    };
+    const ojson& c = s[combinator];
+    const std::string cpath = path + "/" + combinator;
+    if (!c.is_array() || c.empty()) fail(cpath, fmt::format("'{}' must be a non-empty array", combinator));
+    std::vector<Sequence> alts;
+    for (size_t i = 0; i < c.size(); ++i) {
+      ojson alt = c[i];
+      if (alt.is_boolean()) alt = alt.get<bool>() ? ojson::object() : ojson();
+      if (!alt.is_object()) continue;  // `false` matches nothing
+      if (!alt.contains("type")) {
+        alt["type"] = s["type"];
+      } else {
+        ojson kept = ojson::array();
+        for (const std::string& t : type_list(alt["type"]))
+          if (std::string m = meet(t); !m.empty()) kept.push_back(m);
+        if (kept.empty()) continue;
+        alt["type"] = kept.size() == 1 ? kept[0] : kept;
+      }
+      alts.push_back({schema(alt, cpath + "/" + std::to_string(i), depth + 1)});
+    }
+    if (alts.empty()) fail(cpath, fmt::format("no alternative of '{}' has the type the schema requires", combinator));
+    return b_.choice(std::move(alts), fresh("any_of"));
+  }
+
   Symbol schema(const ojson& s, const std::string& path, int depth) {
     if (depth > opt_.max_depth) fail(path, fmt::format("the schema nests deeper than {} levels", opt_.max_depth));
     if (s.is_boolean()) {
@@ -204,10 +250,12 @@ class Converter {
 
     for (const char* combinator : {"$ref", "anyOf", "oneOf", "allOf"}) {
       if (!s.contains(combinator)) continue;
+      const bool is_union = std::string_view(combinator) == "anyOf" || std::string_view(combinator) == "oneOf";
       for (auto it = s.begin(); it != s.end(); ++it)
-        if (it.key() != combinator && kConstraining.count(it.key()))
+        if (it.key() != combinator && kConstraining.count(it.key()) && !(is_union && it.key() == "type"))
           fail(path + "/" + pointer_token(it.key()),
                fmt::format("the keyword '{}' alongside '{}' is not supported", it.key(), combinator));
+      if (is_union && s.contains("type")) return typed_union(s, combinator, path, depth);
       const ojson& c = s[combinator];
       const std::string cpath = path + "/" + combinator;
       if (std::string_view(combinator) == "$ref") return ref(c, cpath, depth);

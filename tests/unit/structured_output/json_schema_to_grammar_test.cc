@@ -356,3 +356,27 @@ TEST(JsonSchemaToGrammar, LargeBoundsAtTheLimitCompileAndRun) {
 
 }  // namespace
 }  // namespace specula
+
+namespace specula {
+namespace {
+
+TEST(JsonSchemaToGrammar, TypeBesideAnyOfRestrictsEachAlternative) {
+  // vLLM's schema for tool_choice "required": items {"type": "object", "anyOf": [one per tool]}.
+  const char* required = R"({"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
+    {"properties": {"name": {"type": "string", "const": "get_weather"}, "parameters": {"type": "object",
+      "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"]}},
+     "required": ["name", "parameters"]},
+    {"properties": {"name": {"type": "string", "const": "noop"}, "parameters": {"type": "object", "properties": {}}},
+     "required": ["name", "parameters"]}]}})";
+  expect_language(required,
+                  {R"([{"name": "get_weather", "parameters": {"city": "Oslo"}}])",
+                   R"([{"name": "noop", "parameters": {}}, {"name": "get_weather", "parameters": {"city": "x"}}])"},
+                  {"[]", R"([{"name": "other", "parameters": {}}])", R"(["get_weather"])"});
+  // Alternatives keep only the types the outer schema allows.
+  expect_language(R"({"type": "integer", "anyOf": [{"type": "number", "minimum": 5}, {"type": "string"}]})",
+                  {"5", "17"}, {"4", "5.5", "\"a\""});
+  EXPECT_NE(error_of(R"({"type": "string", "anyOf": [{"type": "integer"}]})").find("no alternative"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace specula
