@@ -4,11 +4,15 @@
 # SIGTERM and checks that it shuts down cleanly (exit 0). With the default model the whole suite
 # runs twice: without speculation, then with the embedded draft (models/specula-tiny-draft,
 # k = 3); both times tests/reference.test.mjs compares the greedy text with transformers'
-# (tests/fixtures/embedded/specula-tiny/reference.safetensors).
+# (tests/fixtures/embedded/specula-tiny/reference.safetensors). A third server, with ngram
+# speculation, runs only tests/structured.test.mjs (grammar masks on drafted tokens). Every server
+# has --enable-auto-tool-choice --tool-call-parser hermes, so that tool_choice "auto" works.
 #   tests/e2e/run.sh path/to/specula
 # Environment: SPECULA_E2E_MODEL (model folder; default models/specula-tiny: another model runs
 # once, without speculation, and with no reference unless SPECULA_E2E_REFERENCE names one),
-# SPECULA_E2E_ARGS (extra `specula serve` flags), SPECULA_E2E_LOAD_* (see tests/zz_load.test.mjs).
+# SPECULA_E2E_ARGS (extra `specula serve` flags), SPECULA_E2E_LOAD_* (see tests/zz_load.test.mjs),
+# SUITE_TESTS (the test files every server runs, e.g. "tests/structured.test.mjs"; default all).
+# The clients (openai, the Vercel AI SDK, LangChain, zod) are pinned in package.json.
 set -uo pipefail
 
 fail() { echo "e2e: FAILED: $*" >&2; exit 1; }
@@ -25,8 +29,8 @@ MODEL=${SPECULA_E2E_MODEL:-$DEFAULT_MODEL}
 command -v node >/dev/null || fail "node is not installed (scripts/install-deps.sh)"
 
 cd "$HERE"
-if [ ! -d node_modules/openai ]; then
-  echo "e2e: installing the openai client (npm ci)"
+if [ ! -d node_modules/openai ] || [ ! -d node_modules/ai ] || [ ! -d node_modules/@langchain/openai ]; then
+  echo "e2e: installing the clients (npm ci)"
   npm ci --no-audit --no-fund --loglevel=error || fail "npm ci failed"
 fi
 
@@ -36,9 +40,17 @@ PID=
 stop_server() {
   if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then kill -KILL "$PID" 2>/dev/null; wait "$PID" 2>/dev/null; fi
 }
-trap stop_server EXIT
+# The suites' shared notes (the greedy outputs speculation must reproduce: tests/structured.test.mjs).
+export SPECULA_E2E_GREEDY_DIR
+SPECULA_E2E_GREEDY_DIR=$(mktemp -d -t specula-e2e-greedy.XXXXXX)
+cleanup() { stop_server; rm -rf "$SPECULA_E2E_GREEDY_DIR"; }
+trap cleanup EXIT
 
-# run_suite LABEL [serve flags...]: one server, the whole suite against it, a clean shutdown.
+ALL_TESTS="tests/api.test.mjs tests/endpoints.test.mjs tests/structured.test.mjs tests/reference.test.mjs
+  tests/hardening.test.mjs tests/zz_load.test.mjs"
+
+# run_suite LABEL [serve flags...]: one server, the tests ($SUITE_TESTS: the whole suite unless set)
+# against it, a clean shutdown.
 run_suite() {
   local label=$1
   shift
@@ -48,7 +60,7 @@ run_suite() {
   echo "e2e ($label): starting $BIN serve $MODEL on 127.0.0.1:$port $* (log: $log)"
   # shellcheck disable=SC2086
   "$BIN" serve "$MODEL" --host 127.0.0.1 --port "$port" --served-model-name "$NAME" --api-key "$API_KEY" \
-    --seed 0 "$@" ${SPECULA_E2E_ARGS:-} >"$log" 2>&1 &
+    --seed 0 --enable-auto-tool-choice --tool-call-parser hermes "$@" ${SPECULA_E2E_ARGS:-} >"$log" 2>&1 &
   PID=$!
 
   # Wait for /health (loading weights can take a while on a slow CPU).
@@ -66,10 +78,10 @@ run_suite() {
     || { tail -n 40 "$log" >&2; fail "($label) the server did not become healthy in 300 s"; }
   echo "e2e ($label): server is up"
 
+  # shellcheck disable=SC2086
   SPECULA_E2E_URL="http://127.0.0.1:$port" SPECULA_E2E_API_KEY="$API_KEY" SPECULA_E2E_MODEL_NAME="$NAME" \
     SPECULA_E2E_SPECULATIVE="${SPECULA_E2E_SPECULATIVE:-0}" SPECULA_E2E_BIN="$BIN" SPECULA_E2E_MODEL_DIR="$MODEL" \
-    node --test --test-concurrency=1 tests/api.test.mjs tests/endpoints.test.mjs tests/reference.test.mjs \
-    tests/hardening.test.mjs tests/zz_load.test.mjs
+    node --test --test-concurrency=1 ${SUITE_TESTS:-$ALL_TESTS}
   status=$?
 
   # Clean shutdown: SIGTERM must stop the server with exit status 0 within 60 s.
@@ -103,8 +115,12 @@ if [ "$MODEL" -ef "$DEFAULT_MODEL" ]; then
   # (spec_decode/README.md), so the suite's reproducibility test needs a fixed one.
   SPECULA_E2E_SPECULATIVE=1 run_suite "draft model, k=3" --speculative-config \
     "{\"method\": \"draft_model\", \"model\": \"$DRAFT\", \"num_speculative_tokens\": 3, \"adaptive\": false}"
+  SPECULA_E2E_SPECULATIVE=1 SUITE_TESTS=tests/structured.test.mjs run_suite "ngram, k=3, structured outputs only" \
+    --speculative-config \
+    '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "adaptive": false}'
 else
   SPECULA_E2E_SPECULATIVE=0 run_suite "$(basename "$MODEL")"
 fi
 trap - EXIT
+cleanup
 echo "e2e: all passed"
