@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "structured_output/choice_grammar.h"
 #include "structured_output/ebnf_parser.h"
 #include "structured_output/json_schema_to_grammar.h"
 #include "structured_output/regex_to_grammar.h"
@@ -25,13 +26,6 @@ std::string cache_key(const StructuredOutputsParams& p) {
     key += c;
   }
   return key;
-}
-
-Grammar choice_grammar(const std::vector<std::string>& choices) {
-  GrammarBuilder b;
-  std::vector<Sequence> alternatives;
-  for (const std::string& c : choices) alternatives.push_back(b.literal(c));
-  return b.build(b.add("root", std::move(alternatives)));
 }
 
 Grammar build_grammar(const StructuredOutputsParams& p) {

@@ -6,7 +6,8 @@
 #
 #   tests/fuzz/run.sh                  every target, FUZZ_SECONDS (default 15) each
 #   tests/fuzz/run.sh chat_template    one target (request_parser, safetensors_header,
-#                                      tokenizer_json, chat_template)
+#                                      tokenizer_json, chat_template, structured_output,
+#                                      tool_parser)
 #
 # FUZZ_BUILD_DIR (default build-fuzz), FUZZ_SECONDS, FUZZ_JOBS (build jobs, default nproc).
 # New inputs found go to $FUZZ_BUILD_DIR/corpus/<target>/, never into the committed seeds.
@@ -17,9 +18,11 @@ SECONDS_EACH=${FUZZ_SECONDS:-15}
 JOBS=${FUZZ_JOBS:-$(nproc)}
 
 # Each target and the longest input it is given: a request body, a safetensors file (header and a
-# little data), a tokenizer.json (the seeds are cut-down real ones), a chat template.
-declare -A MAX_LEN=([request_parser]=4096 [safetensors_header]=4096 [tokenizer_json]=16384 [chat_template]=4096)
-ORDER=(request_parser safetensors_header tokenizer_json chat_template)
+# little data), a tokenizer.json (the seeds are cut-down real ones), a chat template, a
+# constraint and the text run through it, a model's output with tool calls.
+declare -A MAX_LEN=([request_parser]=4096 [safetensors_header]=4096 [tokenizer_json]=16384 [chat_template]=4096
+  [structured_output]=2048 [tool_parser]=4096)
+ORDER=(request_parser safetensors_header tokenizer_json chat_template structured_output tool_parser)
 if [ $# -gt 0 ]; then ORDER=("$@"); fi
 for t in "${ORDER[@]}"; do
   [ -n "${MAX_LEN[$t]:-}" ] || { echo "fuzz: unknown target '$t' (one of ${!MAX_LEN[*]})" >&2; exit 2; }
