@@ -90,10 +90,14 @@ SchedulerOutput Scheduler::schedule(double now) {
     }
     int grammar_cut = 0;
     if (r->grammar && !r->spec_token_ids.empty()) {
-      // A draft the grammar forbids could never be accepted: it and what follows are not verified.
-      const int valid = r->grammar->num_valid_drafts(r->spec_token_ids);
-      grammar_cut = static_cast<int>(r->spec_token_ids.size()) - valid;
-      r->spec_token_ids.resize(static_cast<size_t>(valid));
+      // A draft the grammar forbids is never accepted, so the drafts after it are not verified.
+      // It is verified itself: rejected, its position is sampled from the residual of the masked
+      // target and the draft's q, which is what keeps sampled drafts lossless (sampling it from
+      // the masked target alone would over-weight the tokens q favours).
+      const int keep = std::min(r->grammar->num_valid_drafts(r->spec_token_ids) + 1,
+                                static_cast<int>(r->spec_token_ids.size()));
+      grammar_cut = static_cast<int>(r->spec_token_ids.size()) - keep;
+      r->spec_token_ids.resize(static_cast<size_t>(keep));
     }
     int n = r->num_tokens_with_spec() + r->num_output_placeholders - r->num_computed_tokens;
     n = std::min(n, budget);
@@ -169,7 +173,7 @@ SchedulerOutput Scheduler::schedule(double now) {
       SPECULA_ASSERT(r.num_output_placeholders == 0);
       ScheduledRequest& s = out.scheduled[k];
       const int valid = r.grammar->fill_draft_masks(s.spec_token_ids, s.grammar_masks);
-      SPECULA_ASSERT(valid == static_cast<int>(s.spec_token_ids.size()));
+      SPECULA_ASSERT(valid + 1 >= static_cast<int>(s.spec_token_ids.size()));
     }
   }
   return out;

@@ -45,8 +45,9 @@ struct ScheduledRequest {
   // Structured outputs, when this step samples the request: the allowed-token bitmask of each
   // sampled row (spec_token_ids.size() + 1 rows of equal length, row j after the first j drafts).
   std::vector<uint32_t> grammar_masks;
-  // Drafts the grammar forbade (cut from the end of spec_token_ids before scheduling): the
-  // speculator counts them as rejected, so adaptive depth sees what drafting bought.
+  // Drafts after the first one the grammar forbids (cut from the end of spec_token_ids before
+  // scheduling; the forbidden one is verified and rejected): the speculator counts them as
+  // rejected, so adaptive depth sees what drafting bought.
   int num_grammar_cut_drafts = 0;
 };
 

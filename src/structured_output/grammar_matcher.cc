@@ -85,6 +85,12 @@ int GrammarMatcher::fill_draft_masks(std::span<const int32_t> drafts, std::vecto
     fill_next_token_mask(std::span<uint32_t>(masks.data() + words * valid, words));
   }
   rollback(valid);
+  const size_t last_row = static_cast<size_t>(valid);
+  masks.resize(words * (drafts.size() + 1));
+  for (size_t row = last_row + 1; row <= drafts.size(); ++row) {
+    std::copy_n(masks.begin() + static_cast<std::ptrdiff_t>(words * last_row), words,
+                masks.begin() + static_cast<std::ptrdiff_t>(words * row));
+  }
   return valid;
 }
 

@@ -74,19 +74,24 @@ inline EngineConfig chi_square_engine_config(EngineConfig ec) {
 }
 
 // The target's exact distributions: p1 after the prompt, p2[y1] after prompt + y1 (top-k, as the
-// sampler shapes them).
+// sampler shapes them; with `allowed`, restricted to the tokens it allows after the output so far,
+// as a structured-output request's grammar mask does).
 struct TargetPairs {
   std::vector<float> p1;
   std::map<int32_t, std::vector<float>> p2;
 };
 
+using AllowedTokens = std::function<std::vector<uint32_t>(const std::vector<int32_t>& output)>;
+
 inline TargetPairs target_pairs(const std::filesystem::path& model_dir, const std::vector<int32_t>& prompt,
-                                const SamplingParams& p, int cpu_threads) {
+                                const SamplingParams& p, int cpu_threads, const AllowedTokens& allowed = {}) {
   auto backend = make_cpu_backend(cpu_threads);
   auto target = create_model(load_model_config(model_dir), *open_safetensors_checkpoint(model_dir), *backend);
   SamplingRow r0;
   r0.params = &p;
   r0.prompt_token_ids = prompt;
+  std::vector<uint32_t> mask0;
+  if (allowed) r0.allowed_token_mask = mask0 = allowed({});
   TargetPairs t;
   t.p1 = last_logits(*target, *backend, {prompt})[0];
   logits_to_probs(t.p1, r0);
@@ -97,6 +102,8 @@ inline TargetPairs target_pairs(const std::filesystem::path& model_dir, const st
     t.p2[y] = last_logits(*target, *backend, {ctx})[0];
     SamplingRow r1 = r0;
     r1.output_token_ids = std::span<const int32_t>(&ctx.back(), 1);
+    std::vector<uint32_t> mask1;
+    if (allowed) r1.allowed_token_mask = mask1 = allowed({y});
     logits_to_probs(t.p2[y], r1);
   }
   return t;

@@ -98,7 +98,7 @@ TEST(GrammarMatcher, DraftMasksStopAtTheFirstForbiddenDraft) {
   const std::vector<int32_t> drafts = {10, 2, 16, 6};  // {"a  "  x  1: x is forbidden
   EXPECT_EQ(m.fill_draft_masks(drafts, masks), 2);
   const size_t words = static_cast<size_t>(vocab->mask_words());
-  ASSERT_EQ(masks.size(), 3 * words);
+  ASSERT_EQ(masks.size(), 5 * words);  // rows 3 and 4 repeat row 2
   EXPECT_EQ(m.num_accepted(), 0);
   // Row 2 (after {"a") allows : and not x.
   auto bit = [&](int row, int32_t t) { return masks[row * words + (t >> 5)] >> (t & 31) & 1; };
@@ -106,6 +106,10 @@ TEST(GrammarMatcher, DraftMasksStopAtTheFirstForbiddenDraft) {
   EXPECT_FALSE(bit(2, 16));
   EXPECT_TRUE(bit(0, 0));
   EXPECT_FALSE(bit(0, 1));
+  for (size_t w = 0; w < words; ++w) {
+    EXPECT_EQ(masks[3 * words + w], masks[2 * words + w]);
+    EXPECT_EQ(masks[4 * words + w], masks[2 * words + w]);
+  }
 }
 
 }  // namespace
