@@ -296,6 +296,9 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     if (phase_profile::enabled()) backend_.synchronize();
   }
 
+  // Structured outputs' token masks, on the host while the device runs the forward.
+  const std::vector<size_t> mask_offset_of = fill_grammar_masks(plans);
+
   // Sampling rows. Drafts are appended to the request's tokens for the duration of sampling, so
   // that row j of a verification sees (and penalises) the j drafts before it.
   std::vector<SamplingRow> rows;
@@ -308,9 +311,8 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     const int num_tokens = static_cast<int>(st.tokens.size());
     st.tokens.insert(st.tokens.end(), drafts.begin(), drafts.end());
     first_row_of[s] = rows.size();
-    const std::vector<uint32_t>& masks = plan.sched->grammar_masks;
-    const size_t mask_words = masks.size() / static_cast<size_t>(plan.num_sample_rows);
-    SPECULA_ASSERT(masks.empty() || mask_words * plan.num_sample_rows == masks.size());
+    const uint32_t* masks = plan.sched->grammar ? grammar_masks_.data() + mask_offset_of[s] : nullptr;
+    const size_t mask_words = plan.sched->grammar ? static_cast<size_t>(plan.sched->grammar->mask_words()) : 0;
     for (int j = 0; j < plan.num_sample_rows; ++j) {
       SamplingRow row;
       row.logits_row = plan.first_sample_row + j;
@@ -323,7 +325,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
       if (st.num_output_tokens() - static_cast<int>(drafts.size()) + j < st.params->min_tokens)
         row.masked_token_ids = st.min_tokens_stop_ids;
       row.logprobs = st.params->logprobs;
-      if (!masks.empty()) row.allowed_token_mask = std::span<const uint32_t>(masks.data() + j * mask_words, mask_words);
+      if (masks) row.allowed_token_mask = std::span<const uint32_t>(masks + j * mask_words, mask_words);
       rows.push_back(row);
     }
   }
@@ -412,6 +414,31 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     propose_drafts(plans, fwd, target_seconds, out);
   }
   return out;
+}
+
+std::vector<size_t> ModelRunner::fill_grammar_masks(const std::vector<RequestPlan>& plans) {
+  std::vector<size_t> offset_of(plans.size(), 0);
+  size_t total = 0;
+  for (size_t s = 0; s < plans.size(); ++s) {
+    const ScheduledRequest& sched = *plans[s].sched;
+    if (!sched.grammar || plans[s].first_sample_row < 0) continue;
+    offset_of[s] = total;
+    total += static_cast<size_t>(sched.grammar->mask_words()) * (sched.spec_token_ids.size() + 1);
+  }
+  if (total == 0) return offset_of;
+  phase_profile::Scope p("runner.grammar_masks");
+  grammar_masks_.resize(total);  // kept between steps: no allocation once it has grown
+  for (size_t s = 0; s < plans.size(); ++s) {
+    const ScheduledRequest& sched = *plans[s].sched;
+    if (!sched.grammar || plans[s].first_sample_row < 0) continue;
+    const size_t rows = sched.spec_token_ids.size() + 1;
+    const std::span<uint32_t> masks(grammar_masks_.data() + offset_of[s],
+                                    static_cast<size_t>(sched.grammar->mask_words()) * rows);
+    // The scheduler kept the drafts up to the first one the grammar forbids.
+    const int valid = sched.grammar->fill_draft_masks(sched.spec_token_ids, masks);
+    SPECULA_ASSERT(valid + 1 >= static_cast<int>(sched.spec_token_ids.size()));
+  }
+  return offset_of;
 }
 
 void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,

@@ -140,6 +140,9 @@ class ModelRunner : public ModelExecutor {
   void update_states(const SchedulerOutput& scheduled);
   ForwardInput prepare_inputs(const SchedulerOutput& scheduled, std::vector<RequestPlan>& plans);
   // Asks the speculator for the next step's drafts of every request the step ran.
+  // Fills grammar_masks_ with the token masks of every sampled row of a request with a grammar;
+  // returns each plan's offset into it.
+  std::vector<size_t> fill_grammar_masks(const std::vector<RequestPlan>& plans);
   void propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,
                       ModelRunnerOutput& out);
   Tensor upload(const Tensor& host, Tensor& device, int64_t n);
@@ -154,6 +157,7 @@ class ModelRunner : public ModelExecutor {
   Speculator* speculator_ = nullptr;
   ModelRunnerConfig config_;
   std::vector<KVCacheLayer> kv_;
+  std::vector<uint32_t> grammar_masks_;  // this step's structured-output masks (fill_grammar_masks)
   std::unordered_map<std::string, RequestState> requests_;
 
   // Host staging buffers (pinned where the backend has them) and their device twins, sized for

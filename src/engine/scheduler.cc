@@ -161,7 +161,7 @@ SchedulerOutput Scheduler::schedule(double now) {
   }
 
   // 3. Scheduled tokens count as computed from now on; drafts are consumed. Requests with a
-  // grammar that sample this step get their rows' token masks.
+  // grammar that sample this step hand it to the runner for their rows' token masks.
   for (size_t k = 0; k < scheduled.size(); ++k) {
     Request& r = *scheduled[k];
     r.num_computed_tokens += num_tokens[k];
@@ -171,9 +171,7 @@ SchedulerOutput Scheduler::schedule(double now) {
       // The masks follow the output's values: async scheduling runs these requests' steps one
       // at a time (EngineCore), so no placeholder is ahead of the grammar here.
       SPECULA_ASSERT(r.num_output_placeholders == 0);
-      ScheduledRequest& s = out.scheduled[k];
-      const int valid = r.grammar->fill_draft_masks(s.spec_token_ids, s.grammar_masks);
-      SPECULA_ASSERT(valid + 1 >= static_cast<int>(s.spec_token_ids.size()));
+      out.scheduled[k].grammar = r.grammar.get();
     }
   }
   return out;

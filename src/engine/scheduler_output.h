@@ -42,9 +42,11 @@ struct ScheduledRequest {
   int num_computed_tokens = 0;            // before this step
   std::vector<int32_t> spec_token_ids;    // drafts to verify: the last tokens of this request's chunk
   std::vector<int32_t> new_block_ids;     // appended to its block table (requests seen before)
-  // Structured outputs, when this step samples the request: the allowed-token bitmask of each
-  // sampled row (spec_token_ids.size() + 1 rows of equal length, row j after the first j drafts).
-  std::vector<uint32_t> grammar_masks;
+  // Structured outputs, when this step samples the request: its grammar, at the state before
+  // this step's tokens (Scheduler::update() advances it once the step's tokens are known). The
+  // runner takes each sampled row's allowed-token mask from it after launching the forward, so
+  // that the masks are computed while the device runs (row j after the first j drafts).
+  GrammarMatcher* grammar = nullptr;
   // Drafts after the first one the grammar forbids (cut from the end of spec_token_ids before
   // scheduling; the forbidden one is verified and rejected): the speculator counts them as
   // rejected, so adaptive depth sees what drafting bought.

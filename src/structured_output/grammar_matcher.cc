@@ -73,23 +73,21 @@ int GrammarMatcher::num_valid_drafts(std::span<const int32_t> drafts) {
   return valid;
 }
 
-int GrammarMatcher::fill_draft_masks(std::span<const int32_t> drafts, std::vector<uint32_t>& masks) {
+int GrammarMatcher::fill_draft_masks(std::span<const int32_t> drafts, std::span<uint32_t> masks) {
   const size_t words = static_cast<size_t>(mask_words());
+  SPECULA_CHECK(masks.size() == words * (drafts.size() + 1), "fill_draft_masks: {} mask words for {} drafts",
+                masks.size(), drafts.size());
+  auto row = [&](size_t j) { return masks.subspan(words * j, words); };
   int valid = 0;
-  masks.resize(words);
-  fill_next_token_mask(std::span<uint32_t>(masks.data(), words));
+  fill_next_token_mask(row(0));
   for (int32_t d : drafts) {
     if (!accept_token(d)) break;
     ++valid;
-    masks.resize(words * static_cast<size_t>(valid + 1));
-    fill_next_token_mask(std::span<uint32_t>(masks.data() + words * valid, words));
+    fill_next_token_mask(row(static_cast<size_t>(valid)));
   }
   rollback(valid);
-  const size_t last_row = static_cast<size_t>(valid);
-  masks.resize(words * (drafts.size() + 1));
-  for (size_t row = last_row + 1; row <= drafts.size(); ++row) {
-    std::copy_n(masks.begin() + static_cast<std::ptrdiff_t>(words * last_row), words,
-                masks.begin() + static_cast<std::ptrdiff_t>(words * row));
+  for (size_t j = static_cast<size_t>(valid) + 1; j <= drafts.size(); ++j) {
+    std::copy_n(row(static_cast<size_t>(valid)).begin(), words, row(j).begin());
   }
   return valid;
 }

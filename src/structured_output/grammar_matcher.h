@@ -28,11 +28,11 @@ class GrammarMatcher {
   // mask.size() == vocabulary().mask_words(): the tokens allowed next.
   void fill_next_token_mask(std::span<uint32_t> mask);
   // Masks for verifying `drafts`: row j allows what may follow the first j drafts; returns how
-  // many leading drafts the grammar allows. `masks` gets drafts.size() + 1 rows: past the first
-  // forbidden draft (which verification always rejects: its masked probability is 0) the rows
-  // repeat the last defined one, so that every row is a mask the sampler can use. The matcher is
-  // left as it was.
-  int fill_draft_masks(std::span<const int32_t> drafts, std::vector<uint32_t>& masks);
+  // many leading drafts the grammar allows. `masks` holds drafts.size() + 1 rows of mask_words():
+  // past the first forbidden draft (which verification always rejects: its masked probability is
+  // 0) the rows repeat the last defined one, so that every row is a mask the sampler can use. The
+  // matcher is left as it was.
+  int fill_draft_masks(std::span<const int32_t> drafts, std::span<uint32_t> masks);
   // How many leading drafts the grammar allows.
   int num_valid_drafts(std::span<const int32_t> drafts);
   int64_t mask_words() const { return grammar_->vocabulary().mask_words(); }

@@ -94,11 +94,10 @@ TEST(GrammarMatcher, EndTokenOnlyWhereAccepting) {
 TEST(GrammarMatcher, DraftMasksStopAtTheFirstForbiddenDraft) {
   auto vocab = std::make_shared<TokenVocabulary>(small_vocab());
   GrammarMatcher m(std::make_shared<CompiledGrammar>(small_object(), vocab), {kEos});
-  std::vector<uint32_t> masks;
   const std::vector<int32_t> drafts = {10, 2, 16, 6};  // {"a  "  x  1: x is forbidden
-  EXPECT_EQ(m.fill_draft_masks(drafts, masks), 2);
   const size_t words = static_cast<size_t>(vocab->mask_words());
-  ASSERT_EQ(masks.size(), 5 * words);  // rows 3 and 4 repeat row 2
+  std::vector<uint32_t> masks(5 * words, 0xdeadbeef);  // rows 3 and 4 repeat row 2
+  EXPECT_EQ(m.fill_draft_masks(drafts, masks), 2);
   EXPECT_EQ(m.num_accepted(), 0);
   // Row 2 (after {"a") allows : and not x.
   auto bit = [&](int row, int32_t t) { return masks[row * words + (t >> 5)] >> (t & 31) & 1; };
