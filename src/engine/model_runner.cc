@@ -481,6 +481,10 @@ void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const Fo
     p.params = st.params.get();
     p.seed = st.seed;
     p.min_tokens_stop_ids = st.min_tokens_stop_ids;
+    if (p.sampled && r.grammar) {
+      p.grammar = r.grammar;
+      p.grammar_pending = out.sampled_token_ids[s];
+    }
     p.first_row = plan.first_token_row;
     p.num_rows = r.num_scheduled_tokens;
     p.first_position = r.num_computed_tokens;

@@ -22,6 +22,7 @@
 #include "core/tensor.h"
 #include "model/model.h"
 #include "sampling/sampling_params.h"
+#include "structured_output/grammar_matcher.h"
 
 namespace specula {
 
@@ -44,6 +45,13 @@ struct ProposerRequest {
   const SamplingParams* params = nullptr;
   uint64_t seed = 0;                    // its RNG stream (draws keyed by position, see sampling_math.h)
   std::span<const int32_t> min_tokens_stop_ids;  // masked while fewer than min_tokens are generated
+  // Structured outputs: the request's grammar, at its state before `grammar_pending` (this step's
+  // accepted tokens, the last of `tokens`: the scheduler advances it after the step). A proposer
+  // that samples its drafts draws them under the grammar's mask, so that they are tokens the
+  // target may accept; q is then the masked distribution, which verification is lossless for.
+  // Nothing may be left changed in it.
+  GrammarMatcher* grammar = nullptr;
+  std::span<const int32_t> grammar_pending;
   // Its rows of this step's target forward: rows [first_row, first_row + num_rows) of
   // ProposeBatch::target_hidden_states are positions [first_position, first_position + num_rows)
   // (including drafts that were rejected: only positions < num_target_computed are real).

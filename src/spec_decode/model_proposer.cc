@@ -154,6 +154,7 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   pieces_.clear();
   plan_catch_up(batch, num_drafts_, pieces_);
   contexts_.assign(n, {});
+  draft_masks_.resize(n);
   std::vector<size_t> rows;  // requests with a draft-step row, in batch order
   int max_drafts = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -248,11 +249,32 @@ void ModelProposer::run_draft_steps(const ProposeBatch& batch, const std::vector
       const int slot = state(r.req_id).slot;
       sample_rows.push_back(DraftSampleRow{draft_sampling_row(r, row, position, contexts_[i]),
                                            slot * config_.num_speculative_tokens + j - 1});
+      sample_rows.back().row.allowed_token_mask = draft_grammar_mask(r, i, drafts[i]);
       owners.push_back(i);
     }
     std::vector<int32_t> tokens = sampler_->sample(logits, sample_rows, &q_store_);
     for (size_t s = 0; s < owners.size(); ++s) drafts[owners[s]].push_back(tokens[s]);
   }
+}
+
+std::span<const uint32_t> ModelProposer::draft_grammar_mask(const ProposerRequest& r, size_t i,
+                                                            std::span<const int32_t> drafts_so_far) {
+  if (!r.grammar) return {};
+  GrammarMatcher& grammar = *r.grammar;
+  int accepted = 0;
+  for (std::span<const int32_t> tokens : {r.grammar_pending, drafts_so_far}) {
+    for (int32_t t : tokens) {
+      // This step's tokens were sampled under the grammar's mask, and so were the drafts.
+      SPECULA_CHECK(grammar.accept_token(t), "internal error: request {} drafts after token {}, which its grammar forbids",
+                    r.req_id, t);
+      ++accepted;
+    }
+  }
+  std::vector<uint32_t>& mask = draft_masks_[i];
+  mask.resize(static_cast<size_t>(grammar.mask_words()));
+  grammar.fill_next_token_mask(mask);
+  grammar.rollback(accepted);
+  return mask;
 }
 
 void ModelProposer::run_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
@@ -385,6 +407,7 @@ void ModelProposer::sample_first_drafts(const ProposeBatch& batch, const std::ve
     const int position = piece.to + token_offset();
     rows.push_back(DraftSampleRow{draft_sampling_row(r, row_of(static_cast<int>(s)), position, contexts_[piece.req]),
                                   slot * config_.num_speculative_tokens});
+    rows.back().row.allowed_token_mask = draft_grammar_mask(r, piece.req, {});
     owners.push_back(piece.req);
   }
   if (rows.empty()) return;

@@ -13,7 +13,9 @@
 //      batch size (draft_step_buffers.h), replayed as a CUDA graph per padded size and step
 //      variant (MTP: per layer). In a greedy chain (greedy_draft_chain.h) every draft stays on
 //      the device until the end; otherwise each step's logits go through the DraftSampler, which
-//      keeps q per request slot in the q store (draft_probs) for lossless verification.
+//      keeps q per request slot in the q store (draft_probs) for lossless verification. A request
+//      with a grammar (structured outputs) drafts this way, each draft under the grammar's mask
+//      after the drafts before it, so that it proposes what the masked target may accept.
 //
 // What a row reads is fixed by target_hidden_size at construction:
 //   - 0, tokens only (draft_model): the row of position p reads token p. A short catch-up's graph
@@ -206,6 +208,9 @@ class ModelProposer : public Proposer {
   void sample_first_drafts(const ProposeBatch& batch, const std::vector<Piece>& pieces, const Tensor& logits,
                            const std::function<int(int)>& row_of, std::vector<std::vector<int32_t>>& drafts);
   // Drafts 2..max_drafts through the draft sampler, one padded step each over `rows`.
+  // Structured outputs: what request i's grammar allows after this step's accepted tokens and
+  // `drafts_so_far` (empty without a grammar); the matcher is left as it was.
+  std::span<const uint32_t> draft_grammar_mask(const ProposerRequest& r, size_t i, std::span<const int32_t> drafts_so_far);
   void run_draft_steps(const ProposeBatch& batch, const std::vector<size_t>& rows, int max_drafts,
                        std::vector<std::vector<int32_t>>& drafts);
   // The padded size a draft step of n rows runs at: a captured graph's, else pad_batch's.
@@ -232,6 +237,9 @@ class ModelProposer : public Proposer {
   std::vector<int> num_drafts_;
   std::vector<Piece> pieces_;
   std::vector<std::vector<int32_t>> contexts_;  // drafting rows' context (tokens + drafts so far)
+  // Per request of this propose: the grammar mask its next draft is sampled under (structured
+  // outputs; draft_grammar_mask), valid until that request's next draft.
+  std::vector<std::vector<uint32_t>> draft_masks_;
   // Drafting requests with at least this many drafts have a draft-step row (their catch-up hidden
   // state starts the chained steps): 2, or 1 in a greedy chain, whose rows are every drafting one.
   int step_row_min_drafts_ = 2;

@@ -18,8 +18,7 @@ namespace specula::testing {
 namespace {
 
 constexpr int kChiSquareRequests = 150;  // x 16 choices = 2400 samples
-// After the prompt the target favours "queue" then "\n": the regex forbids the newline, which
-// the draft proposes most of the time.
+// After the prompt the target favours "queue" then "\n": the regex forbids the newline.
 constexpr const char* kChiSquareRegex = "[a-z]+( [a-z]*)?";
 
 TEST(StructuredOutputs, JsonSchemaGivesValidObjectsGreedyAndSampled) {
@@ -91,6 +90,11 @@ TEST(StructuredOutputs, GreedyOutputIsTheSameWithEverySpeculativeMethodAndAsync)
     for (bool async : {false, true}) {
       const EngineRun with = run_requests(tiny_config(spec), params, async);
       EXPECT_GT(with.metrics.spec_num_draft_tokens, 0) << name;
+      // The draft model drafts under the grammar's masks, so it proposes what the masked target
+      // picks (674 of 860 accepted here; unmasked drafts were mostly forbidden: on the H100 at
+      // pinned k=3 the same pair accepted 1.8% under a JSON schema).
+      if (std::string(name) == "draft_model")
+        EXPECT_GT(with.metrics.spec_num_accepted_tokens * 2, with.metrics.spec_num_draft_tokens);
       for (size_t i = 0; i < params.size(); ++i) {
         EXPECT_EQ(with.results[i].tokens, plain.results[i].tokens) << name << " async " << async << " request " << i;
         EXPECT_EQ(with.results[i].text, plain.results[i].text) << name << " request " << i;
@@ -136,11 +140,13 @@ TEST(StructuredOutputs, MtpGreedyOutputIsTheSameAsWithoutSpeculation) {
 
 // Sampling under a grammar mask with sampled drafts (temperature 1, top_k 4, the draft model at
 // pinned depth 2): the (first, second) token pairs must follow the masked target's
-// p1(y1) p2(y2 | y1) (engine_chi_square.h), the grammar advanced along y1. The regex forbids
-// tokens the target and the draft favour after the prompt, so drafts are forbidden often; a
-// forbidden draft must be verified (rejected, its position drawn from the residual), not dropped:
-// drawing that position from the masked target instead fails this test (chi2 63.8 on 10 dof,
-// p 7e-10, where verifying it gives chi2 5.6, p 0.85).
+// p1(y1) p2(y2 | y1) (engine_chi_square.h), the grammar advanced along y1. The regex forbids the
+// newline that the target and the draft favour after "queue"; the draft samples under the same
+// mask, so q is the masked draft distribution (here chi2 4.5 on 10 dof, p 0.92, 1771 of 2400
+// drafts accepted). Before drafts were masked, most were forbidden, and cutting a forbidden draft
+// (its position drawn from the masked target instead of the residual) failed this test with
+// chi2 63.8, p 7e-10; Scheduler.VerifiesTheFirstDraftTheGrammarForbidsAndCutsTheRest keeps the
+// fix for drafts the grammar forbids (ngram's).
 TEST(StructuredOutputs, SampledDraftsUnderAGrammarFollowTheMaskedTarget) {
   const std::vector<int32_t> prompt = Tokenizer::from_dir(tiny())->encode("import os\nimport sys\nimport ");
   SamplingParams p = chi_square_params();

@@ -5,6 +5,8 @@
 
 #include "engine/scheduler.h"
 #include "request_helpers.h"
+#include "structured_output/compiled_grammar.h"
+#include "structured_output/grammar_matcher.h"
 
 namespace specula {
 namespace {
@@ -277,6 +279,40 @@ TEST(Scheduler, VerifiesDraftTokensAndRollsBackRejectedOnes) {
   so = s.schedule();  // no drafts: a plain decode of one token
   EXPECT_EQ(so.scheduled[0].num_scheduled_tokens, 1);
   EXPECT_TRUE(so.scheduled[0].spec_token_ids.empty());
+}
+
+// Structured outputs: drafts after the first one the grammar forbids are cut; the forbidden one
+// is verified (always rejected there, its position drawn from the residual: lossless for sampled
+// drafts), and the runner gets the grammar to mask the step's rows.
+TEST(Scheduler, VerifiesTheFirstDraftTheGrammarForbidsAndCutsTheRest) {
+  // {"a": digits} over a small byte vocabulary; token 22 is the end token.
+  GrammarBuilder b;
+  Sequence object = b.literal("{\"a\":");
+  object.push_back(b.plus({b.bytes(ByteSet::range('0', '9'))}));
+  const Sequence close = b.literal("}");
+  object.insert(object.end(), close.begin(), close.end());
+  std::vector<std::optional<std::string>> vocab;
+  for (const char* t : {"{", "}", "\"", "a", ":", "0", "1", "9", "12", "{\"", "x"}) vocab.emplace_back(t);
+  vocab.emplace_back("");  // 11: the end token
+  auto grammar = std::make_shared<CompiledGrammar>(b.build(b.add("root", {object})), std::make_shared<TokenVocabulary>(vocab));
+
+  SchedulerConfig c = small_config(64);
+  c.num_speculative_tokens = 4;
+  Scheduler s(c);
+  auto req = make_request("r", iota_tokens(5), 50);
+  req->grammar = std::make_unique<GrammarMatcher>(grammar, std::vector<int32_t>{11});
+  s.add_request(std::move(req));
+  auto so = s.schedule();
+  EXPECT_NE(so.scheduled[0].grammar, nullptr);
+  s.update(so, run(s, so, [](const Request&) { return 9; }));  // {"
+  s.set_draft_tokens("r", {3, 10, 4, 5});                      // a x : 0 -- x is forbidden
+  so = s.schedule();
+  ASSERT_EQ(so.scheduled.size(), 1u);
+  EXPECT_EQ(so.scheduled[0].spec_token_ids, (std::vector<int32_t>{3, 10}));
+  EXPECT_EQ(so.scheduled[0].num_grammar_cut_drafts, 2);
+  EXPECT_EQ(so.scheduled[0].num_scheduled_tokens, 3);
+  EXPECT_EQ(so.scheduled[0].grammar, s.find("r")->grammar.get());
+  EXPECT_EQ(s.find("r")->grammar->num_accepted(), 1);  // the masks are the runner's to compute
 }
 
 TEST(Scheduler, AsyncSchedulingPlansTheNextStepOnPlaceholders) {
