@@ -8,6 +8,7 @@
 
 #include "backend/attention_metadata.h"
 #include "backend/backend.h"
+#include "core/error.h"
 #include "model/config.h"
 #include "model/weight_source.h"
 
@@ -36,6 +37,9 @@ struct ForwardInput {
 struct ForwardOutput {
   Tensor logits;          // F32 [L, vocab_size] on the backend's device
   Tensor hidden_states;   // [T, hidden] after the final norm (for MTP / EAGLE proposers); scratch
+  // [T, n hidden]: the residual stream entering each layer set_aux_hidden_state_layers chose, side
+  // by side in that order (EAGLE-3's low/mid/high features); scratch. Undefined when none.
+  Tensor aux_hidden_states;
 };
 
 class Model {
@@ -50,6 +54,14 @@ class Model {
   // an identical copy (DeepSeek MTP: "model.embed_tokens.weight", "lm_head.weight" — the
   // embedding itself when tied). Undefined when the model lends nothing by that name.
   virtual Tensor shared_weight(const std::string& name) const { return Tensor(); }
+  // From now on every forward also returns ForwardOutput::aux_hidden_states for these layers (an
+  // EAGLE-3 head's features; layer i's entry is the input of decoder layer i, i.e. transformers'
+  // output_hidden_states[i]). Throws specula::Error for a layer the model lacks or a model that
+  // cannot return them.
+  virtual void set_aux_hidden_state_layers(const std::vector<int>& layers) {
+    throw Error(fmt::format("{}: this architecture cannot return auxiliary hidden states (EAGLE-3 features)",
+                            architecture_name(config().arch)));
+  }
   // A greedy decode chain as one backend op (backend/decoder_chain.h): the caller fills the
   // chain's inputs (rows, steps, tokens, positions, slots, block tables, kv, block_size, out), the
   // model its weights and dims. False when the model or its backend has no fused form for it (the

@@ -1,0 +1,156 @@
+// LlamaDecoderLayer: one Llama-family layer's loading and blocks; see llama_layer.h.
+#include "model/llama_layer.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/phase_profile.h"
+#include "model/rope.h"
+
+namespace specula {
+namespace {
+
+const Tensor* if_defined(const Tensor& t) { return t.defined() ? &t : nullptr; }
+
+}  // namespace
+
+Tensor LlamaWeightLoader::load(const std::string& name, const Shape& shape) {
+  return source_.load(name, shape, backend_.compute_dtype(), backend_);
+}
+
+Tensor LlamaWeightLoader::load_stacked(const std::vector<std::pair<std::string, Shape>>& parts) {
+  Shape fused_shape = parts.front().second;
+  fused_shape[0] = 0;
+  for (const auto& [name, shape] : parts) fused_shape[0] += shape[0];
+  Tensor fused = backend_.empty(fused_shape, backend_.compute_dtype());
+  int64_t row = 0;
+  for (const auto& [name, shape] : parts) {
+    Tensor part = load(name, shape);
+    Tensor rows = fused.slice(row, row + shape[0]);
+    backend_.copy(part, rows);
+    row += shape[0];
+  }
+  return fused;
+}
+
+Tensor make_rope_table(const ModelConfig& config, Backend& backend) {
+  const int64_t max_positions = config.max_position_embeddings;
+  SPECULA_CHECK(max_positions > 0, "{}: max_position_embeddings must be positive", architecture_name(config.arch));
+  const int rotary_dim = static_cast<int>(config.rotary_dim());
+  std::vector<float> table =
+      rope_cos_sin_table(rope_frequencies(config.rope, rotary_dim, max_positions), max_positions);
+  Tensor cos_sin = backend.empty({max_positions, rotary_dim}, DType::kF32);
+  Tensor host = Tensor::from_f32(table, {max_positions, rotary_dim});
+  backend.copy(host, cos_sin);
+  return cos_sin;
+}
+
+LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& config, Backend& backend, const Tensor& cos_sin)
+    : config_(config),
+      backend_(backend),
+      cos_sin_(cos_sin),
+      hidden_(config.hidden_size),
+      num_heads_(config.num_attention_heads),
+      num_kv_heads_(config.num_key_value_heads),
+      head_dim_(config.head_dim),
+      intermediate_(config.intermediate_size),
+      rotary_dim_(static_cast<int>(config.rotary_dim())),
+      eps_(static_cast<float>(config.rms_norm_eps)),
+      // transformers: scaling = head_dim ** -0.5 (YaRN's attention factor lives in cos/sin).
+      attn_scale_(static_cast<float>(1.0 / std::sqrt(static_cast<double>(config.head_dim)))) {
+  SPECULA_CHECK(num_kv_heads_ > 0 && num_heads_ % num_kv_heads_ == 0,
+                "{}: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+                architecture_name(config.arch), num_heads_, num_kv_heads_);
+  SPECULA_CHECK(config.hidden_act == "silu", "{}: hidden_act '{}' is not supported (only silu)",
+                architecture_name(config.arch), config.hidden_act);
+}
+
+LlamaLayerWeights LlamaDecoderLayer::load(LlamaWeightLoader& w, const std::string& p, int64_t k,
+                                          bool with_input_layernorm) const {
+  const int64_t nq = num_heads_ * head_dim_, nk = num_kv_heads_ * head_dim_;
+  LlamaLayerWeights l;
+  if (with_input_layernorm) l.input_layernorm = w.load(p + "input_layernorm.weight", {hidden_});
+  l.qkv_proj = w.load_stacked({{p + "self_attn.q_proj.weight", {nq, k}},
+                               {p + "self_attn.k_proj.weight", {nk, k}},
+                               {p + "self_attn.v_proj.weight", {nk, k}}});
+  if (config_.attention_bias) {  // config.cc: Qwen2 always; Llama/Qwen3 attention_bias
+    l.qkv_bias = w.load_stacked({{p + "self_attn.q_proj.bias", {nq}},
+                                 {p + "self_attn.k_proj.bias", {nk}},
+                                 {p + "self_attn.v_proj.bias", {nk}}});
+  }
+  if (config_.qk_norm) {
+    l.q_norm = w.load(p + "self_attn.q_norm.weight", {head_dim_});
+    l.k_norm = w.load(p + "self_attn.k_norm.weight", {head_dim_});
+  }
+  l.o_proj = w.load(p + "self_attn.o_proj.weight", {hidden_, nq});
+  if (config_.o_proj_bias) l.o_bias = w.load(p + "self_attn.o_proj.bias", {hidden_});
+  l.post_attention_layernorm = w.load(p + "post_attention_layernorm.weight", {hidden_});
+  l.gate_up_proj = w.load_stacked({{p + "mlp.gate_proj.weight", {intermediate_, hidden_}},
+                                   {p + "mlp.up_proj.weight", {intermediate_, hidden_}}});
+  l.down_proj = w.load(p + "mlp.down_proj.weight", {hidden_, intermediate_});
+  if (config_.mlp_bias) {
+    l.gate_up_bias = w.load_stacked({{p + "mlp.gate_proj.bias", {intermediate_}},
+                                     {p + "mlp.up_proj.bias", {intermediate_}}});
+    l.down_bias = w.load(p + "mlp.down_proj.bias", {hidden_});
+  }
+  return l;
+}
+
+void LlamaDecoderLayer::attention(const LlamaLayerWeights& w, const Tensor& x, const ForwardInput& in,
+                                  KVCacheLayer& cache, Tensor& out) const {
+  const DType dt = backend_.compute_dtype();
+  const int64_t t = x.size(0), hq = num_heads_, hk = num_kv_heads_, d = head_dim_;
+
+  // One GEMM for q, k and v: [T, K] -> [T, (Hq + 2 Hk) D]; then one fused op splits the heads,
+  // applies Qwen3's per-head q/k RMSNorm, ropes q and k, and writes k and v into the cache (the
+  // new tokens' K/V go in first; attention then reads every key through the cache).
+  Tensor qkv = backend_.scratch({t, (hq + 2 * hk) * d}, dt);
+  {
+    phase_profile::Scope p("model.qkv_gemm (host)");
+    backend_.linear(x, w.qkv_proj, if_defined(w.qkv_bias), qkv);
+  }
+  Tensor q = backend_.scratch({t, hq, d}, dt);
+  Backend::QkvPrologue prologue;
+  prologue.num_q_heads = hq;
+  prologue.num_kv_heads = hk;
+  prologue.q_norm = if_defined(w.q_norm);
+  prologue.k_norm = if_defined(w.k_norm);
+  prologue.eps = eps_;
+  prologue.positions = &in.positions;
+  prologue.cos_sin = &cos_sin_;
+  prologue.rotary_dim = rotary_dim_;
+  prologue.neox = true;
+  {
+    phase_profile::Scope p("model.qkv_prologue (host)");
+    backend_.qkv_prologue(qkv, prologue, cache, in.attn.slot_mapping, q);
+  }
+
+  Tensor attn = backend_.scratch({t, hq, d}, dt);
+  const auto& qsl = in.attn.query_start_loc_host;
+  const int64_t real_rows = qsl.empty() ? 0 : qsl.back();
+  if (real_rows < t) {  // padding rows: attention leaves them alone, keep them finite
+    Tensor pad = attn.slice(real_rows, t);
+    backend_.zero(pad);
+  }
+  {
+    phase_profile::Scope p("model.paged_attention (host)");
+    backend_.paged_attention(q, cache, in.attn, attn_scale_, attn);
+  }
+
+  // o_proj reads only attn: out may be x, whose last reader (the qkv GEMM) ran before it.
+  phase_profile::Scope p("model.o_gemm (host)");
+  backend_.linear(attn.reshape({t, hq * d}), w.o_proj, if_defined(w.o_bias), out);
+}
+
+void LlamaDecoderLayer::mlp(const LlamaLayerWeights& w, const Tensor& x, Tensor& out) const {
+  const DType dt = backend_.compute_dtype();
+  const int64_t t = x.size(0);
+  phase_profile::Scope p("model.mlp (host)");
+  Tensor gate_up = backend_.scratch({t, 2 * intermediate_}, dt);
+  backend_.linear(x, w.gate_up_proj, if_defined(w.gate_up_bias), gate_up);
+  Tensor act = backend_.scratch({t, intermediate_}, dt);
+  backend_.silu_mul(gate_up, act);
+  backend_.linear(act, w.down_proj, if_defined(w.down_bias), out);  // out may be x: only act is read
+}
+
+}  // namespace specula

@@ -1,0 +1,85 @@
+// One Llama-family decoder layer (RMSNorm -> grouped-query attention over the paged cache ->
+// RMSNorm -> SwiGLU MLP) and the loader of its HF-named weights. Shared by the Llama/Qwen decoder
+// (llama.cc) and the EAGLE heads (eagle_head.h), whose single layer is this one with a wider
+// attention input (EAGLE-3: [embedding | hidden], 2 H).
+//
+// Shapes: T tokens, H hidden, K the attention input width (H, or 2 H for EAGLE-3), Hq query heads,
+// Hk kv heads, D head_dim, I intermediate.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "model/weight_source.h"
+
+namespace specula {
+
+struct LlamaLayerWeights {
+  Tensor input_layernorm;           // [H] (absent in EAGLE-1's layer)
+  Tensor qkv_proj;                  // [(Hq + 2 Hk) D, K]: q_proj, k_proj, v_proj stacked by rows
+  Tensor qkv_bias;                  // [(Hq + 2 Hk) D]; Qwen2, attention_bias (else undefined)
+  Tensor q_norm, k_norm;            // [D]; Qwen3 (else undefined)
+  Tensor o_proj;                    // [H, Hq D]
+  Tensor o_bias;                    // [H]; Llama/Qwen3 attention_bias
+  Tensor post_attention_layernorm;  // [H]
+  Tensor gate_up_proj;              // [2 I, H]: gate_proj then up_proj
+  Tensor gate_up_bias;              // [2 I]; mlp_bias
+  Tensor down_proj;                 // [H, I]
+  Tensor down_bias;                 // [H]; mlp_bias
+};
+
+// Loads HF-named tensors in the backend's compute dtype, fusing row-stacked projections so that
+// each fused projection is one GEMM at run time.
+class LlamaWeightLoader {
+ public:
+  LlamaWeightLoader(WeightSource& source, Backend& backend) : source_(source), backend_(backend) {}
+  Tensor load(const std::string& name, const Shape& shape);
+  // Concatenates tensors along dim 0 (weights [n_i, K] -> [sum n_i, K], biases [n_i] -> [sum n_i]).
+  Tensor load_stacked(const std::vector<std::pair<std::string, Shape>>& parts);
+
+ private:
+  WeightSource& source_;
+  Backend& backend_;
+};
+
+// The dimensions and tables a layer runs with, fixed by the config at load time.
+class LlamaDecoderLayer {
+ public:
+  // `cos_sin`: F32 [max_positions, rotary_dim], owned by the caller.
+  LlamaDecoderLayer(const ModelConfig& config, Backend& backend, const Tensor& cos_sin);
+
+  // Loads layer `prefix` ("model.layers.3."): the attention reads `attention_input` columns (H for
+  // a decoder, 2 H for EAGLE-3's layer); input_layernorm only when `with_input_layernorm`.
+  LlamaLayerWeights load(LlamaWeightLoader& w, const std::string& prefix, int64_t attention_input,
+                         bool with_input_layernorm) const;
+
+  // Grouped-query self-attention over the paged cache: x [T, K] -> out [T, H] (out may be x when
+  // K = H). The new tokens' K/V go into `cache` first (slot -1 skips a row).
+  void attention(const LlamaLayerWeights& w, const Tensor& x, const ForwardInput& in, KVCacheLayer& cache,
+                 Tensor& out) const;
+  // SwiGLU MLP: down_proj(silu(gate_proj(x)) * up_proj(x)). x [T, H] -> out [T, H] (may be x).
+  void mlp(const LlamaLayerWeights& w, const Tensor& x, Tensor& out) const;
+
+  float eps() const { return eps_; }
+  float attn_scale() const { return attn_scale_; }
+  int rotary_dim() const { return rotary_dim_; }
+
+ private:
+  const ModelConfig& config_;
+  Backend& backend_;
+  const Tensor& cos_sin_;
+  int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_;
+  int rotary_dim_;
+  float eps_, attn_scale_;
+};
+
+// cos|sin for every position the config supports, F32 [max_position_embeddings, rotary_dim] on
+// the backend, computed once on the host.
+Tensor make_rope_table(const ModelConfig& config, Backend& backend);
+
+}  // namespace specula
