@@ -36,6 +36,25 @@ void Backend::argmax_rows(const Tensor& x, const Tensor* rows, Tensor& out) {
   }
 }
 
+void Backend::gather_columns(const Tensor& x, const Tensor& columns, float fill, Tensor& out) {
+  SPECULA_CHECK(x.is_cpu() && columns.is_cpu() && out.is_cpu(),
+                "gather_columns is not implemented by the {} backend for device tensors", name());
+  SPECULA_CHECK(x.dtype() == DType::kF32 && x.ndim() == 2 && out.dtype() == DType::kF32 && out.ndim() == 2 &&
+                    columns.dtype() == DType::kI32 && columns.ndim() == 1 && out.size(0) == x.size(0) &&
+                    out.size(1) == columns.size(0),
+                "gather_columns: x {} and out {} must be F32 [R, C] and [R, N], columns {} I32 [N]", x.describe(),
+                out.describe(), columns.describe());
+  const int64_t rows = x.size(0), c = x.size(1), n = out.size(1);
+  const int32_t* col = columns.data_as<int32_t>();
+  for (int64_t j = 0; j < n; ++j)
+    SPECULA_CHECK(col[j] < c, "gather_columns: column {} of x's {}", col[j], c);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = x.data_as<float>() + r * c;
+    float* dst = out.data_as<float>() + r * n;
+    for (int64_t j = 0; j < n; ++j) dst[j] = col[j] >= 0 ? src[col[j]] : fill;
+  }
+}
+
 // The MLA / MoE ops are optional per backend: a backend that lacks one says so by name.
 void Backend::copy_columns(const Tensor&, int64_t, Tensor&, int64_t, int64_t) {
   throw Error(fmt::format("copy_columns is not implemented by the {} backend", name()));

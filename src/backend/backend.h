@@ -148,6 +148,10 @@ class Backend {
   // host sampler's argmax does (rows holding NaN: unspecified). The default runs on the host over
   // CPU tensors.
   virtual void argmax_rows(const Tensor& x, const Tensor* rows, Tensor& out);
+  // out[r, n] = x[r, columns[n]], or `fill` where columns[n] < 0: x F32 [R, C], columns I32 [N],
+  // out F32 [R, N]. An EAGLE-3 head's logits over its reduced draft vocabulary become logits over
+  // the target's (fill -inf: tokens it cannot draft). The default runs on the host over CPU tensors.
+  virtual void gather_columns(const Tensor& x, const Tensor& columns, float fill, Tensor& out);
 
   // ---- MLA and MoE (DeepSeek-V2/V3). Default implementations throw specula::Error naming the op
   // and the backend, so that a backend without them fails loudly, not silently. ----

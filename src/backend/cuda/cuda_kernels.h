@@ -24,6 +24,9 @@ cudaError_t launch_gather_rows(const void* src, int64_t src_rows, size_t row_byt
 
 // out[i] = first argmax of row rows[i] (rows null: row i) of x F32 [x_rows, vocab], i < n; a row
 // index outside [0, x_rows) gives 0 (as gather_rows, the host cannot check device indices).
+// out[r, n] = x[r, columns[n]] or fill where columns[n] < 0 (Backend::gather_columns).
+cudaError_t launch_gather_columns(const float* x, int64_t rows, int64_t x_cols, const int32_t* columns, int64_t n,
+                                  float fill, float* out, cudaStream_t stream);
 cudaError_t launch_argmax_rows(const float* x, int64_t x_rows, int64_t vocab, const int32_t* rows, int64_t n,
                                int32_t* out, cudaStream_t stream);
 

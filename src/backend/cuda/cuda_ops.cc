@@ -56,6 +56,19 @@ void CudaBackend::argmax_rows(const Tensor& x, const Tensor* rows, Tensor& out) 
              "argmax_rows");
 }
 
+void CudaBackend::gather_columns(const Tensor& x, const Tensor& columns, float fill, Tensor& out) {
+  cuda_check::on_gpu(x, "gather_columns", "x");
+  cuda_check::on_gpu(out, "gather_columns", "out");
+  cuda_check::index_vector(columns, DType::kI32, "gather_columns", "columns");
+  SPECULA_CHECK(x.dtype() == DType::kF32 && x.ndim() == 2 && out.dtype() == DType::kF32 && out.ndim() == 2 &&
+                    out.size(0) == x.size(0) && out.size(1) == columns.size(0),
+                "gather_columns: x {} and out {} must be F32 [R, C] and [R, N], columns {} I32 [N]", x.describe(),
+                out.describe(), columns.describe());
+  check_cuda(cuda::launch_gather_columns(x.data_as<float>(), x.size(0), x.size(1), columns.data_as<int32_t>(),
+                                         out.size(1), fill, out.data_as<float>(), stream_),
+             "gather_columns");
+}
+
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   cuda_check::float_tensor(x, "rms_norm", "x");
   cuda_check::on_gpu(weight, "rms_norm", "weight");
