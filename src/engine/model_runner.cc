@@ -456,6 +456,7 @@ void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const Fo
 
   ProposeBatch batch;
   batch.target_hidden_states = fwd.hidden_states;
+  batch.target_aux_hidden_states = fwd.aux_hidden_states;
   const int k = speculator_->num_speculative_tokens();
   for (size_t s = 0; s < plans.size(); ++s) {
     const RequestPlan& plan = plans[s];

@@ -70,6 +70,9 @@ struct ProposeBatch {
   // valid until the next forward on the backend, so a proposer copies the rows it needs before
   // running a model of its own. Undefined when the model did not return it.
   Tensor target_hidden_states;
+  // [T, n hidden]: the target's aux-layer features (ForwardOutput::aux_hidden_states, for an
+  // EAGLE-3 head), rows as target_hidden_states'; scratch. Undefined unless the model returns them.
+  Tensor target_aux_hidden_states;
 };
 
 class Speculator {

@@ -50,11 +50,13 @@ std::vector<KVCacheLayer> allocate_kv_layers(Backend& backend, const KVCacheSpec
 }  // namespace
 
 ModelProposer::ModelProposer(Backend& backend, std::unique_ptr<DraftSampler> sampler,
-                             const ModelProposerConfig& config, int64_t vocab_size, int64_t target_hidden_size)
+                             const ModelProposerConfig& config, int64_t vocab_size, int64_t target_hidden_size,
+                             int64_t chained_hidden_size)
     : backend_(backend),
       config_(config),
       sampler_(std::move(sampler)),
-      target_hidden_size_(target_hidden_size) {
+      target_hidden_size_(target_hidden_size),
+      chained_hidden_size_(chained_hidden_size > 0 ? chained_hidden_size : target_hidden_size) {
   SPECULA_CHECK(config.num_speculative_tokens >= 1 && config.max_num_seqs >= 1 && config.max_num_batched_tokens >= 1 &&
                     config.max_model_len >= 1,
                 "proposer: bad configuration (k={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={})",
@@ -97,7 +99,7 @@ void ModelProposer::allocate_kv_cache(int num_blocks, int block_size) {
     const DType dtype = backend_.compute_dtype();
     target_hidden_ = backend_.empty({t, target_hidden_size_}, dtype);
     backend_.zero(target_hidden_);  // read by graph captures before any real row: finite (MoE routing in range)
-    chained_hidden_ = backend_.empty({s, target_hidden_size_}, dtype);
+    chained_hidden_ = backend_.empty({s, chained_hidden_size_}, dtype);
     backend_.zero(chained_hidden_);  // padding rows read it: never uninitialised (NaN) memory
   }
   backend_.synchronize();
@@ -134,6 +136,51 @@ int ModelProposer::draft_probs_row(std::string_view req_id) const {
 int ModelProposer::num_computed(std::string_view req_id) const {
   const RequestState* st = find_state(req_id);
   return st ? st->num_computed : -1;
+}
+
+int ModelProposer::num_inherited(std::string_view req_id) const {
+  const RequestState* st = find_state(req_id);
+  return st ? st->num_inherited : -1;
+}
+
+void ModelProposer::plan_catch_up(const ProposeBatch& batch, std::vector<int>& num_drafts, std::vector<Piece>& pieces) {
+  SPECULA_CHECK(reads_target_hidden(), "internal error: the {} proposer plans no catch-up", method());
+  // Every request's new positions: those the target computed in this step (their hidden states
+  // are in this step's rows) whose next token is known.
+  int total = 0;
+  for (size_t i = 0; i < batch.requests.size(); ++i) {
+    const ProposerRequest& r = batch.requests[i];
+    RequestState& st = state(r.req_id);
+    const int len = static_cast<int>(r.tokens.size());
+    const int from = r.first_position;
+    const int to = std::min({r.num_target_computed, len - 1, r.first_position + r.num_rows});
+    // Positions before the step's first one that this request never ran (a prefix-cache hit): the
+    // shared blocks' entries stand in for them.
+    if (st.num_computed < from) st.num_inherited += from - st.num_computed;
+    st.num_computed = std::max(from, to);
+    if (to <= from) continue;
+    // A request that sampled drafts from its last accepted position, L - 2.
+    const bool drafting = r.sampled && batch.depth > 0 && r.max_drafts > 0 && to == len - 1;
+    if (drafting) num_drafts[i] = std::min(batch.depth, r.max_drafts);
+    pieces.push_back(Piece{i, from, to, drafting});
+    total += to - from;
+  }
+  if (pieces.empty()) return;
+  const Tensor& target_hidden = target_features(batch);
+  SPECULA_CHECK(target_hidden.defined() && target_hidden.size(1) == target_hidden_size_,
+                "{} proposer: the target model returned no hidden states of width {} (ForwardOutput)", method(),
+                target_hidden_size_);
+  // Every position comes from this step's target rows, so the catch-up never needs more room than
+  // the target's step: one forward.
+  SPECULA_CHECK(total <= config_.max_num_batched_tokens && static_cast<int>(pieces.size()) <= config_.max_num_seqs,
+                "internal error: {} catch-up of {} positions / {} requests exceeds max_num_batched_tokens {} / "
+                "max_num_seqs {}", method(), total, pieces.size(), config_.max_num_batched_tokens, config_.max_num_seqs);
+  for (const Piece& piece : pieces) {
+    const ProposerRequest& r = batch.requests[piece.req];
+    SPECULA_CHECK(r.first_row >= 0 && r.first_row + (piece.to - r.first_position) <= target_hidden.size(0),
+                  "internal error: request {} reads target rows [{}, {}) of {}", r.req_id, r.first_row,
+                  r.first_row + piece.to - r.first_position, target_hidden.size(0));
+  }
 }
 
 void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
@@ -352,7 +399,7 @@ void ModelProposer::run_varlen_catch_up(const ProposeBatch& batch, const std::ve
   if (hidden) {
     // The target's hidden rows into our own buffer first: they live in scratch memory that the
     // proposer's forward is about to reuse.
-    gather_target_rows(batch.target_hidden_states, t);
+    gather_target_rows(target_features(batch), t);
     in.hidden = target_hidden_.slice(0, t);
     step_rows_.upload(backend_, num_step_rows);
   }
@@ -521,7 +568,7 @@ bool ModelProposer::run_uniform_catch_up(const ProposeBatch& batch, const std::v
       if (config_.num_speculative_tokens >= 2) step_rows_.upload(backend_, size);
       // Into the static target_hidden_ before the replay, which writes the arena from offset 0,
       // where the target's rows may lie.
-      gather_target_rows(batch.target_hidden_states, t);
+      gather_target_rows(target_features(batch), t);
     }
   }
   ++num_forwards_;
@@ -608,6 +655,7 @@ Tensor ModelProposer::step_forward(int padded, int variant, bool for_capture) {
   DraftForwardInput in;
   in.rows = for_capture ? step_.capture_input(padded, longest_sequence()) : step_.input(padded);
   in.variant = variant;
+  in.from_target = false;
   if (reads_target_hidden()) in.hidden = chained_hidden_.slice(0, padded);
   DraftForwardOutput out = draft_forward(in);
   if (reads_target_hidden()) backend_.copy(out.hidden, in.hidden);  // the next step's input (read already)

@@ -91,6 +91,8 @@ class ModelProposer : public Proposer {
   // Positions whose entries in the proposer's cache the request computed or took over (tests);
   // -1 when untracked.
   int num_computed(std::string_view req_id) const;
+  // Positions a hidden-state proposer's request inherited (RequestState::num_inherited); -1 when untracked.
+  int num_inherited(std::string_view req_id) const;
   // Forwards run so far (catch-up forwards and draft steps), for tests and the cost model.
   int64_t num_forwards() const { return num_forwards_; }
   size_t num_step_graphs() const;
@@ -114,15 +116,21 @@ class ModelProposer : public Proposer {
 
  protected:
   // target_hidden_size: the width of the target's hidden states each row reads (MTP, EAGLE), 0
-  // for a model that drafts from tokens alone (see the header). A null sampler is the CPU one.
+  // for a model that drafts from tokens alone (see the header); chained_hidden_size: the width of
+  // the proposer's own output hidden state that chained draft steps read (0: target_hidden_size;
+  // an EAGLE-3 head reads 3 target layers' features but chains its own hidden state). A null
+  // sampler is the CPU one.
   ModelProposer(Backend& backend, std::unique_ptr<DraftSampler> sampler, const ModelProposerConfig& config,
-                int64_t vocab_size, int64_t target_hidden_size);
+                int64_t vocab_size, int64_t target_hidden_size, int64_t chained_hidden_size = 0);
 
   // What the proposer keeps per request; a method extends it (new_request_state).
   struct RequestState {
     virtual ~RequestState() = default;
     int slot = 0;          // its k rows of the q store
     int num_computed = 0;  // the proposer's cache is valid for positions < this
+    // Hidden-state proposers: positions the request took from shared blocks without computing them
+    // (prefix-cache hits, depth-0 steps shed under load).
+    int num_inherited = 0;
   };
   // A run of one request's positions [from, to) through a catch-up forward.
   struct Piece {
@@ -133,7 +141,9 @@ class ModelProposer : public Proposer {
   // One forward of the proposer's model: catch-up rows or a draft step.
   struct DraftForwardInput {
     ForwardInput rows;
-    Tensor hidden;   // [rows, target_hidden_size] the rows read (undefined for tokens only)
+    Tensor hidden;   // the rows read: [rows, target_hidden_size] for catch-ups, [rows, chained_hidden_size]
+                     // for draft steps (undefined for tokens only)
+    bool from_target = true;  // catch-up rows (the target's hidden states); false: a chained draft step
     int variant = 0; // a draft step's step_variant; 0 for catch-ups
     std::vector<int32_t> position_zero_rows;  // rows at position 0 (varlen catch-ups only)
   };
@@ -145,8 +155,15 @@ class ModelProposer : public Proposer {
   // --- What a method says (the hooks) ---
   // Per request of the batch: the catch-up pieces (at most one per request, in batch order) and
   // num_drafts[i] (0..min(depth, max_drafts)). A drafting request's piece ends at the position
-  // whose row reads its last token. Called with depth 0 only where needs_every_step().
-  virtual void plan_catch_up(const ProposeBatch& batch, std::vector<int>& num_drafts, std::vector<Piece>& pieces) = 0;
+  // whose row reads its last token. Called with depth 0 only where needs_every_step(). The
+  // default is the hidden-state proposers' (MTP, EAGLE): every position the target computed in the
+  // step whose next token is known, each exactly once; earlier positions the request never ran
+  // (a prefix-cache hit, a shed step) are inherited from the shared blocks' entries, which differ
+  // from its own at most in acceptance, never in the output.
+  virtual void plan_catch_up(const ProposeBatch& batch, std::vector<int>& num_drafts, std::vector<Piece>& pieces);
+  // The target's rows a hidden-state proposer reads (ProposeBatch::target_hidden_states, or the
+  // aux layers' features for EAGLE-3).
+  virtual const Tensor& target_features(const ProposeBatch& batch) const { return batch.target_hidden_states; }
   // After the drafts are made (bookkeeping that needs them).
   virtual void finish_propose(const ProposeBatch& batch, const std::vector<std::vector<int32_t>>& drafts) {}
   // The model's forward over `in` (also run under graph capture: device work only).
@@ -226,6 +243,7 @@ class ModelProposer : public Proposer {
 
   std::unique_ptr<DraftSampler> sampler_;
   int64_t target_hidden_size_ = 0;
+  int64_t chained_hidden_size_ = 0;
   std::string kv_cache_name_;  // in errors: "<method> K/V"
   Tensor q_store_;  // F32 [max_num_seqs * k, vocab]: q of each slot's drafts
   std::unordered_map<std::string, std::unique_ptr<RequestState>> states_;

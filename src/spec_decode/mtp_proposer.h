@@ -57,18 +57,11 @@ class MtpProposer : public ModelProposer {
   KVCacheSpec kv_cache_spec() const override { return mtp_->kv_cache_spec(); }
 
   DeepseekMtp& mtp() { return *mtp_; }
-  // Positions the request took from shared blocks without computing them (prefix-cache hits).
-  int num_inherited(std::string_view req_id) const;
 
  private:
-  struct MtpState : RequestState {
-    int num_inherited = 0;
-  };
-
-  void plan_catch_up(const ProposeBatch& batch, std::vector<int>& num_drafts, std::vector<Piece>& pieces) override;
+  // plan_catch_up: the base's (every position the target computed, each once).
   DraftForwardOutput draft_forward(DraftForwardInput& in) override;
   int step_variant(int draft) const override { return layer_for_draft(draft); }
-  std::unique_ptr<RequestState> new_request_state() const override { return std::make_unique<MtpState>(); }
 
   int layer_for_draft(int j) const { return std::min(j - 1, mtp_->num_layers() - 1); }
 

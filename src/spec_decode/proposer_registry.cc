@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "spec_decode/draft_model_proposer.h"
+#include "spec_decode/eagle_proposer.h"
 #include "spec_decode/mtp_proposer.h"
 #include "spec_decode/ngram_proposer.h"
 
@@ -19,10 +20,12 @@ std::unique_ptr<Proposer> make_ngram_proposer(const ProposerContext& ctx) {
   return std::make_unique<NgramProposer>(ctx.spec.prompt_lookup_min, ctx.spec.prompt_lookup_max);
 }
 
-// The built-in methods. A new proposer (mtp, eagle, eagle3) adds its line here.
+// The built-in methods. A new proposer adds its line here.
 std::map<std::string, ProposerFactory>& registry() {
   static std::map<std::string, ProposerFactory> r = {
       {"draft_model", make_draft_model_proposer},
+      {"eagle", make_eagle_proposer},
+      {"eagle3", make_eagle_proposer},
       {"mtp", make_mtp_proposer},
       {"ngram", make_ngram_proposer},
   };

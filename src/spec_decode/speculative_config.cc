@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
 #include <filesystem>
 #include <vector>
 
@@ -105,7 +106,13 @@ SpeculativeConfig parse_speculative_config(std::string_view text) {
   if (method.empty()) {
     SPECULA_CHECK(!c.model.empty(), "--speculative-config: \"method\" is required (one of draft_model, ngram, mtp, "
                                     "deepseek_mtp, eagle, eagle3)");
-    method = is_ngram_alias(c.model) ? "ngram" : "draft_model";
+    // vLLM infers EAGLE heads from their names too (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B).
+    std::string lower = c.model;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char ch) { return std::tolower(ch); });
+    method = is_ngram_alias(c.model)                      ? "ngram"
+             : lower.find("eagle3") != std::string::npos  ? "eagle3"
+             : lower.find("eagle-") != std::string::npos  ? "eagle"
+                                                          : "draft_model";
   }
   auto m = std::find_if(kMethods.begin(), kMethods.end(), [&](const MethodName& n) { return n.name == method; });
   if (m == kMethods.end()) {
@@ -157,6 +164,10 @@ SpeculativeConfig parse_speculative_config(std::string_view text) {
     SPECULA_CHECK(!have_min && !have_max,
                   "--speculative-config: prompt_lookup_min/prompt_lookup_max apply to method ngram only, not {}",
                   c.method);
+  }
+  if (c.method == "eagle" || c.method == "eagle3") {
+    SPECULA_CHECK(!c.model.empty(), "--speculative-config: method {} needs \"model\": the folder of an {} head trained "
+                  "for the target (config.json + model.safetensors)", c.method, c.method == "eagle3" ? "EAGLE-3" : "EAGLE");
   }
   if (c.method == "draft_model") {
     SPECULA_CHECK(!c.model.empty(),

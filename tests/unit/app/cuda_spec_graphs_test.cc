@@ -43,6 +43,11 @@ std::string draft_spec(int k) {
   return R"({"method": "draft_model", "model": ")" + tiny_draft().string() +
          R"(", "num_speculative_tokens": )" + std::to_string(k) + R"(, "adaptive": false})";
 }
+std::string eagle3_spec(int k) {
+  return R"({"method": "eagle3", "model": ")" + (testing::models_dir() / "specula-tiny-eagle3").string() +
+         R"(", "num_speculative_tokens": )" + std::to_string(k) + R"(, "adaptive": false})";
+}
+bool have_eagle3_head() { return fs::exists(testing::models_dir() / "specula-tiny-eagle3" / "model.safetensors"); }
 std::string mtp_spec(int k) {
   return R"({"method": "mtp", "num_speculative_tokens": )" + std::to_string(k) + R"(, "adaptive": false})";
 }
@@ -118,6 +123,14 @@ TEST(SpecGraphs, MtpGreedyIsTransformersWithAndWithoutGraphs) {
   for (int k : {1, 3}) expect_reference_greedy("specula-tiny-moe", tiny_moe(), mtp_spec(k));
 }
 
+// The head reads the target's aux-layer features (copied inside the target's graphs) and chains
+// its own hidden state through the draft-step graphs.
+TEST(SpecGraphs, Eagle3GreedyIsTransformersWithAndWithoutGraphs) {
+  SKIP_WITHOUT_GPU();
+  if (!have_eagle3_head()) GTEST_SKIP() << "models/specula-tiny-eagle3 missing";
+  for (int k : {1, 3}) expect_reference_greedy("specula-tiny", tiny(), eagle3_spec(k));
+}
+
 // Any prompts (no reference margin): graphs give exactly the eager engine's tokens, and the
 // drafts are as good: a draft graph reading a wrong input or cache entry would lower acceptance
 // (greedy drafts of the same contexts differ only where bf16 rounding flips a near tie).
@@ -153,6 +166,14 @@ TEST(SpecGraphs, GraphsGiveTheEagerSpeculativeEnginesTokensAndAcceptance) {
 TEST(SpecGraphs, MtpGraphsGiveTheEagerEnginesTokensAndAcceptance) {
   SKIP_WITHOUT_GPU();
   expect_graphs_give_eager_tokens_and_acceptance(tiny_moe(), mtp_spec);
+}
+
+// A feature row gathered from the wrong target row, a stale chained hidden state or a wrong K/V
+// entry of the head would lower acceptance under graphs.
+TEST(SpecGraphs, Eagle3GraphsGiveTheEagerEnginesTokensAndAcceptance) {
+  SKIP_WITHOUT_GPU();
+  if (!have_eagle3_head()) GTEST_SKIP() << "models/specula-tiny-eagle3 missing";
+  expect_graphs_give_eager_tokens_and_acceptance(tiny(), eagle3_spec);
 }
 
 // The engine of the hand-built graph tests (k drafts, 8 sequences, 64-token steps).

@@ -115,25 +115,24 @@ TEST(SpeculativeConfig, IncompatibleCombinationsSayWhy) {
   }
 }
 
-TEST(SpeculativeConfig, ReservedMethodsParseButAreNotYetSupported) {
+TEST(SpeculativeConfig, EagleMethodsNeedAHeadAndAreInferredFromItsName) {
   for (const char* m : {"eagle", "eagle3"}) {
-    const SpeculativeConfig c =
-        parse_speculative_config(std::string(R"({"method": ")") + m + R"(", "num_speculative_tokens": 1})");
-    EXPECT_EQ(c.method, std::string(m) == "deepseek_mtp" ? "mtp" : m);
-    EXPECT_FALSE(has_proposer(c.method)) << m;
-    ModelConfig mc;
-    testing::FakeTokenizer tok;
-    std::unique_ptr<Backend> backend = make_cpu_backend(1);
-    testing::FakeModel target(*backend);
-    const SpeculatorContext engine{"", "auto", 0, 0, mc, target, tok, *backend, 64, 4, 64};
-    ProposerContext ctx{c, engine};
+    const SpeculativeConfig c = parse_speculative_config(std::string(R"({"method": ")") + m +
+                                                         R"(", "model": "heads/x", "num_speculative_tokens": 1})");
+    EXPECT_EQ(c.method, m);
+    EXPECT_TRUE(has_proposer(c.method)) << m;
     try {
-      create_proposer(ctx);
-      ADD_FAILURE() << m << " should not be supported yet";
+      parse_speculative_config(std::string(R"({"method": ")") + m + R"(", "num_speculative_tokens": 1})");
+      ADD_FAILURE() << m << " without a model should not parse";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("is not yet supported"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("needs \"model\""), std::string::npos) << e.what();
     }
   }
+  // As vLLM: the method follows from the head's name when left out.
+  EXPECT_EQ(parse_speculative_config(R"({"model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 3})").method,
+            "eagle3");
+  EXPECT_EQ(parse_speculative_config(R"({"model": "yuhuili/EAGLE-LLaMA3-Instruct-8B", "num_speculative_tokens": 3})").method,
+            "eagle");
   // MTP may leave k to its checkpoint (num_nextn_predict_layers), as vLLM does.
   EXPECT_EQ(parse_speculative_config(R"({"method": "mtp"})").num_speculative_tokens, 0);
   EXPECT_TRUE(has_proposer("draft_model"));
