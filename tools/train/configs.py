@@ -13,7 +13,8 @@ VOCAB_SIZE = 8192
 MAX_POSITIONS = 2048   # what config.json allows; training windows are SEQ_LEN tokens
 SEQ_LEN = 512
 
-NAMES = {"tiny": "specula-tiny", "draft": "specula-tiny-draft", "moe": "specula-tiny-moe"}
+NAMES = {"tiny": "specula-tiny", "draft": "specula-tiny-draft", "moe": "specula-tiny-moe",
+         "eagle3": "specula-tiny-eagle3"}
 
 _COMMON = dict(
     vocab_size=VOCAB_SIZE,
@@ -47,6 +48,17 @@ MOE = dict(_COMMON, hidden_size=128, intermediate_size=384, moe_intermediate_siz
 # written into config.json after saving so that an engine reading them finds V3's values.
 MOE_EXTRA_CONFIG = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
 
+# EAGLE-3 head for specula-tiny (tools/train/eagle3.py): one Llama decoder layer over
+# concat(input_layernorm(embed(t_{p+1})), hidden_norm(g)), g = fc(target features of layers
+# EAGLE3_AUX_LAYERS) or the previous draft step's output; its own lm_head over a draft vocabulary.
+EAGLE3 = dict(hidden_size=256, intermediate_size=704, num_attention_heads=8, num_key_value_heads=2,
+              head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=VOCAB_SIZE,
+              draft_vocab_size=4096, target_hidden_size=256)
+EAGLE3_AUX_LAYERS = (2, 4, 5)   # the residual stream entering these target layers (hidden_states[i])
+EAGLE3_TTT_STEPS = 5            # training-time test: draft steps unrolled per training row
+EAGLE3_STEP_DECAY = 0.8         # loss = sum_s EAGLE3_STEP_DECAY**s * loss_s
+EAGLE3_MASK_OUT_OF_VOCAB = True  # drop rows whose target argmax is outside the draft vocabulary
+
 MTP_LOSS_WEIGHT = 0.3      # lambda of the DeepSeek-V3 report's L_main + lambda * L_MTP
 BIAS_UPDATE_SPEED = 1e-3   # gamma of the report's aux-loss-free balancing
 
@@ -56,5 +68,7 @@ TRAIN = {
     "tiny": dict(steps=4000, batch=64, lr=3e-3, warmup=200, weight_decay=0.1, seed=1, time_limit_s=270),
     "moe": dict(steps=4000, batch=64, lr=3e-3, warmup=200, weight_decay=0.1, seed=2, time_limit_s=330),
     "draft": dict(steps=7000, batch=64, lr=4e-3, warmup=200, weight_decay=0.1, seed=3, time_limit_s=300),
+    # Bounded by time: the stage (prepare + train + evaluate + fixtures) must fit one 10-minute call.
+    "eagle3": dict(steps=8000, batch=64, lr=3e-3, warmup=200, weight_decay=0.01, seed=4, time_limit_s=240),
 }
 DRY_RUN_STEPS = 40

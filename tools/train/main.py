@@ -1,14 +1,16 @@
 """Entry point of the embedded-model pipeline (run on the GPU machine; see models/README.md).
 
   python3 tools/train/main.py prepare  --data DIR [--tokenizer-from FOLDER] [--dry]
-  python3 tools/train/main.py train    --model tiny|draft|moe --data DIR [--dry]
-  python3 tools/train/main.py evaluate --model tiny|draft|moe --data DIR [--dry]
-  python3 tools/train/main.py fixtures --models tiny,draft,moe
+  python3 tools/train/main.py train    --model tiny|draft|moe|eagle3 --data DIR [--dry]
+  python3 tools/train/main.py evaluate --model tiny|draft|moe|eagle3 --data DIR [--dry]
+  python3 tools/train/main.py fixtures --models tiny,draft,moe,eagle3 [--data DIR]
 
 `prepare` builds the corpus, trains the tokenizer (or reuses the one in --tokenizer-from) and
 tokenizes the corpus; `train` trains one model and writes models/<name>/ plus
 tools/train/results/<name>.train.json; `evaluate` writes tools/train/results/<name>.eval.json;
-`fixtures` writes tests/fixtures/embedded/.
+`fixtures` writes tests/fixtures/embedded/. eagle3 (the EAGLE-3 head of specula-tiny, eagle3.py)
+needs models/specula-tiny to train, models/specula-tiny-draft too to evaluate (it is compared with
+the draft), and the validation stream of --data for its fixture's prompts.
 """
 import argparse
 import os
@@ -64,12 +66,23 @@ def cmd_train(args):
     from train import train
 
     out = os.path.join(REPO, "models", NAMES[args.model]) if not args.out else args.out
-    teacher = os.path.join(REPO, "models", NAMES["tiny"]) if args.model == "draft" else None
+    teacher = os.path.join(REPO, "models", NAMES["tiny"]) if args.model in ("draft", "eagle3") else None
+    if args.model == "eagle3":
+        from eagle3 import train_eagle3
+
+        train_eagle3(args.data, out, results_path(args.model, "train", args.dry), teacher, dry=args.dry)
+        return
     train(args.model, args.data, out, os.path.join(args.data, "tokenizer"), results_path(args.model, "train", args.dry),
           dry=args.dry, teacher_dir=teacher)
 
 
 def cmd_evaluate(args):
+    if args.model == "eagle3":
+        from eagle3 import evaluate_eagle3
+
+        evaluate_eagle3(os.path.join(REPO, "models"), args.data, results_path(args.model, "eval", args.dry),
+                        dry=args.dry)
+        return
     from evaluate import evaluate
 
     evaluate(args.model, os.path.join(REPO, "models"), args.data, results_path(args.model, "eval", args.dry),
@@ -79,8 +92,15 @@ def cmd_evaluate(args):
 def cmd_fixtures(args):
     from fixtures import make_fixtures
 
-    make_fixtures(args.models.split(","), os.path.join(REPO, "models"),
-                  os.path.join(REPO, "tests", "fixtures", "embedded"))
+    kinds = args.models.split(",")
+    out_root = os.path.join(REPO, "tests", "fixtures", "embedded")
+    others = [k for k in kinds if k != "eagle3"]
+    if others:
+        make_fixtures(others, os.path.join(REPO, "models"), out_root)
+    if "eagle3" in kinds:
+        from eagle3 import make_fixture
+
+        make_fixture(os.path.join(REPO, "models"), out_root, args.data)
 
 
 def main():
@@ -99,6 +119,7 @@ def main():
             p.add_argument("--out")
     p = sub.add_parser("fixtures")
     p.add_argument("--models", default="tiny,draft,moe")
+    p.add_argument("--data", default="/tmp/specula_data", help="its val.npy gives eagle3's fixture prompts")
     args = ap.parse_args()
     {"prepare": cmd_prepare, "train": cmd_train, "evaluate": cmd_evaluate, "fixtures": cmd_fixtures}[args.cmd](args)
 
