@@ -16,10 +16,11 @@ void GreedyDraftChain::allocate(Backend& backend, int max_num_seqs, int num_spec
   backend.synchronize();
 }
 
-bool GreedyDraftChain::applies(const ProposeBatch& batch) {
+bool GreedyDraftChain::applies(const ProposeBatch& batch, bool argmax_drafts) {
   for (const ProposerRequest& r : batch.requests) {
     if (!r.sampled || r.max_drafts <= 0) continue;
     if (r.grammar) return false;  // each draft's mask follows the drafts before it (host work)
+    if (argmax_drafts) continue;
     const SamplingParams& p = *r.params;
     if (!p.greedy() || p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f ||
         !p.logit_bias.empty())

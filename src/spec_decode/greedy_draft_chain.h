@@ -35,7 +35,9 @@ class GreedyDraftChain {
   void allocate(Backend& backend, int max_num_seqs, int num_speculative_tokens);
 
   // True when every request that may draft in `batch` drafts the plain argmax.
-  static bool applies(const ProposeBatch& batch);
+  // argmax_drafts: every request drafts the argmax whatever its sampling settings (verified as
+  // deterministic drafts, which is lossless for any draft); only a grammar then keeps a batch out.
+  static bool applies(const ProposeBatch& batch, bool argmax_drafts = false);
 
   // Starts a chain over `rows` at `padded` rows (its first drafts all token 0 until written).
   void begin(std::vector<size_t> rows, int padded);

@@ -130,7 +130,7 @@ void ModelProposer::drop_request(std::string_view req_id) {
 
 int ModelProposer::draft_probs_row(std::string_view req_id) const {
   const RequestState* st = find_state(req_id);
-  return st ? st->slot * config_.num_speculative_tokens : -1;
+  return st && !st->deterministic_drafts ? st->slot * config_.num_speculative_tokens : -1;
 }
 
 int ModelProposer::num_computed(std::string_view req_id) const {
@@ -195,7 +195,8 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
 
   // 1. What each request needs: a catch-up piece, and maybe drafts.
   chain_.end();
-  const bool chain = config_.greedy_chain && batch.depth > 0 && GreedyDraftChain::applies(batch);
+  const bool chain =
+      config_.greedy_chain && batch.depth > 0 && GreedyDraftChain::applies(batch, config_.argmax_drafts);
   step_row_min_drafts_ = chain ? 1 : 2;
   num_drafts_.assign(n, 0);
   pieces_.clear();
@@ -214,6 +215,8 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
     max_drafts = std::max(max_drafts, num_drafts_[i]);
   }
   for (const Piece& piece : pieces_) last_catch_up_tokens_ += piece.to - piece.from;
+  for (size_t i = 0; i < n; ++i)
+    if (num_drafts_[i] > 0) state(batch.requests[i].req_id).deterministic_drafts = chain;
   if (chain && !rows.empty()) {
     // The chain's rows are the drafting requests in batch order, which is also the order of their
     // drafting pieces in the catch-up forwards (each adds the next first drafts).

@@ -71,6 +71,11 @@ struct ModelProposerConfig {
   // Chain greedy drafts on the device (greedy_draft_chain.h); false: every draft through the
   // draft sampler (tests compare the two).
   bool greedy_chain = true;
+  // Every request drafts the argmax of the proposer's logits, also when it samples (vLLM's way):
+  // its drafts are then deterministic (q one-hot: accepted with probability p(draft)) and chain
+  // on the device as greedy ones do; false: a sampling request's drafts are drawn from its own
+  // distribution q (higher acceptance, a host round trip per draft).
+  bool argmax_drafts = false;
 };
 
 class ModelProposer : public Proposer {
@@ -131,6 +136,7 @@ class ModelProposer : public Proposer {
     // Hidden-state proposers: positions the request took from shared blocks without computing them
     // (prefix-cache hits, depth-0 steps shed under load).
     int num_inherited = 0;
+    bool deterministic_drafts = false;  // its last drafts were argmax'd (no q rows to verify against)
   };
   // A run of one request's positions [from, to) through a catch-up forward.
   struct Piece {

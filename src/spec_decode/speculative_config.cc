@@ -18,9 +18,9 @@ namespace specula {
 
 namespace {
 
-constexpr std::array<std::string_view, 8> kKeys = {
+constexpr std::array<std::string_view, 9> kKeys = {
     "method", "model", "num_speculative_tokens", "draft_tensor_parallel_size", "prompt_lookup_min",
-    "prompt_lookup_max", "max_model_len", "adaptive"};
+    "prompt_lookup_max", "max_model_len", "adaptive", "draft_sampling"};
 
 // Names vLLM accepts for each method, and the canonical one.
 struct MethodName {
@@ -95,6 +95,11 @@ SpeculativeConfig parse_speculative_config(std::string_view text) {
     } else if (key == "max_model_len") {
       c.max_model_len = int_value(value, key);
       have_len = true;
+    } else if (key == "draft_sampling") {
+      c.draft_sampling = string_value(value, key);
+      SPECULA_CHECK(c.draft_sampling == "argmax" || c.draft_sampling == "sampled",
+                    "--speculative-config: \"draft_sampling\" must be \"argmax\" or \"sampled\", got \"{}\"",
+                    c.draft_sampling);
     } else if (key == "adaptive") {
       SPECULA_CHECK(value.is_boolean(), "--speculative-config: \"adaptive\" must be true or false, got {}", value.dump());
       c.adaptive = value.get<bool>();

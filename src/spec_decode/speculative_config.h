@@ -30,6 +30,11 @@ struct SpeculativeConfig {
   int prompt_lookup_max = 0;            // ngram: longest n-gram to match (vLLM default 5)
   int max_model_len = 0;                // the draft's; 0 = min(draft's max_position_embeddings, target's)
   bool adaptive = true;                 // choose 0..k drafts per step from acceptance and load (false: always k)
+  // How a model-running proposer draws the drafts of a request that samples: "sampled" (from the
+  // request's own distribution q, verified against it: the higher acceptance) or "argmax" (vLLM's:
+  // the proposer's most likely token, verified as a deterministic draft, chained on the device
+  // without a host round trip per draft). Greedy requests always draft the argmax.
+  std::string draft_sampling = "sampled";
 
   bool uses_draft_model() const { return method == "draft_model"; }
 };

@@ -27,19 +27,26 @@ DATASET="$WORK/prompts.txt"
 find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"
 TINY=models/specula-tiny
 K=${EAGLE_K:-5}
-eagle() { echo "{\"method\":\"eagle3\",\"model\":\"models/specula-tiny-eagle3\",\"num_speculative_tokens\":$K,\"adaptive\":$1}"; }
-draft() { echo "{\"method\":\"draft_model\",\"model\":\"models/specula-tiny-draft\",\"num_speculative_tokens\":$K,\"adaptive\":$1}"; }
+# eagle|draft ADAPTIVE [DRAFT_SAMPLING]
+eagle() { echo "{\"method\":\"eagle3\",\"model\":\"models/specula-tiny-eagle3\",\"num_speculative_tokens\":$K,\"adaptive\":$1,\"draft_sampling\":\"${2:-sampled}\"}"; }
+draft() { echo "{\"method\":\"draft_model\",\"model\":\"models/specula-tiny-draft\",\"num_speculative_tokens\":$K,\"adaptive\":$1,\"draft_sampling\":\"${2:-sampled}\"}"; }
 
 if ! skipped embedded; then
   for rep in $(seq 1 "${EAGLE_REPS:-3}"); do
     for temp in 0 1; do
-      for cfg in nospec eagle3_pinned eagle3_adaptive draft_pinned draft_adaptive; do
+      cfgs="nospec eagle3_pinned eagle3_adaptive draft_pinned draft_adaptive"
+      # At temperature 1 the drafts may also be the proposer's argmax (deterministic, chained on the device).
+      [ "$temp" = 1 ] && cfgs="$cfgs eagle3_pinned_argmax eagle3_adaptive_argmax draft_pinned_argmax"
+      for cfg in $cfgs; do
         args=()
         case $cfg in
           eagle3_pinned) args=(--speculative-config "$(eagle false)") ;;
           eagle3_adaptive) args=(--speculative-config "$(eagle true)") ;;
           draft_pinned) args=(--speculative-config "$(draft false)") ;;
           draft_adaptive) args=(--speculative-config "$(draft true)") ;;
+          eagle3_pinned_argmax) args=(--speculative-config "$(eagle false argmax)") ;;
+          eagle3_adaptive_argmax) args=(--speculative-config "$(eagle true argmax)") ;;
+          draft_pinned_argmax) args=(--speculative-config "$(draft false argmax)") ;;
         esac
         bench "emb_t${temp}_${cfg}_r${rep}" 60 latency "$TINY" --dataset "$DATASET" --temperature "$temp" --batch-size 1 \
           --input-len 128 --output-len 128 --num-iters 20 --num-iters-warmup 1 --max-model-len 1024 --max-num-seqs 8 \
@@ -52,7 +59,7 @@ fi
 if ! skipped real; then
   L=bench/configs/Llama-3.1-8B-Instruct
   H=bench/configs/EAGLE3-Llama-3.1-8B
-  common=(--load-format dummy --batch-size 1 --input-len 128 --output-len 64 --num-iters 3 --num-iters-warmup 1
+  common=(--load-format dummy --temperature 0 --batch-size 1 --input-len 128 --output-len 64 --num-iters 3 --num-iters-warmup 1
           --max-model-len 1024 --max-num-seqs 8)
   bench real_llama_plain 90 latency "$L" "${common[@]}"
   for k in 3 5; do

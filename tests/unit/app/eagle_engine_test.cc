@@ -125,7 +125,8 @@ TEST(EagleEngine, TrainedEagle3HeadKeepsTheGreedyOutputAndIsAccepted) {
   expect_transformers_greedy(spec_json("eagle3", trained_head(), 4, /*adaptive=*/true));
 }
 
-// temperature 1, top_k 4: the pairs follow the target's p1(y1) p2(y2 | y1) (engine_chi_square.h).
+// temperature 1, top_k 4: the pairs follow the target's p1(y1) p2(y2 | y1) (engine_chi_square.h),
+// with drafts sampled from the head's q and with argmax drafts.
 TEST(EagleEngine, SamplingWithEagle3FollowsTheTarget) {
   ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
   // A random head's top-k never meets the target's: only the trained head has drafts to accept.
@@ -135,8 +136,9 @@ TEST(EagleEngine, SamplingWithEagle3FollowsTheTarget) {
   const SamplingParams p = testing::chi_square_params();
   const testing::TargetPairs target = testing::target_pairs(tiny(), prompt, p, 0);
   const EngineConfig config = testing::chi_square_engine_config(engine_config(spec_json("eagle3", head, 2)));
-  {
-    auto engine = create_engine(config);
+  for (const char* sampling : {"sampled", "argmax"}) {
+    SCOPED_TRACE(sampling);
+    auto engine = create_engine(testing::chi_square_engine_config(engine_config(spec_json("eagle3", head, 2)), sampling));
     const testing::EngineChiSquare r = testing::engine_chi_square(*engine, target, prompt, p, 150);
     EXPECT_EQ(r.seen, r.samples) << "a continuation outside the target's top-k";
     EXPECT_GT(r.chi.p_value, 1e-3) << "chi2 " << r.chi.statistic << " dof " << r.chi.dof;

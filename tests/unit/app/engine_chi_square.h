@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "engine/llm_engine.h"
 #include "model/config.h"
 #include "mtp_test_util.h"
@@ -65,11 +67,18 @@ inline SamplingParams chi_square_params() {
   return p;
 }
 
-// The engine settings of the chi-square runs: every request at once, a fixed seed.
-inline EngineConfig chi_square_engine_config(EngineConfig ec) {
+// The engine settings of the chi-square runs: every request at once, a fixed seed, and drafts
+// drawn as `draft_sampling` says ("sampled": from q, verified against it, the stochastic path the
+// broken samplers break; "argmax": deterministic drafts).
+inline EngineConfig chi_square_engine_config(EngineConfig ec, const std::string& draft_sampling = "sampled") {
   ec.max_num_seqs = 128;
   ec.max_num_batched_tokens = 2048;
   ec.seed = 11;
+  if (!ec.speculative_config.empty()) {
+    nlohmann::json spec = nlohmann::json::parse(ec.speculative_config);
+    if (spec.value("method", "") != "ngram") spec["draft_sampling"] = draft_sampling;
+    ec.speculative_config = spec.dump();
+  }
   return ec;
 }
 

@@ -105,6 +105,8 @@ TEST(SpeculativeConfig, IncompatibleCombinationsSayWhy) {
       {R"({"method": "ngram", "num_speculative_tokens": 2, "adaptive": "yes"})", "\"adaptive\" must be true or false"},
       {R"({"method": 3, "num_speculative_tokens": 2})", "\"method\" must be a string"},
       {R"({"method": "ngram", "num_speculative_tokens": 2, "max_model_len": 1})", "max_model_len=1 must be at least 2"},
+      {R"({"method": "ngram", "num_speculative_tokens": 2, "draft_sampling": "topk"})",
+       "\"draft_sampling\" must be \"argmax\" or \"sampled\""},
       {R"(["ngram"])", "must be a JSON object"},
       {R"({"method": "ngram",)", "not valid JSON"},
   };
