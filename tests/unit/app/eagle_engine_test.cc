@@ -7,7 +7,6 @@
 
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <unistd.h>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include "eagle_head_files.h"
 #include "engine/llm_engine.h"
 #include "engine_chi_square.h"
+#include "mtp_test_util.h"
 #include "model/config.h"
 #include "test_paths.h"
 #include "tokenizer/tokenizer.h"
@@ -54,25 +54,8 @@ EngineConfig engine_config(const std::string& spec) {
   return ec;
 }
 
-std::vector<int32_t> collect(RequestStream& stream) {
-  std::vector<int32_t> tokens;
-  RequestOutput o;
-  while (stream.pop(&o, std::chrono::seconds(120))) {
-    EXPECT_FALSE(o.error.has_value()) << *o.error;
-    for (const ChoiceDelta& d : o.choices) tokens.insert(tokens.end(), d.token_ids.begin(), d.token_ids.end());
-    if (o.finished) break;
-  }
-  return tokens;
-}
-
-EngineMetrics settled_metrics(LLMEngine& engine) {
-  EngineMetrics m = engine.metrics();
-  for (int i = 0; i < 6000 && m.num_requests_running + m.num_requests_waiting > 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    m = engine.metrics();
-  }
-  return m;
-}
+using testing::collect_tokens;
+using testing::settled;
 
 // Both reference prompts twice (the repeats hit the prefix cache), then once more one at a time
 // after the batch (a different batch mix), all greedy: transformers' continuations.
@@ -90,9 +73,9 @@ EngineMetrics expect_transformers_greedy(const std::string& spec) {
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int copy = 0; copy < 2; ++copy)
     for (size_t i = 0; i < ref.prompts.size(); ++i) streams.push_back(request("r" + std::to_string(copy) + std::to_string(i), i));
-  for (size_t k = 0; k < streams.size(); ++k) EXPECT_EQ(collect(*streams[k]), ref.greedy[k % ref.prompts.size()]) << spec;
-  for (size_t i = 0; i < ref.prompts.size(); ++i) EXPECT_EQ(collect(*request("s" + std::to_string(i), i)), ref.greedy[i]) << spec;
-  const EngineMetrics m = settled_metrics(*engine);
+  for (size_t k = 0; k < streams.size(); ++k) EXPECT_EQ(collect_tokens(*streams[k]), ref.greedy[k % ref.prompts.size()]) << spec;
+  for (size_t i = 0; i < ref.prompts.size(); ++i) EXPECT_EQ(collect_tokens(*request("s" + std::to_string(i), i)), ref.greedy[i]) << spec;
+  const EngineMetrics m = settled(*engine);
   EXPECT_GT(m.spec_num_draft_tokens, 0) << spec;
   EXPECT_GT(m.prefix_cache_hits, 0);
   EXPECT_EQ(m.kv_cache_usage, 0.0);
