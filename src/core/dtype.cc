@@ -84,6 +84,27 @@ float f8e4m3_to_f32(uint8_t v) {
   return sign ? -r : r;
 }
 
+uint8_t f32_to_f8e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0;
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7e;  // saturate: e4m3fn's largest finite value
+  int e;
+  std::frexp(a, &e);  // a = m 2^e, m in [0.5, 1): the leading bit has weight 2^(e - 1)
+  if (a == 0.0f || e - 1 < -6) {
+    // Subnormal range, steps of 2^-9; 8 steps round up to the smallest normal (encoding 0x08).
+    return sign | static_cast<uint8_t>(std::nearbyint(std::ldexp(a, 9)));
+  }
+  int q = static_cast<int>(std::nearbyint(std::ldexp(a, 4 - e)));  // 1.mmm as an integer in [8, 16]
+  int exp_field = e - 1 + 7;
+  if (q == 16) {
+    q = 8;
+    ++exp_field;
+  }
+  if (exp_field > 15 || (exp_field == 15 && q - 8 == 7)) return sign | 0x7e;
+  return sign | static_cast<uint8_t>(exp_field << 3 | (q - 8));
+}
+
 void convert_to_f32(const void* src, DType from, float* dst, size_t n) {
   switch (from) {
     case DType::kF32: std::memcpy(dst, src, n * 4); return;
@@ -117,6 +138,11 @@ void convert_from_f32(const float* src, DType to, void* dst, size_t n) {
     case DType::kF16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
+      return;
+    }
+    case DType::kF8E4M3: {
+      auto* d = static_cast<uint8_t*>(dst);
+      for (size_t i = 0; i < n; ++i) d[i] = f32_to_f8e4m3(src[i]);
       return;
     }
     default: throw Error(fmt::format("cannot convert F32 to {}", dtype_name(to)));

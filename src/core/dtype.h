@@ -34,10 +34,13 @@ inline uint16_t f32_to_bf16(float f) {
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
 float f8e4m3_to_f32(uint8_t v);
+// Round to nearest even, saturating at +-448 (e4m3fn has no infinity), as CUDA's
+// __nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3); NaN stays NaN.
+uint8_t f32_to_f8e4m3(float f);
 
 // Converts n elements of `src` (of type `from`) to fp32.
 void convert_to_f32(const void* src, DType from, float* dst, size_t n);
-// Converts n fp32 values to `to` (F32, F16 or BF16).
+// Converts n fp32 values to `to` (F32, F16, BF16 or F8_E4M3).
 void convert_from_f32(const float* src, DType to, void* dst, size_t n);
 
 }  // namespace specula

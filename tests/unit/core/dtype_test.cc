@@ -39,6 +39,37 @@ TEST(DType, F16RoundTrip) {
   }
 }
 
+// e4m3fn: every finite code decodes and encodes back to itself; values between two codes go to
+// the nearer one (ties to the even mantissa); beyond 448 saturate; NaN stays NaN.
+TEST(DType, F8E4M3RoundTripIsNearestEvenAndSaturates) {
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;  // NaN
+    const float v = f8e4m3_to_f32(static_cast<uint8_t>(c));
+    EXPECT_EQ(f32_to_f8e4m3(v), c == 0x80 ? 0x80 : c) << c << " " << v;
+  }
+  EXPECT_EQ(f8e4m3_to_f32(0x7e), 448.0f);
+  EXPECT_EQ(f32_to_f8e4m3(1000.0f), 0x7e);
+  EXPECT_EQ(f32_to_f8e4m3(-1e30f), 0xfe);
+  EXPECT_EQ(f32_to_f8e4m3(463.0f), 0x7e);
+  EXPECT_EQ((f32_to_f8e4m3(NAN) & 0x7f), 0x7f);
+  // Normal ties: 1 + 1/16 lies between 1 (mantissa 0) and 1 + 1/8 (mantissa 1): the even one.
+  EXPECT_EQ(f32_to_f8e4m3(1.0f + 1.0f / 16), 0x38);
+  EXPECT_EQ(f32_to_f8e4m3(1.0f + 3.0f / 16), 0x3a);
+  EXPECT_EQ(f32_to_f8e4m3(1.0f + 1.0f / 16 + 1e-4f), 0x39);
+  // Subnormals step by 2^-9: 1.5 steps ties to 2 steps, 0.5 steps to 0; 7.5 steps to the smallest
+  // normal 2^-6 (code 0x08).
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(1.5f, -9)), 0x02);
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(0.5f, -9)), 0x00);
+  EXPECT_EQ(f32_to_f8e4m3(std::ldexp(7.5f, -9)), 0x08);
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> dist(-448.0f, 448.0f);
+  for (int i = 0; i < 2000; ++i) {
+    const float x = dist(rng);
+    const float y = f8e4m3_to_f32(f32_to_f8e4m3(x));
+    EXPECT_LE(std::fabs(x - y), std::max(std::fabs(x) / 16, std::ldexp(1.0f, -10))) << x;
+  }
+}
+
 TEST(DType, ParsesSafetensorsNames) {
   DType t;
   ASSERT_TRUE(parse_dtype("BF16", &t));
