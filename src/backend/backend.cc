@@ -55,7 +55,21 @@ void Backend::gather_columns(const Tensor& x, const Tensor& columns, float fill,
   }
 }
 
-// The MLA / MoE ops are optional per backend: a backend that lacks one says so by name.
+void Backend::linear(const Tensor& x, const LinearWeight& weight, const Tensor* bias, Tensor& out) {
+  if (weight.fp8()) {
+    linear_fp8(x, weight.weight, weight.scale, bias, out);
+  } else {
+    linear(x, weight.weight, bias, out);
+  }
+}
+
+// The MLA / MoE / FP8 ops are optional per backend: a backend that lacks one says so by name.
+void Backend::linear_fp8(const Tensor&, const Tensor&, const Tensor&, const Tensor*, Tensor&) {
+  throw Error(fmt::format("FP8 weights are not supported by the {} backend", name()));
+}
+void Backend::quantize_fp8_rows(const Tensor&, Tensor&, Tensor&) {
+  throw Error(fmt::format("FP8 quantisation is not supported by the {} backend", name()));
+}
 void Backend::copy_columns(const Tensor&, int64_t, Tensor&, int64_t, int64_t) {
   throw Error(fmt::format("copy_columns is not implemented by the {} backend", name()));
 }

@@ -72,6 +72,16 @@ struct MoeRouting {
   int columns() const { return top_k + shared_slots; }
 };
 
+// A linear layer's weight [N, K] (HF's [out_features, in_features]): in the compute dtype, or FP8
+// (e4m3) with one F32 scale per output row, W = weight * scale[:, None] (per-tensor scales of a
+// checkpoint are spread over the rows at load).
+struct LinearWeight {
+  Tensor weight;
+  Tensor scale;  // F32 [N] when weight is F8_E4M3; undefined otherwise
+  bool fp8() const { return weight.defined() && weight.dtype() == DType::kF8E4M3; }
+  int64_t out_features() const { return weight.size(0); }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -115,6 +125,15 @@ class Backend {
   virtual void add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, float eps) = 0;
   // out[M, N] = x[M, K] @ weight[N, K]^T (+ bias[N]); weight in HF's [out_features, in_features].
   virtual void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) = 0;
+  // The same over a LinearWeight: FP8 weights go to linear_fp8.
+  void linear(const Tensor& x, const LinearWeight& weight, const Tensor* bias, Tensor& out);
+  // out[m, n] = scale[n] * (x[m, :] . weight[n, :]) (+ bias[n]) with weight F8_E4M3 [N, K] and
+  // scale F32 [N]; x, bias and out as for linear(). The default throws (no FP8 support).
+  virtual void linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor* bias, Tensor& out);
+  // Quantises each row of x [R, K] (compute dtype) to e4m3: scale[r] = max|x[r, :]| / 448 (1 for
+  // an all-zero row) and out[r, :] = round_to_nearest_even(x[r, :] / scale[r]). out F8_E4M3 [R, K],
+  // scale F32 [R]. The default throws.
+  virtual void quantize_fp8_rows(const Tensor& x, Tensor& out, Tensor& scale);
   // Rotary embedding in place on q [T, Hq, D] and k [T, Hk, D] (either may be a view of a fused
   // qkv buffer reshaped). cos_sin is F32 [max_positions, rotary_dim]: cos in the first half, sin in
   // the second. Only the first rotary_dim dims of each head rotate. neox=true rotates

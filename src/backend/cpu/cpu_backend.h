@@ -5,7 +5,7 @@
 // The methods are defined across several files, one family each:
 //   cpu_memory.cc     empty/scratch arena/copy/cast/zero
 //   cpu_rowwise_ops.cc embedding, rms_norm, add_rms_norm, silu_mul, add, gather_rows
-//   cpu_linear.cc     linear (cblas_sgemm)
+//   cpu_linear.cc     linear, linear_fp8, quantize_fp8_rows (cblas_sgemm)
 //   cpu_rope.cc       rope (neox and interleaved, partial rotary_dim)
 //   cpu_attention.cc  write_kv_cache, paged_attention (incl. the MLA cache form)
 //   cpu_head_ops.cc   copy_columns, head_linear (MLA's per-head absorbed projections)
@@ -66,7 +66,11 @@ class CpuBackend final : public Backend {
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, float eps) override;
+  using Backend::linear;
   void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) override;
+  void linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor* bias,
+                  Tensor& out) override;
+  void quantize_fp8_rows(const Tensor& x, Tensor& out, Tensor& scale) override;
   void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& cos_sin, int rotary_dim,
             bool neox) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;

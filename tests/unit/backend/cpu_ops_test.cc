@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <span>
 
 #include "backend/backend.h"
 #include "cpu_test_util.h"
@@ -170,6 +171,46 @@ TEST_P(CpuOps, LinearWithAndWithoutBias) {
   be->linear(empty_x, w, nullptr, empty_out);
   Tensor bad_w = random_tensor({5, 9}, rng);
   EXPECT_THROW(be->linear(x, bad_w, nullptr, out), Error);
+}
+
+// linear_fp8 is linear over the dequantised weight (the scale applied to the dot product: equal
+// up to rounding); quantize_fp8_rows picks amax / 448 and the nearest e4m3 code.
+TEST_P(CpuOps, LinearFp8IsLinearOverTheDequantisedWeight) {
+  struct Case { int64_t m, n, k; };
+  for (Case c : {Case{1, 7, 16}, Case{5, 96, 64}, Case{33, 200, 80}}) {
+    Tensor x = random_tensor({c.m, c.k}, rng), w = random_tensor({c.n, c.k}, rng), b = random_tensor({c.n}, rng);
+    for (float& v : std::span(w.data_as<float>(), static_cast<size_t>(w.numel()))) v *= 3.0f;
+    Tensor codes = Tensor::empty({c.n, c.k}, DType::kF8E4M3), scale = be->empty({c.n}, DType::kF32);
+    be->quantize_fp8_rows(w, codes, scale);
+    Tensor dequantized = be->empty({c.n, c.k}, DType::kF32);
+    for (int64_t r = 0; r < c.n; ++r) {
+      float amax = 0;
+      for (int64_t i = 0; i < c.k; ++i) amax = std::max(amax, std::fabs(w.data_as<float>()[r * c.k + i]));
+      EXPECT_EQ(scale.data_as<float>()[r], amax / 448.0f);
+      for (int64_t i = 0; i < c.k; ++i) {
+        const float wv = w.data_as<float>()[r * c.k + i], s = amax / 448.0f;
+        const uint8_t code = codes.data_as<uint8_t>()[r * c.k + i];
+        EXPECT_EQ(code, f32_to_f8e4m3(wv / s));
+        dequantized.data_as<float>()[r * c.k + i] = f8e4m3_to_f32(code) * s;
+      }
+    }
+    for (const Tensor* bias : {static_cast<const Tensor*>(nullptr), static_cast<const Tensor*>(&b)}) {
+      Tensor got = be->empty({c.m, c.n}, DType::kF32), want = be->empty({c.m, c.n}, DType::kF32);
+      be->linear(x, LinearWeight{codes, scale}, bias, got);
+      be->linear(x, dequantized, bias, want);
+      const double tol = 1e-5 * std::sqrt(double(c.k));
+      const std::vector<float> w32 = values(want);
+      expect_close(values(got), std::vector<double>(w32.begin(), w32.end()), tol, tol, "linear_fp8");
+    }
+  }
+  // An all-zero row gets scale 1 and zero codes.
+  Tensor zero = Tensor::zeros({2, 16}, DType::kF32), codes = Tensor::empty({2, 16}, DType::kF8E4M3);
+  Tensor scale = be->empty({2}, DType::kF32);
+  be->quantize_fp8_rows(zero, codes, scale);
+  EXPECT_EQ(values(scale), (std::vector<float>{1.0f, 1.0f}));
+  // A scale per row it is not: an error.
+  Tensor bad_scale = be->empty({3}, DType::kF32), out = be->empty({1, 2}, DType::kF32);
+  EXPECT_THROW(be->linear_fp8(random_tensor({1, 16}, rng), codes, bad_scale, nullptr, out), Error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Threads, CpuOps, ::testing::Values(1, 2));
