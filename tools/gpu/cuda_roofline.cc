@@ -114,6 +114,33 @@ double gemm(CudaBackend& be, const char* label, int64_t m, int64_t n, int64_t k,
   return tflops;
 }
 
+// The same with FP8 (e4m3) weights, a scale per row (linear_fp8): one byte per weight read.
+void gemm_fp8(CudaBackend& be, const char* label, int64_t m, int64_t n, int64_t k, double roofline_tbs) {
+  Tensor x = random_bf16(be, {m, k}, 1.0f, 1);
+  LinearWeight w{be.empty({n, k}, DType::kF8E4M3), be.empty({n}, DType::kF32)};
+  {
+    Tensor full = random_bf16(be, {n, k}, 0.02f, 2);
+    be.quantize_fp8_rows(full, w.weight, w.scale);
+  }
+  Tensor out = be.empty({m, n}, DType::kBF16);
+  const int64_t default_rows = be.fp8_gemv_max_rows();
+  // Both paths where the GEMV kernel can take M (it takes up to 16 rows), else the FP8 GEMM.
+  for (int64_t gemv_rows : {int64_t{16}, int64_t{0}}) {
+    if (gemv_rows > 0 && m > gemv_rows) continue;
+    be.set_fp8_gemv_max_rows(gemv_rows);
+    be.linear(x, w, nullptr, out);  // once eagerly: the scratch arena grows (at the reset) to what
+    be.synchronize();               // the graph captured next needs
+    be.reset_scratch();
+    const double ms = time_ms(be, [&] { be.linear(x, w, nullptr, out); }, m <= 64 ? 10 : 1, /*graph=*/m <= 64);
+    const double tflops = 2.0 * m * n * k / (ms * 1e-3) / 1e12;
+    const double bytes = 2.0 * (m * k + m * n) + 1.0 * n * k;
+    const double tbs = bytes / (ms * 1e-3) / 1e12;
+    std::printf("fp8%-4s %-10s M=%-5ld N=%-6ld K=%-5ld: %8.4f ms  %7.1f TFLOP/s  %5.2f TB/s (%3.0f%% of copy)\n",
+                gemv_rows > 0 ? "gemv" : "gemm", label, m, n, k, ms, tflops, tbs, 100 * tbs / roofline_tbs);
+  }
+  be.set_fp8_gemv_max_rows(default_rows);
+}
+
 // Llama-3.1-8B attention: 32 query heads, 8 kv heads, head_dim 128, block size 16.
 void attention(CudaBackend& be, int batch, int seq_len, int query_len, double roofline_tbs, double gemm_tflops) {
   const int hq = 32, hk = 8, d = 128, bs = 16;
@@ -181,6 +208,10 @@ int run(int argc, char** argv) {
                            {"down", 4096, 14336}, {"lm_head", 128256, 4096}};
   for (int64_t m : {1, 64, 4096}) {
     for (const Shape3& l : layers) gemm(be, l.label, m, l.n, l.k, roofline);
+  }
+  for (int64_t m : {1, 2, 4, 8, 16, 64, 4096}) {
+    for (const Shape3& l : layers)
+      if (std::strcmp(l.label, "lm_head") != 0) gemm_fp8(be, l.label, m, l.n, l.k, roofline);
   }
   for (int batch : {1, 64}) {
     for (int seq : {1024, 4096}) attention(be, batch, seq, 1, roofline, peak);

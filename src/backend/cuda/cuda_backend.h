@@ -18,7 +18,7 @@
 // Methods are defined across files, one family each:
 //   cuda_backend.cc    construction, memory, copies, casts
 //   cuda_ops.cc        row-wise ops, rope, KV-cache writes (kernels in cuda_rowwise/norm/rope/kv_cache.cu)
-//   cuda_linear.cc     linear through cuBLASLt (cuda_gemm.cc)
+//   cuda_linear.cc     linear through cuBLASLt (cuda_gemm.cc); FP8 weights (cuda_fp8_linear.cu)
 //   cuda_attention.cc  paged attention dispatch (kernels in cuda_attention_{decode,prefill,mla}.cu)
 //   cuda_head_ops.cc   copy_columns, head_linear (cuda_batched_gemm.cc)
 //   cuda_moe.cc        moe_route, fused_moe (kernels in cuda_moe_route.cu, cuda_fused_moe_*.cu)
@@ -27,6 +27,8 @@
 #include <cuda_runtime_api.h>
 
 #include <map>
+#include <set>
+#include <tuple>
 #include <memory>
 #include <string>
 
@@ -62,7 +64,11 @@ class CudaBackend final : public Backend {
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, float eps) override;
+  using Backend::linear;
   void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) override;
+  void linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor* bias,
+                  Tensor& out) override;
+  void quantize_fp8_rows(const Tensor& x, Tensor& out, Tensor& scale) override;
   void rope(Tensor& q, Tensor& k, const Tensor& positions, const Tensor& cos_sin, int rotary_dim,
             bool neox) override;
   void silu_mul(const Tensor& gate_up, Tensor& out) override;
@@ -96,6 +102,15 @@ class CudaBackend final : public Backend {
   int device_index() const { return device_index_; }
   int sm_count() const { return sm_count_; }
   size_t scratch_capacity() const { return arena_.capacity(); }
+  // linear_fp8: the most rows the GEMV kernel takes (at most kFp8GemvMaxRows); more go to the FP8
+  // tensor-core GEMM. Benchmarks and tests move it to measure and check both paths.
+  int64_t fp8_gemv_max_rows() const { return fp8_gemv_max_rows_; }
+  void set_fp8_gemv_max_rows(int64_t rows);
+  // Whether linear_fp8 found cuBLASLt without an FP8 algorithm for this weight shape and out dtype
+  // (it then runs the GEMV kernel for every M).
+  bool fp8_gemm_unsupported(int64_t n, int64_t k, DType out) const {
+    return fp8_gemm_unsupported_.count({n, k, out}) != 0;
+  }
 
  private:
   int device_index_;
@@ -110,6 +125,10 @@ class CudaBackend final : public Backend {
   std::map<std::pair<int, int64_t>, bool> chain_cluster_fits_;
   int64_t smem_budget_ = 0;  // dynamic shared memory a block may ask for, less the kernel's static share
   bool chain_logged_ = false;
+  // linear_fp8 above fp8_gemv_max_rows_: cuBLASLt's FP8 GEMM, except for the (N, K, out dtype)
+  // it has no algorithm for on this GPU, which run the GEMV kernel over slices of rows.
+  int64_t fp8_gemv_max_rows_ = 4;
+  std::set<std::tuple<int64_t, int64_t, DType>> fp8_gemm_unsupported_;
 };
 
 // Throws specula::Error "<what>: <CUDA error string>" unless err is cudaSuccess.

@@ -122,6 +122,17 @@ CublasLtGemm::Plan& CublasLtGemm::plan_serving(Key key, int64_t m, const char* o
   return plan_for(key, op);
 }
 
+void CublasLtGemm::matmul_fp8(const void* x8, const void* w8, void* out, DType out_dtype, int64_t m, int64_t n,
+                              int64_t k, const char* op) {
+  if (m == 0 || n == 0) return;
+  const Key key{m, n, k, DType::kF8E4M3, out_dtype, false, alignment_of(x8), alignment_of(w8), alignment_of(out)};
+  Plan& plan = plan_serving(key, m, op);
+  const float alpha = 1.0f, beta = 0.0f;
+  check_lt(cublasLtMatmul(handle_, plan.op, &alpha, w8, plan.w, x8, plan.x, &beta, out, plan.out, out, plan.out,
+                          &plan.algo, workspace_.data(), kWorkspaceBytes, stream_),
+           op);
+}
+
 void CublasLtGemm::matmul(const void* x, const void* w, DType in_dtype, const void* bias, DType bias_dtype,
                           void* out, DType out_dtype, int64_t m, int64_t n, int64_t k, const char* op) {
   if (m == 0 || n == 0) return;

@@ -37,6 +37,12 @@ class CublasLtGemm {
   void matmul(const void* x, const void* w, DType in_dtype, const void* bias, DType bias_dtype, void* out,
               DType out_dtype, int64_t m, int64_t n, int64_t k, const char* op);
 
+  // out[M, N] = x8[M, K] . w8[N, K]^T over F8_E4M3 codes, unscaled (the row scales are applied
+  // after: cuBLASLt's per-row "outer vector" scaling has no Hopper kernels), fp32 accumulation,
+  // bf16 or f32 out. Throws specula::Error when cuBLASLt has no algorithm; nothing is enqueued then.
+  void matmul_fp8(const void* x8, const void* w8, void* out, DType out_dtype, int64_t m, int64_t n, int64_t k,
+                  const char* op);
+
   size_t cached_plans() const { return plans_.size(); }
   // The M a plan is keyed by (see the header comment).
   static int64_t m_bucket(int64_t m);

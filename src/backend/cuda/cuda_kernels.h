@@ -30,6 +30,21 @@ cudaError_t launch_gather_columns(const float* x, int64_t rows, int64_t x_cols, 
 cudaError_t launch_argmax_rows(const float* x, int64_t x_rows, int64_t vocab, const int32_t* rows, int64_t n,
                                int32_t* out, cudaStream_t stream);
 
+// FP8 weights (cuda_fp8_linear.cu). out[i, r] = scale[r] * (x[i, :] . w[r, :]) (+ bias[r]) for
+// x BF16 [m, k], w F8_E4M3 [n, k], scale F32 [n]; bias F32 or BF16, out F32 or BF16. Only for
+// what fp8_gemv_supports: 1 <= m <= kFp8GemvMaxRows, k a multiple of 16, x and w 16-byte aligned.
+constexpr int64_t kFp8GemvMaxRows = 16;
+bool fp8_gemv_supports(int64_t m, int64_t k, const void* x, const void* w);
+cudaError_t launch_fp8_gemv(const void* x, const uint8_t* w, const float* scale, const void* bias, DType bias_dtype,
+                            void* out, DType out_dtype, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
+// out[i, r] = out[i, r] * x_scale[i] * w_scale[r] (+ bias[r]) in place, out F32 or BF16 [m, n]:
+// the row scales of an unscaled FP8 GEMM.
+cudaError_t launch_fp8_scale_output(void* out, DType out_dtype, const float* x_scale, const float* w_scale,
+                                    const void* bias, DType bias_dtype, int64_t m, int64_t n, cudaStream_t stream);
+// Backend::quantize_fp8_rows over x (F32 or BF16) [rows, k].
+cudaError_t launch_quantize_fp8_rows(const void* x, DType dtype, int64_t rows, int64_t k, uint8_t* out, float* scale,
+                                     cudaStream_t stream);
+
 // out = a + b over n elements of dtype (F32 or BF16).
 cudaError_t launch_add(const void* a, const void* b, void* out, int64_t n, DType dtype, cudaStream_t stream);
 

@@ -27,6 +27,7 @@ inline cudaDataType_t data_type(DType t, const char* op) {
     case DType::kF32: return CUDA_R_32F;
     case DType::kF16: return CUDA_R_16F;
     case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF8E4M3: return CUDA_R_8F_E4M3;
     default: throw Error(fmt::format("{}: dtype {} is not supported by the GEMM", op, dtype_name(t)));
   }
 }

@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_gemm.h"
 #include "cuda_test_util.h"
 
@@ -104,6 +106,75 @@ TEST(CudaLinear, RowsFromALeadingShapeAndEmptyInput) {
   Tensor empty_x = gpu->empty({0, 64}, DType::kBF16), empty_out = gpu->empty({0, 32}, DType::kBF16);
   gpu->linear(empty_x, to_gpu(*gpu, w), nullptr, empty_out);
   gpu->synchronize();
+}
+
+// FP8 weights. The GPU quantiser gives the CPU's codes and scales byte for byte (same IEEE
+// division, same rounding). The GEMV kernel (every M up to 16 here) multiplies bf16 activations
+// by the e4m3 weights: the CPU's linear_fp8 on the same values is the reference (bf16 out: 1e-2).
+// The tensor-core path (every M with the GEMV threshold at 0, and M > 16) quantises the
+// activations per row as well: the reference is the CPU on the activations quantised and
+// dequantised the same way. Ragged N, K up to 4096, bias in bf16 and f32, out bf16 and f32.
+TEST(CudaLinear, Fp8WeightsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend(2);
+  auto gpu = make_cuda_backend(0);
+  std::mt19937 rng(17);
+  struct Case {
+    int64_t m, n, k;
+    bool bias;
+    DType out, bias_dtype;
+  };
+  const DType bf = DType::kBF16, f32 = DType::kF32;
+  const Case cases[] = {
+      {1, 64, 64, false, bf, bf},       {1, 4096, 4096, false, bf, bf},  {2, 1000, 1024, true, bf, bf},
+      {3, 96, 512, true, f32, f32},     {4, 130, 64, false, bf, bf},     {5, 6144, 4096, false, bf, bf},
+      {8, 200, 80, true, bf, f32},      {9, 512, 1024, false, f32, bf},  {16, 384, 2048, true, bf, bf},
+      {17, 384, 256, false, bf, bf},    {33, 1000, 1024, true, bf, bf},  {300, 768, 512, false, f32, f32},
+      {64, 4096, 4096, false, bf, bf},
+  };
+  auto& cuda = dynamic_cast<CudaBackend&>(*gpu);
+  for (const Case& c : cases) {
+    for (int64_t gemv_rows : {int64_t{16}, int64_t{0}}) {
+      cuda.set_fp8_gemv_max_rows(gemv_rows);
+      Tensor x = random_bf16_values({c.m, c.k}, rng);
+      Tensor w = random_bf16_values({c.n, c.k}, rng, 8.0f / std::sqrt(static_cast<float>(c.k)));
+      Tensor b = random_bf16_values({c.n}, rng, 0.5f);
+      Tensor codes_gpu = gpu->empty({c.n, c.k}, DType::kF8E4M3), scale_gpu = gpu->empty({c.n}, DType::kF32);
+      gpu->quantize_fp8_rows(to_gpu(*gpu, w), codes_gpu, scale_gpu);
+      Tensor bg = to_gpu(*gpu, b, c.bias_dtype);
+      Tensor out = gpu->empty({c.m, c.n}, c.out);
+      gpu->linear(to_gpu(*gpu, x), LinearWeight{codes_gpu, scale_gpu}, c.bias ? &bg : nullptr, out);
+      // cuBLASLt's FP8 kernels need 16-byte rows of out: other shapes fall back to the GEMV kernel.
+      const bool gemm_fits = c.n * static_cast<int64_t>(dtype_size(c.out)) % 16 == 0;
+      EXPECT_EQ(cuda.fp8_gemm_unsupported(c.n, c.k, c.out), !gemm_fits && c.m > gemv_rows) << c.n << " " << c.k;
+      const bool gemv = c.m <= gemv_rows || cuda.fp8_gemm_unsupported(c.n, c.k, c.out);
+      const std::string what =
+          fmt::format("linear_fp8 [{}, {}] x [{}, {}]^T -> {}{} ({})", c.m, c.k, c.n, c.k, dtype_name(c.out),
+                      c.bias ? " + bias" : "", gemv ? "GEMV" : "FP8 GEMM");
+      Tensor codes = Tensor::empty({c.n, c.k}, DType::kF8E4M3), scale = Tensor::empty({c.n}, f32);
+      cpu->quantize_fp8_rows(w, codes, scale);
+      Tensor codes_back = Tensor::empty({c.n, c.k}, DType::kF8E4M3);
+      gpu->copy(codes_gpu, codes_back);
+      gpu->synchronize();
+      ASSERT_EQ(std::memcmp(codes_back.data(), codes.data(), codes.nbytes()), 0) << what << ": codes";
+      ASSERT_EQ(to_host(*gpu, scale_gpu), scale.to_f32_vector()) << what << ": scales";
+
+      Tensor x_ref = x;
+      if (!gemv) {  // the activations as the FP8 GEMM sees them
+        Tensor x_codes = Tensor::empty({c.m, c.k}, DType::kF8E4M3), x_scale = Tensor::empty({c.m}, f32);
+        cpu->quantize_fp8_rows(x, x_codes, x_scale);
+        x_ref = Tensor::empty({c.m, c.k}, f32);
+        for (int64_t r = 0; r < c.m; ++r)
+          for (int64_t i = 0; i < c.k; ++i)
+            x_ref.data_as<float>()[r * c.k + i] =
+                f8e4m3_to_f32(x_codes.data_as<uint8_t>()[r * c.k + i]) * x_scale.data_as<float>()[r];
+      }
+      Tensor want = Tensor::zeros({c.m, c.n}, f32);
+      cpu->linear(x_ref, LinearWeight{codes, scale}, c.bias ? &b : nullptr, want);
+      const bool bf16_out = c.out == bf;
+      expect_close(to_host(*gpu, out), want.to_f32_vector(), bf16_out ? 1e-2 : 2e-3, bf16_out ? 1e-2 : 2e-3, what);
+    }
+  }
 }
 
 TEST(CudaLinear, RejectsMismatchedShapes) {
