@@ -236,6 +236,7 @@ int run_latency(BenchArgs& a) {
   j["num_iters"] = a.num_iters;
   j["enforce_eager"] = a.engine.enforce_eager;
   j["async_scheduling"] = a.engine.async_scheduling.value_or(false);
+  j["quantization"] = a.engine.quantization;
   if (!a.structured_outputs.empty()) j["structured_outputs"] = nlohmann::json::parse(a.structured_outputs);
   j["speculative_config"] = a.engine.speculative_config;
   j["temperature"] = a.temperature;

@@ -18,6 +18,9 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
   cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype, "KV cache type: auto (the compute type)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"}));
+  cmd->add_option("-q,--quantization", f.quantization,
+                  "Weight quantisation: fp8 quantises bf16 linear layers to e4m3 at load (one scale per output "
+                  "row); default: what the checkpoint's quantization_config says");
   cmd->add_option("--tensor-parallel-size", f.tensor_parallel_size, "GPUs to shard the model over (also -tp; 1 for now)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "Pipeline stages (also -pp; 1)")
@@ -36,6 +39,7 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
 void apply_vllm_flags(const VllmFlags& f, EngineConfig& c) {
   c.dtype = f.dtype;
   c.kv_cache_dtype = f.kv_cache_dtype;
+  c.quantization = f.quantization;
   c.tensor_parallel_size = f.tensor_parallel_size;
   c.pipeline_parallel_size = f.pipeline_parallel_size;
   c.enable_chunked_prefill = f.enable_chunked_prefill;

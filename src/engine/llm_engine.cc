@@ -115,7 +115,8 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
     const auto t0 = std::chrono::steady_clock::now();
     LoadProgress progress(weights->names().size());
     weights->on_progress = [&](size_t tensors, size_t bytes) { progress.update(tensors, bytes); };
-    parts.model = create_model(mc, *weights, *parts.backend, ModelOptions{parts.config.shared_expert_fusion});
+    parts.model = create_model(mc, *weights, *parts.backend,
+                               ModelOptions{parts.config.shared_expert_fusion, config.quantization});
     progress.finish();
     LOG_INFO("Model loading took {:.2f} seconds",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -46,6 +46,8 @@ struct EngineConfig {
   // budget covers a whole max_model_len prompt), --disable-log-stats.
   std::string dtype = "auto";
   std::string kv_cache_dtype = "auto";
+  // --quantization: "" (as the checkpoint says) or "fp8" (model/weight_quantization.h).
+  std::string quantization;
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
   bool enable_chunked_prefill = true;

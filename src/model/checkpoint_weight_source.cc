@@ -40,6 +40,12 @@ class SafetensorsCheckpoint : public WeightSource {
 
   bool has(const std::string& name) const override { return tensors_.count(name) != 0; }
 
+  std::optional<Shape> stored_shape(const std::string& name) const override {
+    auto it = tensors_.find(name);
+    if (it == tensors_.end()) return std::nullopt;
+    return it->second.entry->shape;
+  }
+
   std::vector<std::string> names() const override {
     std::vector<std::string> out;
     out.reserve(tensors_.size());
@@ -71,8 +77,8 @@ class SafetensorsCheckpoint : public WeightSource {
     const DType stored = *e.dtype;
     if (stored != dtype) {
       if (stored == DType::kF8E4M3) {
-        throw Error(fmt::format("{}: tensor '{}' is stored as F8_E4M3; FP8 block-quantised checkpoints are not "
-                                "supported (use a BF16 checkpoint)",
+        throw Error(fmt::format("{}: tensor '{}' is stored as F8_E4M3 but config.json's quantization_config does "
+                                "not say how it is scaled",
                                 where, name));
       }
       if (!is_weight_float_dtype(stored) || !is_weight_float_dtype(dtype)) {

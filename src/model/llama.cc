@@ -29,7 +29,8 @@ const Tensor* if_defined(const Tensor& t) { return t.defined() ? &t : nullptr; }
 
 class LlamaModel final : public Model {
  public:
-  LlamaModel(const ModelConfig& config, WeightSource& weights, Backend& backend);
+  LlamaModel(const ModelConfig& config, WeightSource& weights, Backend& backend,
+             const WeightQuantization& quantization);
 
   const ModelConfig& config() const override { return config_; }
   KVCacheSpec kv_cache_spec() const override {
@@ -56,7 +57,8 @@ class LlamaModel final : public Model {
   std::vector<int> aux_layers_;  // ForwardOutput::aux_hidden_states: inputs of these layers
 };
 
-LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend& backend)
+LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend& backend,
+                       const WeightQuantization& quantization)
     : config_(config),
       backend_(backend),
       hidden_(config.hidden_size),
@@ -71,7 +73,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend
     LOG_WARN("sliding_window={} is not implemented: attention is full, which matches the model only for "
              "sequences of at most {} tokens", *config.sliding_window, *config.sliding_window);
   }
-  LlamaWeightLoader w(weights, backend);
+  LlamaWeightLoader w(weights, backend, quantization);
   embed_tokens_ = w.load("model.embed_tokens.weight", {vocab_, hidden_});
   layers_.resize(config.num_hidden_layers);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i)
@@ -164,16 +166,16 @@ bool LlamaModel::greedy_chain(DecoderChain& c) {
   for (const LlamaLayerWeights& l : layers_) {
     DecoderChainLayerWeights w;
     w.input_layernorm = &l.input_layernorm;
-    w.qkv_proj = &l.qkv_proj;
+    w.qkv_proj = &l.qkv_proj.weight;
     w.qkv_bias = if_defined(l.qkv_bias);
     w.q_norm = if_defined(l.q_norm);
     w.k_norm = if_defined(l.k_norm);
-    w.o_proj = &l.o_proj;
+    w.o_proj = &l.o_proj.weight;
     w.o_bias = if_defined(l.o_bias);
     w.post_attention_layernorm = &l.post_attention_layernorm;
-    w.gate_up_proj = &l.gate_up_proj;
+    w.gate_up_proj = &l.gate_up_proj.weight;
     w.gate_up_bias = if_defined(l.gate_up_bias);
-    w.down_proj = &l.down_proj;
+    w.down_proj = &l.down_proj.weight;
     w.down_bias = if_defined(l.down_bias);
     c.layers.push_back(w);
   }
@@ -192,8 +194,10 @@ bool LlamaModel::greedy_chain(DecoderChain& c) {
 
 }  // namespace
 
-std::unique_ptr<Model> create_llama_model(const ModelConfig& config, WeightSource& weights, Backend& backend) {
-  auto model = std::make_unique<LlamaModel>(config, weights, backend);
+std::unique_ptr<Model> create_llama_model(const ModelConfig& config, WeightSource& weights, Backend& backend,
+                                          const WeightQuantization& quantization) {
+  auto model = std::make_unique<LlamaModel>(config, weights, backend, quantization);
+  if (quantization.fp8()) LOG_INFO("Linear layers: {}", quantization.describe());
   LOG_INFO("Loaded {} ({} layers, hidden {}, {} q / {} kv heads of {}, vocab {}) from {} onto {}",
            architecture_name(config.arch), config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
            config.num_key_value_heads, config.head_dim, config.vocab_size, weights.describe(), backend.name());

@@ -6,11 +6,13 @@
 #include <memory>
 
 #include "model/model.h"
+#include "model/weight_quantization.h"
 
 namespace specula {
 
 // Loads every weight of a Llama-family checkpoint (HF names) through `weights` onto `backend`.
 // Throws specula::Error naming the tensor when one is missing or mis-shaped.
-std::unique_ptr<Model> create_llama_model(const ModelConfig& config, WeightSource& weights, Backend& backend);
+std::unique_ptr<Model> create_llama_model(const ModelConfig& config, WeightSource& weights, Backend& backend,
+                                          const WeightQuantization& quantization = {});
 
 }  // namespace specula

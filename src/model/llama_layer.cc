@@ -33,6 +33,69 @@ Tensor LlamaWeightLoader::load_stacked(const std::vector<std::pair<std::string, 
   return fused;
 }
 
+LinearWeight LlamaWeightLoader::load_linear(const std::vector<std::pair<std::string, Shape>>& parts) {
+  const std::string suffix = ".weight";
+  auto module_of = [&](const std::string& name) {
+    return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0
+               ? name.substr(0, name.size() - suffix.size())
+               : name;
+  };
+  bool quantized = quantization_.quantizes(module_of(parts.front().first));
+  for (const auto& [name, shape] : parts) {
+    SPECULA_CHECK(quantization_.quantizes(module_of(name)) == quantized,
+                  "{}: '{}' and '{}' are fused into one projection but only one of them is in the quantisation's "
+                  "ignore list",
+                  source_.describe(), parts.front().first, name);
+  }
+  if (!quantized) return LinearWeight{parts.size() == 1 ? load(parts[0].first, parts[0].second) : load_stacked(parts), {}};
+  // Dummy weights stand in for an FP8 checkpoint by quantising their random bf16 values.
+  if (quantization_.from_checkpoint && source_.stored_shape(parts.front().first)) return load_fp8_checkpoint(parts);
+  // Quantised at load: the full-precision weight on the device, then one quantiser launch.
+  Tensor full = parts.size() == 1 ? load(parts[0].first, parts[0].second) : load_stacked(parts);
+  LinearWeight w{backend_.empty(full.shape(), DType::kF8E4M3), backend_.empty({full.size(0)}, DType::kF32)};
+  backend_.quantize_fp8_rows(full, w.weight, w.scale);
+  return w;
+}
+
+LinearWeight LlamaWeightLoader::load_fp8_checkpoint(const std::vector<std::pair<std::string, Shape>>& parts) {
+  Shape fused_shape = parts.front().second;
+  fused_shape[0] = 0;
+  for (const auto& [name, shape] : parts) fused_shape[0] += shape[0];
+  LinearWeight fused{backend_.empty(fused_shape, DType::kF8E4M3), Tensor()};
+  std::vector<float> scales;
+  int64_t row = 0;
+  for (const auto& [name, shape] : parts) {
+    Tensor part = source_.load(name, shape, DType::kF8E4M3, backend_);
+    Tensor rows = fused.weight.slice(row, row + shape[0]);
+    backend_.copy(part, rows);
+    const std::vector<float> s = load_row_scales(name, shape[0]);
+    scales.insert(scales.end(), s.begin(), s.end());
+    row += shape[0];
+  }
+  fused.scale = backend_.empty({fused_shape[0]}, DType::kF32);
+  Tensor host = Tensor::from_f32(scales);
+  backend_.copy(host, fused.scale);
+  return fused;
+}
+
+std::vector<float> LlamaWeightLoader::load_row_scales(const std::string& weight_name, int64_t rows) {
+  const std::string name = weight_name + "_scale";
+  const std::optional<Shape> shape = source_.stored_shape(name);
+  SPECULA_CHECK(shape.has_value(), "{}: FP8 tensor '{}' has no '{}' beside it", source_.describe(), weight_name, name);
+  int64_t numel = 1;
+  for (int64_t d : *shape) numel *= d;
+  SPECULA_CHECK(numel == 1 || numel == rows,
+                "{}: '{}' has shape {}: expected one scale (per tensor) or {} (per output channel)",
+                source_.describe(), name, shape_str(*shape), rows);
+  Tensor dev = source_.load(name, *shape, DType::kF32, backend_);
+  Tensor host = Tensor::empty(*shape, DType::kF32, Device::kCPU);
+  backend_.copy(dev, host);
+  backend_.synchronize();
+  std::vector<float> s = host.to_f32_vector();
+  if (numel == 1) s.assign(static_cast<size_t>(rows), s.front());
+  return s;
+}
+
 Tensor make_rope_table(const ModelConfig& config, Backend& backend) {
   const int64_t max_positions = config.max_position_embeddings;
   SPECULA_CHECK(max_positions > 0, "{}: max_position_embeddings must be positive", architecture_name(config.arch));
@@ -70,9 +133,9 @@ LlamaLayerWeights LlamaDecoderLayer::load(LlamaWeightLoader& w, const std::strin
   const int64_t nq = num_heads_ * head_dim_, nk = num_kv_heads_ * head_dim_;
   LlamaLayerWeights l;
   if (with_input_layernorm) l.input_layernorm = w.load(p + "input_layernorm.weight", {hidden_});
-  l.qkv_proj = w.load_stacked({{p + "self_attn.q_proj.weight", {nq, k}},
-                               {p + "self_attn.k_proj.weight", {nk, k}},
-                               {p + "self_attn.v_proj.weight", {nk, k}}});
+  l.qkv_proj = w.load_linear({{p + "self_attn.q_proj.weight", {nq, k}},
+                              {p + "self_attn.k_proj.weight", {nk, k}},
+                              {p + "self_attn.v_proj.weight", {nk, k}}});
   if (config_.attention_bias) {  // config.cc: Qwen2 always; Llama/Qwen3 attention_bias
     l.qkv_bias = w.load_stacked({{p + "self_attn.q_proj.bias", {nq}},
                                  {p + "self_attn.k_proj.bias", {nk}},
@@ -82,12 +145,12 @@ LlamaLayerWeights LlamaDecoderLayer::load(LlamaWeightLoader& w, const std::strin
     l.q_norm = w.load(p + "self_attn.q_norm.weight", {head_dim_});
     l.k_norm = w.load(p + "self_attn.k_norm.weight", {head_dim_});
   }
-  l.o_proj = w.load(p + "self_attn.o_proj.weight", {hidden_, nq});
+  l.o_proj = w.load_linear({{p + "self_attn.o_proj.weight", {hidden_, nq}}});
   if (config_.o_proj_bias) l.o_bias = w.load(p + "self_attn.o_proj.bias", {hidden_});
   l.post_attention_layernorm = w.load(p + "post_attention_layernorm.weight", {hidden_});
-  l.gate_up_proj = w.load_stacked({{p + "mlp.gate_proj.weight", {intermediate_, hidden_}},
-                                   {p + "mlp.up_proj.weight", {intermediate_, hidden_}}});
-  l.down_proj = w.load(p + "mlp.down_proj.weight", {hidden_, intermediate_});
+  l.gate_up_proj = w.load_linear({{p + "mlp.gate_proj.weight", {intermediate_, hidden_}},
+                                  {p + "mlp.up_proj.weight", {intermediate_, hidden_}}});
+  l.down_proj = w.load_linear({{p + "mlp.down_proj.weight", {hidden_, intermediate_}}});
   if (config_.mlp_bias) {
     l.gate_up_bias = w.load_stacked({{p + "mlp.gate_proj.bias", {intermediate_}},
                                      {p + "mlp.up_proj.bias", {intermediate_}}});

@@ -15,36 +15,46 @@
 #include "backend/backend.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/weight_quantization.h"
 #include "model/weight_source.h"
 
 namespace specula {
 
 struct LlamaLayerWeights {
   Tensor input_layernorm;           // [H] (absent in EAGLE-1's layer)
-  Tensor qkv_proj;                  // [(Hq + 2 Hk) D, K]: q_proj, k_proj, v_proj stacked by rows
+  LinearWeight qkv_proj;            // [(Hq + 2 Hk) D, K]: q_proj, k_proj, v_proj stacked by rows
   Tensor qkv_bias;                  // [(Hq + 2 Hk) D]; Qwen2, attention_bias (else undefined)
   Tensor q_norm, k_norm;            // [D]; Qwen3 (else undefined)
-  Tensor o_proj;                    // [H, Hq D]
+  LinearWeight o_proj;              // [H, Hq D]
   Tensor o_bias;                    // [H]; Llama/Qwen3 attention_bias
   Tensor post_attention_layernorm;  // [H]
-  Tensor gate_up_proj;              // [2 I, H]: gate_proj then up_proj
+  LinearWeight gate_up_proj;        // [2 I, H]: gate_proj then up_proj
   Tensor gate_up_bias;              // [2 I]; mlp_bias
-  Tensor down_proj;                 // [H, I]
+  LinearWeight down_proj;           // [H, I]
   Tensor down_bias;                 // [H]; mlp_bias
 };
 
 // Loads HF-named tensors in the backend's compute dtype, fusing row-stacked projections so that
-// each fused projection is one GEMM at run time.
+// each fused projection is one GEMM at run time. Linear layers follow `quantization`: FP8 weights
+// and scales read from the checkpoint, or quantised here from the full-precision weights.
 class LlamaWeightLoader {
  public:
-  LlamaWeightLoader(WeightSource& source, Backend& backend) : source_(source), backend_(backend) {}
+  LlamaWeightLoader(WeightSource& source, Backend& backend, WeightQuantization quantization = {})
+      : source_(source), backend_(backend), quantization_(std::move(quantization)) {}
   Tensor load(const std::string& name, const Shape& shape);
   // Concatenates tensors along dim 0 (weights [n_i, K] -> [sum n_i, K], biases [n_i] -> [sum n_i]).
   Tensor load_stacked(const std::vector<std::pair<std::string, Shape>>& parts);
+  // A linear layer's weight from its row-stacked parts ("<module>.weight" [n_i, K] each).
+  LinearWeight load_linear(const std::vector<std::pair<std::string, Shape>>& parts);
 
  private:
+  LinearWeight load_fp8_checkpoint(const std::vector<std::pair<std::string, Shape>>& parts);
+  // weight_scale of one part: a scalar (per tensor, spread over its rows) or one per row.
+  std::vector<float> load_row_scales(const std::string& weight_name, int64_t rows);
+
   WeightSource& source_;
   Backend& backend_;
+  WeightQuantization quantization_;
 };
 
 // The dimensions and tables a layer runs with, fixed by the config at load time.

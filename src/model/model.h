@@ -76,6 +76,9 @@ struct ModelOptions {
   // shared experts together. 0 = off. Lossless (equal logits up to rounding); models without
   // shared experts ignore it.
   int shared_expert_fusion = 0;
+  // --quantization: "" (what the checkpoint's config says) or "fp8" (quantise bf16 weights at
+  // load); see model/weight_quantization.h.
+  std::string quantization{};
 };
 
 // Builds the model for config.arch, loading every weight through `weights` onto `backend`.

@@ -2,6 +2,7 @@
 #include "model/deepseek.h"
 #include "model/llama.h"
 #include "model/model.h"
+#include "model/weight_quantization.h"
 
 namespace specula {
 
@@ -16,9 +17,10 @@ std::unique_ptr<Model> create_model(const ModelConfig& config, WeightSource& wei
     case Architecture::kMistral:
     case Architecture::kQwen2:
     case Architecture::kQwen3:
-      return create_llama_model(config, weights, backend);
+      return create_llama_model(config, weights, backend, resolve_weight_quantization(config, options.quantization));
     case Architecture::kDeepseekV2:
     case Architecture::kDeepseekV3:
+      resolve_weight_quantization(config, options.quantization);  // throws for what DeepSeek cannot load
       return create_deepseek_model(config, weights, backend, options);
   }
   throw Error(fmt::format("{}: this architecture's forward is not implemented yet", architecture_name(config.arch)));

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,9 @@ class WeightSource {
   // Loads tensor `name`, checks it has shape `expected` (error naming the file, the tensor, both
   // shapes), converts to `dtype` and returns it on `backend`'s device (persistent memory).
   virtual Tensor load(const std::string& name, const Shape& expected, DType dtype, Backend& backend) = 0;
+  // The shape a tensor is stored with, when the source knows it before loading (a checkpoint does;
+  // dummy weights have only the shapes they are asked for).
+  virtual std::optional<Shape> stored_shape(const std::string& name) const { return std::nullopt; }
   // Every tensor name the source holds (dummy: none until asked).
   virtual std::vector<std::string> names() const = 0;
   // "checkpoint /models/x (2 files)" or "dummy weights (seed 0)"

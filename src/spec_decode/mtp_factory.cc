@@ -47,7 +47,8 @@ std::unique_ptr<Proposer> make_mtp_proposer(const ProposerContext& ctx) {
   std::unique_ptr<WeightSource> weights =
       dummy ? make_dummy_weight_source(tc, ctx.engine.seed) : open_safetensors_checkpoint(ctx.engine.target_model);
   // The same fusion as the target's MoE layers, so the MTP block takes the same fused path.
-  const ModelOptions options{resolve_shared_expert_fusion(ctx.engine.shared_expert_fusion, tc, ctx.engine.backend.device())};
+  ModelOptions options;
+  options.shared_expert_fusion = resolve_shared_expert_fusion(ctx.engine.shared_expert_fusion, tc, ctx.engine.backend.device());
   const auto t0 = std::chrono::steady_clock::now();
   // Dummy weights stand in for a real checkpoint, whose MTP copies of the embedding and head are
   // the target's own: share them rather than fill two more random vocab x hidden matrices.
