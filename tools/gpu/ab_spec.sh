@@ -12,14 +12,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
-OUT=${OUT:-$(pwd)/.gpu/out}
-mkdir -p "$OUT"
-WORK=$(mktemp -d)
 BUDGET=${RUN_AB_BUDGET:-480}
-START=$(date +%s)
 SKIP=" "
-: > "$WORK/status.txt"
-source tools/gpu/stages.sh
+source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 command -v specula-baseline >/dev/null || { echo "no specula-baseline packed (PACK_BASELINE)"; exit 2; }
 
 DATASET="$WORK/prompts.txt"

@@ -12,14 +12,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
-OUT=${OUT:-$(pwd)/.gpu/out}
-mkdir -p "$OUT"
-WORK=$(mktemp -d)
 BUDGET=${RUN_AB_BUDGET:-420}
-START=$(date +%s)
 SKIP=" "
-: > "$WORK/status.txt"
-source tools/gpu/stages.sh
+source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 
 DATASET="$WORK/prompts.txt"
 find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"

@@ -13,14 +13,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
-OUT=${OUT:-$(pwd)/.gpu/out}
-mkdir -p "$OUT"
-WORK=$(mktemp -d)
 BUDGET=${FP8_BUDGET:-560}
-START=$(date +%s)
 SKIP=" ${FP8_SKIP:-} "
-: > "$WORK/status.txt"
-source tools/gpu/stages.sh
+source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 
 if ! skipped tests; then
   stage test_backend_cuda 150 test_backend_cuda --gtest_brief=1

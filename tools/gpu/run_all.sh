@@ -18,13 +18,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
-OUT=${OUT:-$(pwd)/.gpu/out}
-mkdir -p "$OUT"
-WORK=$(mktemp -d)
 BUDGET=${RUN_ALL_BUDGET:-450}
-START=$(date +%s)
 SKIP=" ${RUN_ALL_SKIP:-} "
-: > "$WORK/status.txt"
+source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 cp .gpu/commit.txt "$OUT/commit.txt" 2>/dev/null || git rev-parse HEAD > "$OUT/commit.txt" 2>/dev/null
 command -v nvidia-smi >/dev/null && nvidia-smi > "$WORK/nvidia-smi.txt" 2>&1
 
@@ -32,7 +28,6 @@ command -v nvidia-smi >/dev/null && nvidia-smi > "$WORK/nvidia-smi.txt" 2>&1
 if [ -f .gpu/extras.tar.xz ]; then tar -xJf .gpu/extras.tar.xz -C .gpu; fi
 if [ -d .gpu/node_modules ] && [ ! -d tests/e2e/node_modules ]; then ln -s "$(pwd)/.gpu/node_modules" tests/e2e/node_modules; fi
 
-source tools/gpu/stages.sh
 
 gtest_summary() {  # the pass/fail lines of a gtest log
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\] .* ran" "$WORK/$1.log" | head -40

@@ -18,14 +18,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
-OUT=${OUT:-$(pwd)/.gpu/out}
-mkdir -p "$OUT"
-WORK=$(mktemp -d)
 BUDGET=${RUN_SPEC_BUDGET:-420}
-START=$(date +%s)
 SKIP=" ${RUN_SPEC_SKIP:-} "
-: > "$WORK/status.txt"
-source tools/gpu/stages.sh
+source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 
 # The prompt text: this repository's own Python (not in the embedded models' training corpus).
 DATASET="$WORK/prompts.txt"

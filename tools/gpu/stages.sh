@@ -1,6 +1,13 @@
-# Shared by tools/gpu/run_all.sh and run_spec.sh: bounded stages with their logs in $WORK, a
-# status line per stage, and `specula bench` runs that keep their JSON. The caller sets WORK,
-# START, BUDGET and SKIP before sourcing it.
+# Shared by the GPU-machine scripts (run_all.sh, run_spec.sh, the ab_*.sh and *_bench.sh calls):
+# bounded stages with their logs in $WORK, a status line per stage, and `specula bench` runs that
+# keep their JSON. The caller sets BUDGET (seconds) and SKIP (" name name ") and sources it from
+# the repository root; it sets OUT ($OUT or .gpu/out), a fresh WORK with an empty status.txt, and
+# START.
+OUT=${OUT:-$(pwd)/.gpu/out}
+mkdir -p "$OUT"
+WORK=$(mktemp -d)
+START=$(date +%s)
+: > "$WORK/status.txt"
 elapsed() { echo $(( $(date +%s) - START )); }
 skipped() { [[ "$SKIP" == *" $1 "* ]]; }
 
