@@ -25,28 +25,11 @@ namespace specula {
 namespace {
 
 using testing::TempDir;
+using testing::write_checkpoint;
 using Tensors = std::vector<std::pair<std::string, Tensor>>;
 
 std::filesystem::path fixture_dir(const std::string& variant) {
   return specula::testing::fixtures_dir() / "models" / variant;
-}
-
-// Every tensor of a single-file checkpoint, as F32 CPU tensors, in file order.
-Tensors read_f32(const std::filesystem::path& dir) {
-  auto file = SafetensorsFile::open(dir / "model.safetensors");
-  Tensors out;
-  for (const auto& e : file->entries()) {
-    Tensor t = Tensor::empty(e.shape, DType::kF32);
-    convert_elements(file->data(e), *e.dtype, t.data(), DType::kF32, static_cast<size_t>(e.numel()));
-    out.emplace_back(e.name, t);
-  }
-  return out;
-}
-
-void write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& config, const Tensors& tensors) {
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir / "config.json") << config.dump(2);
-  write_safetensors(dir / "model.safetensors", tensors);
 }
 
 bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
@@ -90,7 +73,7 @@ TEST_P(DeepseekCheckpoint, TransformersFusedExpertNamingLoadsTheSameModel) {
   const std::string variant = GetParam();
   const nlohmann::json config = fixture_config(variant);
   const int64_t e = config["n_routed_experts"], inter = config["moe_intermediate_size"], h = config["hidden_size"];
-  Tensors in = read_f32(fixture_dir(variant)), out;
+  Tensors in = testing::read_checkpoint_f32(fixture_dir(variant)), out;
   // Per MoE layer: stack experts.{x}.gate_proj/up_proj into gate_up_proj [E, 2I, H] and
   // down_proj into [E, H, I], as transformers 5 holds them.
   std::map<std::string, std::pair<Tensor, Tensor>> fused;  // mlp prefix -> (gate_up, down)
@@ -134,7 +117,7 @@ TEST_P(DeepseekCheckpoint, MtpLayersAfterTheMainLayersAreLeftAlone) {
   nlohmann::json config = fixture_config(variant);
   const int64_t layers = config["num_hidden_layers"], h = config["hidden_size"], v = config["vocab_size"];
   config["num_nextn_predict_layers"] = 1;
-  Tensors tensors = read_f32(fixture_dir(variant)), extra;
+  Tensors tensors = testing::read_checkpoint_f32(fixture_dir(variant)), extra;
   // The MTP layer: a copy of the last decoder layer under the next index, plus its own parts.
   const std::string last = "model.layers." + std::to_string(layers - 1) + ".";
   const std::string mtp = "model.layers." + std::to_string(layers) + ".";
@@ -176,7 +159,7 @@ TEST(DeepseekCheckpointRope, NeoxRopeOnDeinterleavedRowsEqualsInterleavedRope) {
       std::copy_n(old.data() + from * k, k, t.data_as<float>() + (first_row + j) * k);
     }
   };
-  Tensors tensors = read_f32(fixture_dir(variant));
+  Tensors tensors = testing::read_checkpoint_f32(fixture_dir(variant));
   int permuted = 0;
   for (auto& [name, t] : tensors) {
     if (ends_with(name, "self_attn.q_proj.weight")) {
@@ -257,7 +240,7 @@ TEST_P(DeepseekCheckpoint, Fp8BlockScalesAreAppliedAndCarriedIntoFusedReplicas) 
   nlohmann::json config = fixture_config(variant);
   const int64_t block = 16;  // small tiles: several per matrix, ragged ones at the edges (24 rows)
   Tensors quantised, dequantised;
-  quantise(read_f32(fixture_dir(variant)), block, quantised, dequantised);
+  quantise(testing::read_checkpoint_f32(fixture_dir(variant)), block, quantised, dequantised);
   TempDir tmp;
   write_checkpoint(tmp / "plain", config, dequantised);
   config["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
@@ -290,7 +273,7 @@ INSTANTIATE_TEST_SUITE_P(Deepseek, DeepseekCheckpoint,
 
 TEST(DeepseekCheckpointErrors, ScaleBesideAFloatWeightIsNamed) {
   nlohmann::json config = fixture_config("deepseek_v3_no_qlora");
-  Tensors tensors = read_f32(fixture_dir("deepseek_v3_no_qlora"));
+  Tensors tensors = testing::read_checkpoint_f32(fixture_dir("deepseek_v3_no_qlora"));
   tensors.emplace_back("model.layers.1.mlp.shared_experts.down_proj.weight_scale_inv",
                        Tensor::zeros({1, 1}, DType::kF32));
   TempDir tmp;
@@ -307,7 +290,7 @@ TEST(DeepseekCheckpointErrors, ScaleBesideAFloatWeightIsNamed) {
 TEST(DeepseekCheckpointErrors, MissingExpertsNameBothNamings) {
   nlohmann::json config = fixture_config("deepseek_v3_no_qlora");
   Tensors tensors;
-  for (auto& [name, t] : read_f32(fixture_dir("deepseek_v3_no_qlora")))
+  for (auto& [name, t] : testing::read_checkpoint_f32(fixture_dir("deepseek_v3_no_qlora")))
     if (name.find("layers.2.mlp.experts.") == std::string::npos) tensors.emplace_back(name, t);
   TempDir tmp;
   write_checkpoint(tmp / "ckpt", config, tensors);

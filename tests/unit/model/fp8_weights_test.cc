@@ -27,27 +27,11 @@ namespace specula {
 namespace {
 
 using testing::TempDir;
+using testing::write_checkpoint;
 using Tensors = std::vector<std::pair<std::string, Tensor>>;
 
 std::filesystem::path fixture_dir(const std::string& variant) {
   return specula::testing::fixtures_dir() / "models" / variant;
-}
-
-Tensors read_f32(const std::filesystem::path& dir) {
-  auto file = SafetensorsFile::open(dir / "model.safetensors");
-  Tensors out;
-  for (const auto& e : file->entries()) {
-    Tensor t = Tensor::empty(e.shape, DType::kF32);
-    convert_elements(file->data(e), *e.dtype, t.data(), DType::kF32, static_cast<size_t>(e.numel()));
-    out.emplace_back(e.name, t);
-  }
-  return out;
-}
-
-void write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& config, const Tensors& tensors) {
-  std::filesystem::create_directories(dir);
-  std::ofstream(dir / "config.json") << config.dump(2);
-  write_safetensors(dir / "model.safetensors", tensors);
 }
 
 bool is_linear(const std::string& name) {
@@ -96,7 +80,7 @@ struct Checkpoints {
 // stays in full precision in both.
 Checkpoints make_fp8(const std::string& variant, bool per_channel, const std::string& ignored = "") {
   Checkpoints c;
-  for (const auto& [name, t] : read_f32(fixture_dir(variant))) {
+  for (const auto& [name, t] : testing::read_checkpoint_f32(fixture_dir(variant))) {
     if (!is_linear(name) || name == ignored + ".weight") {
       c.fp8.emplace_back(name, t);
       c.plain.emplace_back(name, t);
@@ -134,14 +118,13 @@ std::vector<int32_t> prompt_for(const nlohmann::json& config) {
   return p;
 }
 
-class Fp8Weights : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(Fp8Weights, PerTensorCheckpointEqualsItsDequantisedWeights) {
-  nlohmann::json config = read_json_file(fixture_dir(GetParam()) / "config.json");
-  Checkpoints c = make_fp8(GetParam(), /*per_channel=*/false);
+// The plain checkpoint under `config`, the FP8 one with `quantization_config` added: their logits
+// agree to rounding and their greedy tokens exactly.
+void expect_fp8_equals_dequantised(nlohmann::json config, const Checkpoints& c,
+                                   const nlohmann::json& quantization_config) {
   TempDir tmp;
   write_checkpoint(tmp / "plain", config, c.plain);
-  config["quantization_config"] = {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}};
+  config["quantization_config"] = quantization_config;
   write_checkpoint(tmp / "fp8", config, c.fp8);
   const auto prompt = prompt_for(config);
   ModelRun want = run(tmp / "plain", "", prompt), got = run(tmp / "fp8", "", prompt);
@@ -149,23 +132,23 @@ TEST_P(Fp8Weights, PerTensorCheckpointEqualsItsDequantisedWeights) {
   EXPECT_EQ(got.greedy, want.greedy);
 }
 
+class Fp8Weights : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Fp8Weights, PerTensorCheckpointEqualsItsDequantisedWeights) {
+  expect_fp8_equals_dequantised(read_json_file(fixture_dir(GetParam()) / "config.json"),
+                                make_fp8(GetParam(), /*per_channel=*/false),
+                                {{"quant_method", "fp8"}, {"activation_scheme", "dynamic"}});
+}
+
 TEST_P(Fp8Weights, CompressedTensorsChannelCheckpointWithIgnoredLayerEqualsItsDequantisedWeights) {
-  nlohmann::json config = read_json_file(fixture_dir(GetParam()) / "config.json");
-  const std::string ignored = "model.layers.0.mlp.down_proj";
-  Checkpoints c = make_fp8(GetParam(), /*per_channel=*/true, ignored);
-  TempDir tmp;
-  write_checkpoint(tmp / "plain", config, c.plain);
-  config["quantization_config"] = nlohmann::json::parse(R"({
+  expect_fp8_equals_dequantised(read_json_file(fixture_dir(GetParam()) / "config.json"),
+                                make_fp8(GetParam(), /*per_channel=*/true, "model.layers.0.mlp.down_proj"),
+                                nlohmann::json::parse(R"({
     "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
     "config_groups": {"group_0": {"targets": ["Linear"],
       "weights": {"num_bits": 8, "type": "float", "strategy": "channel", "symmetric": true, "dynamic": false},
       "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": true}}},
-    "ignore": ["lm_head", "re:.*layers\\.0\\.mlp\\.down_proj$"]})");
-  write_checkpoint(tmp / "fp8", config, c.fp8);
-  const auto prompt = prompt_for(config);
-  ModelRun want = run(tmp / "plain", "", prompt), got = run(tmp / "fp8", "", prompt);
-  EXPECT_LE(testing::relative_error(got.logits, want.logits), 1e-5);
-  EXPECT_EQ(got.greedy, want.greedy);
+    "ignore": ["lm_head", "re:.*layers\\.0\\.mlp\\.down_proj$"]})"));
 }
 
 TEST_P(Fp8Weights, QuantisedAtLoadIsThePerChannelCheckpoint) {

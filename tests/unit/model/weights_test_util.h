@@ -11,10 +11,16 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "model/safetensors.h"
+#include "model/weight_upload.h"
 
 namespace specula::testing {
 
@@ -119,6 +125,27 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1
   std::vector<float> v(n);
   for (auto& x : v) x = dist(rng);
   return v;
+}
+
+// Every tensor of a single-file checkpoint (dir/model.safetensors), as F32 CPU tensors, in file
+// order.
+inline std::vector<std::pair<std::string, Tensor>> read_checkpoint_f32(const std::filesystem::path& dir) {
+  auto file = SafetensorsFile::open(dir / "model.safetensors");
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const auto& e : file->entries()) {
+    Tensor t = Tensor::empty(e.shape, DType::kF32);
+    convert_elements(file->data(e), *e.dtype, t.data(), DType::kF32, static_cast<size_t>(e.numel()));
+    out.emplace_back(e.name, t);
+  }
+  return out;
+}
+
+// dir/config.json and dir/model.safetensors (tensors in their own dtypes).
+inline void write_checkpoint(const std::filesystem::path& dir, const nlohmann::json& config,
+                             const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "config.json") << config.dump(2);
+  write_safetensors(dir / "model.safetensors", tensors);
 }
 
 // Expects `fn` to throw specula::Error whose message contains every one of `parts`.
