@@ -79,7 +79,6 @@ struct LinearWeight {
   Tensor weight;
   Tensor scale;  // F32 [N] when weight is F8_E4M3; undefined otherwise
   bool fp8() const { return weight.defined() && weight.dtype() == DType::kF8E4M3; }
-  int64_t out_features() const { return weight.size(0); }
 };
 
 class Backend {
