@@ -41,18 +41,8 @@ Tensor DeepseekWeightLoader::load_f32(const std::string& name, const Shape& shap
 }
 
 Tensor DeepseekWeightLoader::load_stacked(const std::vector<std::pair<std::string, Shape>>& parts) {
-  Shape fused_shape = parts.front().second;
-  fused_shape[0] = 0;
-  for (const auto& [name, shape] : parts) fused_shape[0] += shape[0];
-  Tensor fused = backend_.empty(fused_shape, backend_.compute_dtype());
-  int64_t row = 0;
-  for (const auto& [name, shape] : parts) {
-    Tensor part = load(name, shape);
-    Tensor rows = fused.slice(row, row + shape[0]);
-    backend_.copy(part, rows);
-    row += shape[0];
-  }
-  return fused;
+  return stack_rows(backend_, backend_.compute_dtype(), parts,
+                    [this](const std::string& name, const Shape& shape) { return load(name, shape); });
 }
 
 StackedExperts DeepseekWeightLoader::load_experts(const std::string& p, int shared_replicas) {

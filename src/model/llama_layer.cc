@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "core/phase_profile.h"
 #include "model/rope.h"
+#include "model/weight_upload.h"
 
 namespace specula {
 namespace {
@@ -19,18 +20,8 @@ Tensor LlamaWeightLoader::load(const std::string& name, const Shape& shape) {
 }
 
 Tensor LlamaWeightLoader::load_stacked(const std::vector<std::pair<std::string, Shape>>& parts) {
-  Shape fused_shape = parts.front().second;
-  fused_shape[0] = 0;
-  for (const auto& [name, shape] : parts) fused_shape[0] += shape[0];
-  Tensor fused = backend_.empty(fused_shape, backend_.compute_dtype());
-  int64_t row = 0;
-  for (const auto& [name, shape] : parts) {
-    Tensor part = load(name, shape);
-    Tensor rows = fused.slice(row, row + shape[0]);
-    backend_.copy(part, rows);
-    row += shape[0];
-  }
-  return fused;
+  return stack_rows(backend_, backend_.compute_dtype(), parts,
+                    [this](const std::string& name, const Shape& shape) { return load(name, shape); });
 }
 
 LinearWeight LlamaWeightLoader::load_linear(const std::vector<std::pair<std::string, Shape>>& parts) {
@@ -58,21 +49,15 @@ LinearWeight LlamaWeightLoader::load_linear(const std::vector<std::pair<std::str
 }
 
 LinearWeight LlamaWeightLoader::load_fp8_checkpoint(const std::vector<std::pair<std::string, Shape>>& parts) {
-  Shape fused_shape = parts.front().second;
-  fused_shape[0] = 0;
-  for (const auto& [name, shape] : parts) fused_shape[0] += shape[0];
-  LinearWeight fused{backend_.empty(fused_shape, DType::kF8E4M3), Tensor()};
   std::vector<float> scales;
-  int64_t row = 0;
-  for (const auto& [name, shape] : parts) {
-    Tensor part = source_.load(name, shape, DType::kF8E4M3, backend_);
-    Tensor rows = fused.weight.slice(row, row + shape[0]);
-    backend_.copy(part, rows);
-    const std::vector<float> s = load_row_scales(name, shape[0]);
-    scales.insert(scales.end(), s.begin(), s.end());
-    row += shape[0];
-  }
-  fused.scale = backend_.empty({fused_shape[0]}, DType::kF32);
+  LinearWeight fused{stack_rows(backend_, DType::kF8E4M3, parts,
+                                [&](const std::string& name, const Shape& shape) {
+                                  const std::vector<float> s = load_row_scales(name, shape[0]);
+                                  scales.insert(scales.end(), s.begin(), s.end());
+                                  return source_.load(name, shape, DType::kF8E4M3, backend_);
+                                }),
+                     Tensor()};
+  fused.scale = backend_.empty({static_cast<int64_t>(scales.size())}, DType::kF32);
   Tensor host = Tensor::from_f32(scales);
   backend_.copy(host, fused.scale);
   return fused;

@@ -83,4 +83,20 @@ void fill_backend_tensor(Backend& backend, Tensor& dst, const ElementFiller& fil
   }
 }
 
+Tensor stack_rows(Backend& backend, DType dtype, const StackedParts& parts,
+                  const std::function<Tensor(const std::string& name, const Shape& shape)>& load_part) {
+  Shape fused_shape = parts.front().second;
+  fused_shape[0] = 0;
+  for (const auto& [name, shape] : parts) fused_shape[0] += shape[0];
+  Tensor fused = backend.empty(fused_shape, dtype);
+  int64_t row = 0;
+  for (const auto& [name, shape] : parts) {
+    Tensor part = load_part(name, shape);
+    Tensor rows = fused.slice(row, row + shape[0]);
+    backend.copy(part, rows);
+    row += shape[0];
+  }
+  return fused;
+}
+
 }  // namespace specula

@@ -6,6 +6,9 @@
 
 #include <cstddef>
 #include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/tensor.h"
@@ -27,5 +30,14 @@ using ElementFiller = std::function<void(void* out, size_t begin, size_t count)>
 // device tensors through a host staging buffer of at most `staging_bytes`, uploaded with
 // backend.copy() chunk by chunk.
 void fill_backend_tensor(Backend& backend, Tensor& dst, const ElementFiller& fill, size_t staging_bytes = 64u << 20);
+
+// Named parts of one fused tensor, stacked along dim 0: ("<module>.weight", [n_i, K]) or biases [n_i].
+using StackedParts = std::vector<std::pair<std::string, Shape>>;
+
+// A fresh `dtype` tensor on `backend` holding the parts one after another along dim 0
+// ([sum n_i, ...]); `load_part(name, shape)` gives each part on the backend, which is copied into
+// its rows (device to device) and then dropped, so only one part exists beside the result.
+Tensor stack_rows(Backend& backend, DType dtype, const StackedParts& parts,
+                  const std::function<Tensor(const std::string& name, const Shape& shape)>& load_part);
 
 }  // namespace specula
