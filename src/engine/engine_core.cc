@@ -162,6 +162,7 @@ void EngineCore::process_result(const SchedulerOutput& scheduled, ModelRunnerOut
       spec_depth_sum_ += result.spec_depth;
     }
   }
+  if (on_step_counted_) on_step_counted_();
   std::vector<std::string> stopped = outputs_.process(outs);
   scheduler_.finish_requests(stopped, RequestStatus::kFinishedStopped);
 }

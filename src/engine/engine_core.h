@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,6 +63,9 @@ class EngineCore {
   Scheduler& scheduler() { return scheduler_; }
   size_t num_client_requests() const { return outputs_.num_requests(); }
   EngineMetrics metrics() const;
+  // Called once a step's tokens are counted, before its outputs reach the request streams, so a
+  // client that reads /metrics after its response sees that response counted.
+  void set_on_step_counted(std::function<void()> hook) { on_step_counted_ = std::move(hook); }
 
  private:
   void fail_requests(const std::vector<std::string>& request_ids, const std::string& message);
@@ -87,6 +91,7 @@ class EngineCore {
   std::optional<SchedulerOutput> in_flight_;  // async scheduling: submitted, result not processed
   // Compiles structured-output constraints; validate() (any thread) uses it too.
   std::unique_ptr<StructuredOutputManager> structured_outputs_;
+  std::function<void()> on_step_counted_;
 };
 
 }  // namespace specula

@@ -35,6 +35,7 @@ class ThreadedEngine : public LLMEngine {
         core_(parts_.core_config, *parts_.executor, *parts_.tokenizer),
         stats_(parts_.backend && parts_.backend->device() == Device::kCUDA ? "GPU" : "CPU") {
     metrics_ = core_.metrics();
+    core_.set_on_step_counted([this] { publish_metrics(); });
   }
   ~ThreadedEngine() override { shutdown(); }
 

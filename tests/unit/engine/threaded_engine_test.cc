@@ -154,6 +154,24 @@ TEST(ThreadedEngine, ServesRequestsFromManyThreads) {
   b.engine->shutdown();
 }
 
+// A client that reads the metrics once its response ended sees that response counted (the loop
+// publishes a step's counts before its outputs reach the streams; /metrics relies on it).
+TEST(ThreadedEngine, MetricsCountAResponseBeforeItArrives) {
+  Built b = make_engine();
+  b.engine->start();
+  int64_t prompt_tokens = 0;
+  for (int i = 0; i < 30; ++i) {
+    auto prompt = prompt_of(3 + i % 7, i);
+    prompt_tokens += static_cast<int64_t>(prompt.size());
+    Drained d = drain(*b.engine->add_request(NewRequest{"m" + std::to_string(i), prompt, greedy(4)}));
+    ASSERT_TRUE(d.finished);
+    const EngineMetrics m = b.engine->metrics();
+    ASSERT_EQ(m.generation_tokens_total, 4 * (i + 1)) << "request " << i;
+    ASSERT_EQ(m.prompt_tokens_total, prompt_tokens) << "request " << i;
+  }
+  b.engine->shutdown();
+}
+
 TEST(ThreadedEngine, RejectsBadRequestsSynchronously) {
   Built b = make_engine();
   ForwardGate gate(b.model, 1);  // "dup" must still be running when its id is reused
