@@ -63,6 +63,31 @@ void Backend::linear(const Tensor& x, const LinearWeight& weight, const Tensor* 
   }
 }
 
+void Backend::fused_linear(const Tensor& x, const LinearPrologue& prologue, const LinearWeight& weight,
+                           const Tensor* bias, Tensor& out, LinearEpilogue epilogue) {
+  SPECULA_CHECK(x.ndim() == 2 && out.ndim() == 2 && x.size(0) == out.size(0),
+                "fused_linear: x {} and out {} must be [M, *] with the same M", x.describe(), out.describe());
+  const size_t mark = scratch_mark();
+  Tensor in = x;
+  if (prologue.norm_weight != nullptr) {
+    in = scratch(x.shape(), x.dtype());
+    rms_norm(x, *prologue.norm_weight, prologue.eps, in);
+  }
+  if (epilogue == LinearEpilogue::kStore) {
+    linear(in, weight, bias, out);
+  } else {
+    const int64_t n = weight.weight.size(0);
+    Tensor y = scratch({x.size(0), n}, out.dtype());
+    linear(in, weight, bias, y);
+    if (epilogue == LinearEpilogue::kAccumulate) {
+      add(out, y, out);
+    } else {
+      silu_mul(y, out);
+    }
+  }
+  scratch_release(mark);
+}
+
 // The MLA / MoE / FP8 ops are optional per backend: a backend that lacks one says so by name.
 void Backend::linear_fp8(const Tensor&, const Tensor&, const Tensor&, const Tensor*, Tensor&) {
   throw Error(fmt::format("FP8 weights are not supported by the {} backend", name()));

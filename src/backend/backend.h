@@ -81,6 +81,21 @@ struct LinearWeight {
   bool fp8() const { return weight.defined() && weight.dtype() == DType::kF8E4M3; }
 };
 
+// The decoder's element-wise neighbours of a linear layer (Backend::fused_linear): before it, an
+// optional RMSNorm of its input; after it, where its product y goes.
+struct LinearPrologue {
+  const Tensor* norm_weight = nullptr;  // null: the input as it is; else rms_norm(x, *norm_weight, eps)
+  float eps = 0.0f;
+
+  static LinearPrologue none() { return {}; }
+  static LinearPrologue rms_norm(const Tensor& weight, float eps) { return {&weight, eps}; }
+};
+enum class LinearEpilogue {
+  kStore,       // out = y
+  kAccumulate,  // out += y, y rounded to out's dtype first (the residual stream: linear + add)
+  kSiluMul,     // out = silu_mul(y): y [M, 2I] (gate rows, then up rows of the weight), out [M, I]
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -126,6 +141,12 @@ class Backend {
   virtual void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) = 0;
   // The same over a LinearWeight: FP8 weights go to linear_fp8.
   void linear(const Tensor& x, const LinearWeight& weight, const Tensor* bias, Tensor& out);
+  // A decoder's linear layer with its neighbours folded in: y = prologue(x) @ weight^T (+ bias),
+  // then the epilogue (LinearEpilogue) into out. Exactly the separate ops rms_norm, linear and
+  // add / silu_mul, each rounding to the compute dtype, which the default runs; CUDA fuses them
+  // into one kernel at decode batch sizes. x [M, K], out [M, N] ([M, N / 2] for kSiluMul).
+  virtual void fused_linear(const Tensor& x, const LinearPrologue& prologue, const LinearWeight& weight,
+                            const Tensor* bias, Tensor& out, LinearEpilogue epilogue);
   // out[m, n] = scale[n] * (x[m, :] . weight[n, :]) (+ bias[n]) with weight F8_E4M3 [N, K] and
   // scale F32 [N]; x, bias and out as for linear(). The default throws (no FP8 support).
   virtual void linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor* bias, Tensor& out);

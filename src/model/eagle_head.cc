@@ -252,13 +252,10 @@ EagleForwardOutput EagleHead::forward(const EagleForwardInput& in, KVCacheLayer&
     backend_.linear(cat, fc_, fc_bias_.defined() ? &fc_bias_ : nullptr, x);
     backend_.copy(x, residual);
   }
-  Tensor a = backend_.scratch({t, h}, dt);
-  layer_.attention(w_, x, in.rows, cache, a);
-  backend_.add_rms_norm(a, residual, w_.post_attention_layernorm, eps);  // residual += a; a = norm(residual)
-  layer_.mlp(w_, a, a);
+  layer_.attention(w_, x, /*input_norm=*/nullptr, in.rows, cache, residual);
+  layer_.mlp(w_, residual);
   EagleForwardOutput out;
-  out.prenorm = backend_.scratch({t, h}, dt);
-  backend_.add(a, residual, out.prenorm);
+  out.prenorm = residual;
 
   const int64_t l = in.rows.logits_indices.size(0);
   if (l == 0) return out;

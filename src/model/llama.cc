@@ -6,8 +6,9 @@
 //     h = h + down_proj(silu(gate_proj(x)) * up_proj(x))         x = RMSNorm(h)
 //   logits = lm_head(RMSNorm(h)[logits_indices])                 [L, V]
 //
-// The residual stream lives in `residual`; add_rms_norm(x, residual, w) folds "add the block's
-// output, then normalise for the next block" into one op. Variants: Qwen2 adds q/k/v biases (and
+// The residual stream lives in `residual`; each block reads RMSNorm(h) and adds its output to it
+// (LlamaDecoderLayer: the norm and the add ride on the block's first and last linear layer).
+// Variants: Qwen2 adds q/k/v biases (and
 // Llama's attention_bias adds o too, mlp_bias the MLP's), Qwen3 RMS-normalises each q and k head
 // over head_dim before RoPE, and head_dim may differ from hidden_size / num_attention_heads.
 //
@@ -120,10 +121,8 @@ ForwardOutput LlamaModel::forward(const ForwardInput& in, std::vector<KVCacheLay
   const int64_t t = in.token_ids.size(0);
   const float eps = layer_.eps();
 
-  Tensor x = backend_.scratch({t, hidden_}, dt);         // the current block's input / output
-  Tensor residual = backend_.scratch({t, hidden_}, dt);  // the residual stream
-  backend_.embedding(in.token_ids, embed_tokens_, x);
-  backend_.zero(residual);  // so that the first add_rms_norm makes residual = embeddings
+  Tensor residual = backend_.scratch({t, hidden_}, dt);  // the residual stream h
+  backend_.embedding(in.token_ids, embed_tokens_, residual);
   // EAGLE-3's features: the residual stream entering each chosen layer, side by side.
   const int64_t num_aux = static_cast<int64_t>(aux_layers_.size());
   Tensor aux = num_aux > 0 ? backend_.scratch({t, num_aux * hidden_}, dt) : Tensor();
@@ -133,18 +132,17 @@ ForwardOutput LlamaModel::forward(const ForwardInput& in, std::vector<KVCacheLay
   // tokens of Llama-3.1-8B that is ~1 GB instead of ~35 GB, which the KV cache gets instead.
   for (size_t i = 0; i < layers_.size(); ++i) {
     const LlamaLayerWeights& layer = layers_[i];
-    backend_.add_rms_norm(x, residual, layer.input_layernorm, eps);
     for (int64_t j = 0; j < num_aux; ++j)
       if (aux_layers_[static_cast<size_t>(j)] == static_cast<int>(i)) backend_.copy_columns(residual, 0, aux, j * hidden_, hidden_);
     size_t mark = backend_.scratch_mark();
-    layer_.attention(layer, x, in, kv[i], x);
+    layer_.attention(layer, residual, &layer.input_layernorm, in, kv[i], residual);
     backend_.scratch_release(mark);
-    backend_.add_rms_norm(x, residual, layer.post_attention_layernorm, eps);
     mark = backend_.scratch_mark();
-    layer_.mlp(layer, x, x);
+    layer_.mlp(layer, residual);
     backend_.scratch_release(mark);
   }
-  backend_.add_rms_norm(x, residual, norm_, eps);  // final norm: x = RMSNorm(h)
+  Tensor x = backend_.scratch({t, hidden_}, dt);
+  backend_.rms_norm(residual, norm_, eps, x);  // final norm: x = RMSNorm(h)
 
   // Only the rows whose next token is wanted go through lm_head.
   const int64_t l = in.logits_indices.size(0);

@@ -144,8 +144,8 @@ LlamaLayerWeights LlamaDecoderLayer::load(LlamaWeightLoader& w, const std::strin
   return l;
 }
 
-void LlamaDecoderLayer::attention(const LlamaLayerWeights& w, const Tensor& x, const ForwardInput& in,
-                                  KVCacheLayer& cache, Tensor& out) const {
+void LlamaDecoderLayer::attention(const LlamaLayerWeights& w, const Tensor& x, const Tensor* input_norm,
+                                  const ForwardInput& in, KVCacheLayer& cache, Tensor& residual) const {
   const DType dt = backend_.compute_dtype();
   const int64_t t = x.size(0), hq = num_heads_, hk = num_kv_heads_, d = head_dim_;
 
@@ -155,7 +155,8 @@ void LlamaDecoderLayer::attention(const LlamaLayerWeights& w, const Tensor& x, c
   Tensor qkv = backend_.scratch({t, (hq + 2 * hk) * d}, dt);
   {
     phase_profile::Scope p("model.qkv_gemm (host)");
-    backend_.linear(x, w.qkv_proj, if_defined(w.qkv_bias), qkv);
+    backend_.fused_linear(x, input_norm ? LinearPrologue::rms_norm(*input_norm, eps_) : LinearPrologue::none(),
+                          w.qkv_proj, if_defined(w.qkv_bias), qkv, LinearEpilogue::kStore);
   }
   Tensor q = backend_.scratch({t, hq, d}, dt);
   Backend::QkvPrologue prologue;
@@ -185,20 +186,21 @@ void LlamaDecoderLayer::attention(const LlamaLayerWeights& w, const Tensor& x, c
     backend_.paged_attention(q, cache, in.attn, attn_scale_, attn);
   }
 
-  // o_proj reads only attn: out may be x, whose last reader (the qkv GEMM) ran before it.
+  // o_proj reads only attn: residual may be x, whose last reader (the qkv GEMM) ran before it.
   phase_profile::Scope p("model.o_gemm (host)");
-  backend_.linear(attn.reshape({t, hq * d}), w.o_proj, if_defined(w.o_bias), out);
+  backend_.fused_linear(attn.reshape({t, hq * d}), LinearPrologue::none(), w.o_proj, if_defined(w.o_bias), residual,
+                        LinearEpilogue::kAccumulate);
 }
 
-void LlamaDecoderLayer::mlp(const LlamaLayerWeights& w, const Tensor& x, Tensor& out) const {
+void LlamaDecoderLayer::mlp(const LlamaLayerWeights& w, Tensor& residual) const {
   const DType dt = backend_.compute_dtype();
-  const int64_t t = x.size(0);
+  const int64_t t = residual.size(0);
   phase_profile::Scope p("model.mlp (host)");
-  Tensor gate_up = backend_.scratch({t, 2 * intermediate_}, dt);
-  backend_.linear(x, w.gate_up_proj, if_defined(w.gate_up_bias), gate_up);
-  Tensor act = backend_.scratch({t, intermediate_}, dt);
-  backend_.silu_mul(gate_up, act);
-  backend_.linear(act, w.down_proj, if_defined(w.down_bias), out);  // out may be x: only act is read
+  Tensor act = backend_.scratch({t, intermediate_}, dt);  // silu(gate) * up
+  backend_.fused_linear(residual, LinearPrologue::rms_norm(w.post_attention_layernorm, eps_), w.gate_up_proj,
+                        if_defined(w.gate_up_bias), act, LinearEpilogue::kSiluMul);
+  backend_.fused_linear(act, LinearPrologue::none(), w.down_proj, if_defined(w.down_bias), residual,
+                        LinearEpilogue::kAccumulate);
 }
 
 }  // namespace specula

@@ -68,12 +68,18 @@ class LlamaDecoderLayer {
   LlamaLayerWeights load(LlamaWeightLoader& w, const std::string& prefix, int64_t attention_input,
                          bool with_input_layernorm) const;
 
-  // Grouped-query self-attention over the paged cache: x [T, K] -> out [T, H] (out may be x when
-  // K = H). The new tokens' K/V go into `cache` first (slot -1 skips a row).
-  void attention(const LlamaLayerWeights& w, const Tensor& x, const ForwardInput& in, KVCacheLayer& cache,
-                 Tensor& out) const;
-  // SwiGLU MLP: down_proj(silu(gate_proj(x)) * up_proj(x)). x [T, H] -> out [T, H] (may be x).
-  void mlp(const LlamaLayerWeights& w, const Tensor& x, Tensor& out) const;
+  // Both blocks add their output to the residual stream [T, H]: the norm before a block and the
+  // add after it are the prologue and epilogue of its first and last linear layer
+  // (Backend::fused_linear), which CUDA fuses at decode batch sizes.
+  //
+  // Grouped-query self-attention over the paged cache: residual += o_proj(attention(a)), with
+  // a = RMSNorm(x) * input_norm when input_norm is given, else x itself; x [T, K] (may be
+  // residual when K = H). The new tokens' K/V go into `cache` first (slot -1 skips a row).
+  void attention(const LlamaLayerWeights& w, const Tensor& x, const Tensor* input_norm, const ForwardInput& in,
+                 KVCacheLayer& cache, Tensor& residual) const;
+  // SwiGLU MLP: residual += down_proj(silu(gate_proj(a)) * up_proj(a)), a = RMSNorm(residual) *
+  // post_attention_layernorm.
+  void mlp(const LlamaLayerWeights& w, Tensor& residual) const;
 
   float eps() const { return eps_; }
   float attn_scale() const { return attn_scale_; }
