@@ -114,31 +114,61 @@ double gemm(CudaBackend& be, const char* label, int64_t m, int64_t n, int64_t k,
   return tflops;
 }
 
-// The same with FP8 (e4m3) weights, a scale per row (linear_fp8): one byte per weight read.
-void gemm_fp8(CudaBackend& be, const char* label, int64_t m, int64_t n, int64_t k, double roofline_tbs) {
-  Tensor x = random_bf16(be, {m, k}, 1.0f, 1);
+LinearWeight random_weight(CudaBackend& be, int64_t n, int64_t k, DType dtype) {
+  Tensor full = random_bf16(be, {n, k}, 0.02f, 2);
+  if (dtype == DType::kBF16) return LinearWeight{full, Tensor()};
   LinearWeight w{be.empty({n, k}, DType::kF8E4M3), be.empty({n}, DType::kF32)};
-  {
-    Tensor full = random_bf16(be, {n, k}, 0.02f, 2);
-    be.quantize_fp8_rows(full, w.weight, w.scale);
-  }
+  be.quantize_fp8_rows(full, w.weight, w.scale);
+  return w;
+}
+
+// Graph-timed milliseconds of fn after one eager call (the scratch arena grows, at the reset, to
+// what the captured graph needs).
+double time_graph_ms(CudaBackend& be, const std::function<void()>& fn, int64_t m) {
+  fn();
+  be.synchronize();
+  be.reset_scratch();
+  return time_ms(be, fn, m <= 64 ? 10 : 1, /*graph=*/m <= 64);
+}
+
+// A linear layer with bf16 or FP8 (e4m3, a scale per row) weights by both paths where the GEMV
+// kernel can take M (up to 16 rows), else by cuBLASLt's GEMM: the weights read once.
+void linear_paths(CudaBackend& be, const char* label, int64_t m, int64_t n, int64_t k, DType wdt,
+                  double roofline_tbs) {
+  Tensor x = random_bf16(be, {m, k}, 1.0f, 1);
+  const LinearWeight w = random_weight(be, n, k, wdt);
   Tensor out = be.empty({m, n}, DType::kBF16);
-  const int64_t default_rows = be.fp8_gemv_max_rows();
-  // Both paths where the GEMV kernel can take M (it takes up to 16 rows), else the FP8 GEMM.
+  const int64_t default_rows = be.gemv_max_rows(wdt);
+  const char* name = wdt == DType::kBF16 ? "bf16" : "fp8";
   for (int64_t gemv_rows : {int64_t{16}, int64_t{0}}) {
     if (gemv_rows > 0 && m > gemv_rows) continue;
-    be.set_fp8_gemv_max_rows(gemv_rows);
-    be.linear(x, w, nullptr, out);  // once eagerly: the scratch arena grows (at the reset) to what
-    be.synchronize();               // the graph captured next needs
-    be.reset_scratch();
-    const double ms = time_ms(be, [&] { be.linear(x, w, nullptr, out); }, m <= 64 ? 10 : 1, /*graph=*/m <= 64);
+    be.set_gemv_max_rows(wdt, gemv_rows);
+    const double ms = time_graph_ms(be, [&] { be.linear(x, w, nullptr, out); }, m);
     const double tflops = 2.0 * m * n * k / (ms * 1e-3) / 1e12;
-    const double bytes = 2.0 * (m * k + m * n) + 1.0 * n * k;
+    const double bytes = 2.0 * (m * k + m * n) + static_cast<double>(dtype_size(wdt)) * n * k;
     const double tbs = bytes / (ms * 1e-3) / 1e12;
-    std::printf("fp8%-4s %-10s M=%-5ld N=%-6ld K=%-5ld: %8.4f ms  %7.1f TFLOP/s  %5.2f TB/s (%3.0f%% of copy)\n",
+    std::printf("%s%-4s %-10s M=%-5ld N=%-6ld K=%-5ld: %8.4f ms  %7.1f TFLOP/s  %5.2f TB/s (%3.0f%% of copy)\n", name,
                 gemv_rows > 0 ? "gemv" : "gemm", label, m, n, k, ms, tflops, tbs, 100 * tbs / roofline_tbs);
   }
-  be.set_fp8_gemv_max_rows(default_rows);
+  be.set_gemv_max_rows(wdt, default_rows);
+}
+
+// A decoder projection with its neighbours folded in (fused_linear, the default paths) against the
+// same work as separate ops: RMSNorm before qkv / gate_up, SwiGLU after gate_up, the residual add
+// after o_proj and down.
+void fused_projection(CudaBackend& be, const char* label, int64_t m, int64_t n, int64_t k, bool norm,
+                      LinearEpilogue epilogue, DType wdt, double roofline_tbs) {
+  Tensor x = random_bf16(be, {m, k}, 1.0f, 1), norm_weight = random_bf16(be, {k}, 1.0f, 3);
+  const LinearWeight w = random_weight(be, n, k, wdt);
+  Tensor out = random_bf16(be, {m, epilogue == LinearEpilogue::kSiluMul ? n / 2 : n}, 1.0f, 4);
+  const LinearPrologue prologue = norm ? LinearPrologue::rms_norm(norm_weight, 1e-5f) : LinearPrologue::none();
+  const double fused = time_graph_ms(be, [&] { be.fused_linear(x, prologue, w, nullptr, out, epilogue); }, m);
+  const double separate =
+      time_graph_ms(be, [&] { be.Backend::fused_linear(x, prologue, w, nullptr, out, epilogue); }, m);
+  const double bytes = static_cast<double>(dtype_size(wdt)) * n * k;
+  std::printf("fused   %-4s %-13s M=%-3ld N=%-6ld K=%-5ld: %8.4f ms (%3.0f%% of copy), separate ops %8.4f ms\n",
+              wdt == DType::kBF16 ? "bf16" : "fp8", label, m, n, k, fused,
+              100 * bytes / (fused * 1e-3) / 1e12 / roofline_tbs, separate);
 }
 
 // Llama-3.1-8B attention: 32 query heads, 8 kv heads, head_dim 128, block size 16.
@@ -206,12 +236,24 @@ int run(int argc, char** argv) {
   };
   const Shape3 layers[] = {{"qkv", 6144, 4096}, {"o_proj", 4096, 4096}, {"gate_up", 28672, 4096},
                            {"down", 4096, 14336}, {"lm_head", 128256, 4096}};
-  for (int64_t m : {1, 64, 4096}) {
+  for (int64_t m : {64, 4096}) {
     for (const Shape3& l : layers) gemm(be, l.label, m, l.n, l.k, roofline);
   }
-  for (int64_t m : {1, 2, 4, 8, 16, 64, 4096}) {
-    for (const Shape3& l : layers)
-      if (std::strcmp(l.label, "lm_head") != 0) gemm_fp8(be, l.label, m, l.n, l.k, roofline);
+  for (DType wdt : {DType::kBF16, DType::kF8E4M3}) {
+    for (int64_t m : {1, 2, 4, 8, 16, 64, 4096}) {
+      for (const Shape3& l : layers)
+        if (wdt == DType::kBF16 ? m <= 16 : std::strcmp(l.label, "lm_head") != 0)
+          linear_paths(be, l.label, m, l.n, l.k, wdt, roofline);
+    }
+  }
+  using Epilogue = LinearEpilogue;
+  for (DType wdt : {DType::kBF16, DType::kF8E4M3}) {
+    for (int64_t m : {1, 2, 4}) {
+      fused_projection(be, "norm+qkv", m, 6144, 4096, true, Epilogue::kStore, wdt, roofline);
+      fused_projection(be, "o_proj+add", m, 4096, 4096, false, Epilogue::kAccumulate, wdt, roofline);
+      fused_projection(be, "norm+gate_up+silu", m, 28672, 4096, true, Epilogue::kSiluMul, wdt, roofline);
+      fused_projection(be, "down+add", m, 4096, 14336, false, Epilogue::kAccumulate, wdt, roofline);
+    }
   }
   for (int batch : {1, 64}) {
     for (int seq : {1024, 4096}) attention(be, batch, seq, 1, roofline, peak);

@@ -18,7 +18,8 @@
 // Methods are defined across files, one family each:
 //   cuda_backend.cc    construction, memory, copies, casts
 //   cuda_ops.cc        row-wise ops, rope, KV-cache writes (kernels in cuda_rowwise/norm/rope/kv_cache.cu)
-//   cuda_linear.cc     linear through cuBLASLt (cuda_gemm.cc); FP8 weights (cuda_fp8_linear.cu)
+//   cuda_linear.cc     linear, fused_linear: small M by the GEMV kernel (cuda_gemv.cu), larger
+//                      through cuBLASLt (cuda_gemm.cc); FP8 quantiser and scales (cuda_fp8_linear.cu)
 //   cuda_attention.cc  paged attention dispatch (kernels in cuda_attention_{decode,prefill,mla}.cu)
 //   cuda_head_ops.cc   copy_columns, head_linear (cuda_batched_gemm.cc)
 //   cuda_moe.cc        moe_route, fused_moe (kernels in cuda_moe_route.cu, cuda_fused_moe_*.cu)
@@ -66,6 +67,8 @@ class CudaBackend final : public Backend {
   void add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, float eps) override;
   using Backend::linear;
   void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) override;
+  void fused_linear(const Tensor& x, const LinearPrologue& prologue, const LinearWeight& weight, const Tensor* bias,
+                    Tensor& out, LinearEpilogue epilogue) override;
   void linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor* bias,
                   Tensor& out) override;
   void quantize_fp8_rows(const Tensor& x, Tensor& out, Tensor& scale) override;
@@ -102,10 +105,11 @@ class CudaBackend final : public Backend {
   int device_index() const { return device_index_; }
   int sm_count() const { return sm_count_; }
   size_t scratch_capacity() const { return arena_.capacity(); }
-  // linear_fp8: the most rows the GEMV kernel takes (at most kFp8GemvMaxRows); more go to the FP8
-  // tensor-core GEMM. Benchmarks and tests move it to measure and check both paths.
-  int64_t fp8_gemv_max_rows() const { return fp8_gemv_max_rows_; }
-  void set_fp8_gemv_max_rows(int64_t rows);
+  // The most rows the GEMV kernel (cuda_gemv.cu) takes for weights of this dtype (BF16 or
+  // F8_E4M3; at most kGemvMaxRows); more go to cuBLASLt's tensor-core GEMMs. Benchmarks and tests
+  // move it to measure and check both paths.
+  int64_t gemv_max_rows(DType weight) const;
+  void set_gemv_max_rows(DType weight, int64_t rows);
   // Whether linear_fp8 found cuBLASLt without an FP8 algorithm for this weight shape and out dtype
   // (it then runs the GEMV kernel for every M).
   bool fp8_gemm_unsupported(int64_t n, int64_t k, DType out) const {
@@ -125,8 +129,12 @@ class CudaBackend final : public Backend {
   std::map<std::pair<int, int64_t>, bool> chain_cluster_fits_;
   int64_t smem_budget_ = 0;  // dynamic shared memory a block may ask for, less the kernel's static share
   bool chain_logged_ = false;
-  // linear_fp8 above fp8_gemv_max_rows_: cuBLASLt's FP8 GEMM, except for the (N, K, out dtype)
-  // it has no algorithm for on this GPU, which run the GEMV kernel over slices of rows.
+  // out (+)= x . weight^T (+ bias) for FP8 weights (accumulate: out +=, see fused_linear).
+  void fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor* bias, Tensor& out,
+                  bool accumulate);
+  int64_t bf16_gemv_max_rows_ = 4;
+  // Above fp8_gemv_max_rows_: cuBLASLt's FP8 GEMM, except for the (N, K, out dtype) it has no
+  // algorithm for on this GPU, which run the GEMV kernel over slices of rows.
   int64_t fp8_gemv_max_rows_ = 4;
   std::set<std::tuple<int64_t, int64_t, DType>> fp8_gemm_unsupported_;
 };

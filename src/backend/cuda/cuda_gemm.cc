@@ -134,10 +134,11 @@ void CublasLtGemm::matmul_fp8(const void* x8, const void* w8, void* out, DType o
 }
 
 void CublasLtGemm::matmul(const void* x, const void* w, DType in_dtype, const void* bias, DType bias_dtype,
-                          void* out, DType out_dtype, int64_t m, int64_t n, int64_t k, const char* op) {
+                          void* out, DType out_dtype, int64_t m, int64_t n, int64_t k, const char* op,
+                          bool accumulate) {
   if (m == 0 || n == 0) return;
-  if (k == 0) {  // an empty sum: out = bias (or 0)
-    check_cuda(cudaMemsetAsync(out, 0, static_cast<size_t>(m * n) * dtype_size(out_dtype), stream_), op);
+  if (k == 0) {  // an empty sum: out = bias (or 0), or out += bias
+    if (!accumulate) check_cuda(cudaMemsetAsync(out, 0, static_cast<size_t>(m * n) * dtype_size(out_dtype), stream_), op);
     if (bias) check_cuda(cuda::launch_add_bias(out, out_dtype, bias, bias_dtype, m, n, stream_), op);
     return;
   }
@@ -150,7 +151,8 @@ void CublasLtGemm::matmul(const void* x, const void* w, DType in_dtype, const vo
     check_lt(cublasLtMatmulDescSetAttribute(plan.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)),
              "bias pointer");
   }
-  const float alpha = 1.0f, beta = 0.0f;
+  // accumulate: C = D = out with beta 1, so out + x w^T + bias is rounded once.
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   check_lt(cublasLtMatmul(handle_, plan.op, &alpha, w, plan.w, x, plan.x, &beta, out, plan.out, out, plan.out,
                           &plan.algo, workspace_.data(), kWorkspaceBytes, stream_),
            op);

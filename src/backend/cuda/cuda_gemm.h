@@ -34,8 +34,9 @@ class CublasLtGemm {
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
 
   // Raw form; the caller has checked shapes. bias may be null. `op` names the caller in errors.
+  // accumulate: out += x . w^T (+ bias), rounded once (beta = 1).
   void matmul(const void* x, const void* w, DType in_dtype, const void* bias, DType bias_dtype, void* out,
-              DType out_dtype, int64_t m, int64_t n, int64_t k, const char* op);
+              DType out_dtype, int64_t m, int64_t n, int64_t k, const char* op, bool accumulate = false);
 
   // out[M, N] = x8[M, K] . w8[N, K]^T over F8_E4M3 codes, unscaled (the row scales are applied
   // after: cuBLASLt's per-row "outer vector" scaling has no Hopper kernels), fp32 accumulation,

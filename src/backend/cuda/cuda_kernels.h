@@ -30,17 +30,41 @@ cudaError_t launch_gather_columns(const float* x, int64_t rows, int64_t x_cols, 
 cudaError_t launch_argmax_rows(const float* x, int64_t x_rows, int64_t vocab, const int32_t* rows, int64_t n,
                                int32_t* out, cudaStream_t stream);
 
-// FP8 weights (cuda_fp8_linear.cu). out[i, r] = scale[r] * (x[i, :] . w[r, :]) (+ bias[r]) for
-// x BF16 [m, k], w F8_E4M3 [n, k], scale F32 [n]; bias F32 or BF16, out F32 or BF16. Only for
-// what fp8_gemv_supports: 1 <= m <= kFp8GemvMaxRows, k a multiple of 16, x and w 16-byte aligned.
-constexpr int64_t kFp8GemvMaxRows = 16;
-bool fp8_gemv_supports(int64_t m, int64_t k, const void* x, const void* w);
-cudaError_t launch_fp8_gemv(const void* x, const uint8_t* w, const float* scale, const void* bias, DType bias_dtype,
-                            void* out, DType out_dtype, int64_t m, int64_t n, int64_t k, cudaStream_t stream);
-// out[i, r] = out[i, r] * x_scale[i] * w_scale[r] (+ bias[r]) in place, out F32 or BF16 [m, n]:
-// the row scales of an unscaled FP8 GEMM.
-cudaError_t launch_fp8_scale_output(void* out, DType out_dtype, const float* x_scale, const float* w_scale,
-                                    const void* bias, DType bias_dtype, int64_t m, int64_t n, cudaStream_t stream);
+// Small-M linear layers (cuda_gemv.cu): y[i, r] = scale[r] * (in[i, :] . w[r, :]) (+ bias[r]) for
+// i < m, r < n, with in = x, or rms_norm(x, norm_weight, eps) as rms_norm stores it; then
+// out = y, out += y rounded to out's dtype, or out = silu_mul(y) ([m, n / 2]): Backend::
+// fused_linear. w BF16 or F8_E4M3 [n, k] (scale F32 [n] for F8, null for BF16); x BF16 [m, k];
+// bias F32 or BF16 (or null); out F32 or BF16.
+enum class GemvEpilogue { kStore, kAccumulate, kSiluMul };
+struct GemvArgs {
+  const void* x = nullptr;
+  const void* w = nullptr;
+  DType w_dtype = DType::kBF16;
+  const float* scale = nullptr;
+  const void* bias = nullptr;
+  DType bias_dtype = DType::kF32;
+  void* out = nullptr;
+  DType out_dtype = DType::kBF16;
+  GemvEpilogue epilogue = GemvEpilogue::kStore;
+  int64_t m = 0, n = 0, k = 0;
+  const void* norm_weight = nullptr;  // BF16 [k], or null: no norm
+  float eps = 0.0f;
+};
+// The most rows without a norm, and with one (whose rows are staged in shared memory: each block
+// normalises them all, which at 3-4 rows costs more than the separate norm kernel on the H100).
+constexpr int64_t kGemvMaxRows = 16;
+constexpr int64_t kGemvMaxNormRows = 2;
+// What launch_gemv takes: the dtypes above, k a multiple of the 16-byte chunk (8 bf16 or 16 e4m3
+// weights), 16-byte aligned x, w and norm weight, m within the limits (kSiluMul: n even, at most
+// 4 rows), a norm's rows within 64 KiB of shared memory.
+bool gemv_supports(const GemvArgs& args);
+cudaError_t launch_gemv(const GemvArgs& args, cudaStream_t stream);
+// out[i, r] = in[i, r] * x_scale[i] * w_scale[r] (+ bias[r]), or out[i, r] += that rounded to out's
+// dtype (accumulate), in and out F32 or BF16 [m, n] (in may be out when not accumulating): the row
+// scales of an unscaled FP8 GEMM.
+cudaError_t launch_fp8_scale_output(const void* in, void* out, DType out_dtype, const float* x_scale,
+                                    const float* w_scale, const void* bias, DType bias_dtype, bool accumulate,
+                                    int64_t m, int64_t n, cudaStream_t stream);
 // Backend::quantize_fp8_rows over x (F32 or BF16) [rows, k].
 cudaError_t launch_quantize_fp8_rows(const void* x, DType dtype, int64_t rows, int64_t k, uint8_t* out, float* scale,
                                      cudaStream_t stream);

@@ -1,103 +1,203 @@
-// CUDA backend: linear layers (the GEMM itself lives in cuda_gemm.cc, the FP8 small-M kernel in
-// cuda_fp8_linear.cu).
+// CUDA backend: linear layers. Up to gemv_max_rows(weight dtype) rows (decode, verification) the
+// GEMV kernel (cuda_gemv.cu) streams the weights once, with the norm before and the residual add
+// or SwiGLU after a projection folded in (fused_linear); more rows go to cuBLASLt's tensor-core
+// GEMMs (cuda_gemm.cc), the norm and SwiGLU then separate ops and the residual add the GEMM's
+// beta. FP8 weights above the GEMV: the activations are quantised per row and cuBLASLt's
+// FP8 GEMM runs on the codes, its output then scaled by both rows' scales (what vLLM computes on
+// Hopper: cuBLASLt's per-row "outer vector" scaling has no Hopper kernel).
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "core/logging.h"
 
 namespace specula {
+namespace {
+
+struct LinearShape {
+  int64_t m, n, k;
+};
+
+// Shared argument checks: x [.., K] (every dim but the last is a row), weight [N, K], bias [N],
+// out [M, N].
+LinearShape check_linear(const char* op, const Tensor& x, int64_t k_of_x, const Tensor& weight, const Tensor* bias,
+                         const Tensor& out) {
+  cuda_check::on_gpu(x, op, "x");
+  cuda_check::on_gpu(weight, op, "weight");
+  cuda_check::on_gpu(out, op, "out");
+  SPECULA_CHECK(weight.ndim() == 2, "{}: weight must be [N, K], got {}", op, weight.describe());
+  const int64_t n = weight.size(0), k = weight.size(1);
+  SPECULA_CHECK(x.ndim() >= 1 && k_of_x == k, "{}: x {} must end in K = {} (weight {})", op, x.describe(), k,
+                weight.describe());
+  int64_t m = 1;
+  for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
+  SPECULA_CHECK(out.numel() == m * n && (m == 0 || out.size(-1) == n), "{}: out {} must be [{}, {}]", op,
+                out.describe(), m, n);
+  if (bias != nullptr) {
+    cuda_check::float_tensor(*bias, op, "bias");
+    SPECULA_CHECK(bias->ndim() == 1 && bias->size(0) == n, "{}: bias {} must be [{}]", op, bias->describe(), n);
+  }
+  return {m, n, k};
+}
+
+cuda::GemvArgs gemv_args(const Tensor& x, const LinearWeight& w, const Tensor* bias, Tensor& out, LinearShape s) {
+  cuda::GemvArgs a;
+  a.x = x.data();
+  a.w = w.weight.data();
+  a.w_dtype = w.weight.dtype();
+  a.scale = w.fp8() ? w.scale.data_as<float>() : nullptr;
+  a.bias = bias ? bias->data() : nullptr;
+  a.bias_dtype = bias ? bias->dtype() : DType::kF32;
+  a.out = out.data();
+  a.out_dtype = out.dtype();
+  a.m = s.m;
+  a.n = s.n;
+  a.k = s.k;
+  return a;
+}
+
+}  // namespace
+
+int64_t CudaBackend::gemv_max_rows(DType weight) const {
+  return weight == DType::kF8E4M3 ? fp8_gemv_max_rows_ : bf16_gemv_max_rows_;
+}
+
+void CudaBackend::set_gemv_max_rows(DType weight, int64_t rows) {
+  SPECULA_CHECK(rows >= 0 && rows <= cuda::kGemvMaxRows, "gemv_max_rows {} must be in [0, {}]", rows,
+                cuda::kGemvMaxRows);
+  SPECULA_CHECK(weight == DType::kBF16 || weight == DType::kF8E4M3, "gemv_max_rows: no GEMV for {} weights",
+                dtype_name(weight));
+  (weight == DType::kF8E4M3 ? fp8_gemv_max_rows_ : bf16_gemv_max_rows_) = rows;
+}
 
 void CudaBackend::linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) {
-  cuda_check::on_gpu(x, "linear", "x");
-  cuda_check::on_gpu(weight, "linear", "weight");
-  cuda_check::on_gpu(out, "linear", "out");
+  const LinearShape s = check_linear("linear", x, x.ndim() >= 1 ? x.size(-1) : -1, weight, bias, out);
   cuda_check::same_dtype(x, weight, "linear", "x", "weight");
   SPECULA_CHECK(x.dtype() == DType::kBF16 || x.dtype() == DType::kF16 || x.dtype() == DType::kF32,
                 "linear: x {} must be BF16, F16 or F32", x.describe());
   SPECULA_CHECK(out.dtype() == x.dtype() || out.dtype() == DType::kF32,
                 "linear: out {} must have x's dtype ({}) or F32", out.describe(), dtype_name(x.dtype()));
-  SPECULA_CHECK(weight.ndim() == 2, "linear: weight must be [N, K], got {}", weight.describe());
-  const int64_t n = weight.size(0), k = weight.size(1);
-  SPECULA_CHECK(x.ndim() >= 1 && x.size(-1) == k, "linear: x {} must end in K = {} (weight {})", x.describe(), k,
-                weight.describe());
-  int64_t m = 1;  // rows: every dim of x but the last
-  for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
-  SPECULA_CHECK(out.numel() == m * n && (m == 0 || out.size(-1) == n), "linear: out {} must be [{}, {}]",
-                out.describe(), m, n);
-  if (bias != nullptr) {
-    cuda_check::float_tensor(*bias, "linear", "bias");
-    SPECULA_CHECK(bias->ndim() == 1 && bias->size(0) == n, "linear: bias {} must be [{}]", bias->describe(), n);
+  if (s.m == 0 || s.n == 0) return;
+  if (x.dtype() == DType::kBF16 && s.m <= bf16_gemv_max_rows_) {
+    const cuda::GemvArgs a = gemv_args(x, LinearWeight{weight, Tensor()}, bias, out, s);
+    if (cuda::gemv_supports(a)) {
+      check_cuda(cuda::launch_gemv(a, stream_), "linear");
+      return;
+    }
   }
-  gemm_->matmul(x.data(), weight.data(), x.dtype(), bias ? bias->data() : nullptr,
-                bias ? bias->dtype() : out.dtype(), out.data(), out.dtype(), m, n, k, "linear");
+  gemm_->matmul(x.data(), weight.data(), x.dtype(), bias ? bias->data() : nullptr, bias ? bias->dtype() : out.dtype(),
+                out.data(), out.dtype(), s.m, s.n, s.k, "linear");
 }
 
-// Up to fp8_gemv_max_rows() rows (decode, verification) the weights are streamed once by the FP8
-// GEMV kernel with the activations in bf16: on the H100 it reads the weights at 90-100% of copy
-// bandwidth at 1 row, 60-75% at 4, but it runs on the CUDA cores and falls to ~20% at 16. Above,
-// the activations are quantised per row too and cuBLASLt's FP8 tensor-core GEMM runs on the codes,
-// its bf16/f32 output then scaled by both rows' scales (what vLLM computes on Hopper). Should
-// cuBLASLt have no algorithm for a shape (its FP8 kernels want N a multiple of 16), the GEMV
-// kernel runs over slices of rows instead.
 void CudaBackend::linear_fp8(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor* bias,
                              Tensor& out) {
-  cuda_check::on_gpu(x, "linear_fp8", "x");
+  fp8_linear(x, weight, scale, bias, out, /*accumulate=*/false);
+}
+
+void CudaBackend::fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor* bias,
+                             Tensor& out, bool accumulate) {
+  const LinearShape s = check_linear("linear_fp8", x, x.ndim() >= 1 ? x.size(-1) : -1, weight, bias, out);
   cuda_check::dtype(weight, DType::kF8E4M3, "linear_fp8", "weight");
   cuda_check::dtype(scale, DType::kF32, "linear_fp8", "scale");
-  cuda_check::on_gpu(out, "linear_fp8", "out");
   SPECULA_CHECK(x.dtype() == DType::kBF16, "linear_fp8: x {} must be BF16", x.describe());
   SPECULA_CHECK(out.dtype() == DType::kBF16 || out.dtype() == DType::kF32, "linear_fp8: out {} must be BF16 or F32",
                 out.describe());
-  SPECULA_CHECK(weight.ndim() == 2, "linear_fp8: weight must be [N, K], got {}", weight.describe());
-  const int64_t n = weight.size(0), k = weight.size(1);
-  SPECULA_CHECK(scale.ndim() == 1 && scale.size(0) == n, "linear_fp8: scale {} must be [{}]", scale.describe(), n);
-  SPECULA_CHECK(k % 16 == 0, "linear_fp8: K = {} must be a multiple of 16 (weight {})", k, weight.describe());
-  SPECULA_CHECK(x.ndim() >= 1 && x.size(-1) == k, "linear_fp8: x {} must end in K = {} (weight {})", x.describe(), k,
-                weight.describe());
-  int64_t m = 1;
-  for (int i = 0; i + 1 < x.ndim(); ++i) m *= x.size(i);
-  SPECULA_CHECK(out.numel() == m * n && (m == 0 || out.size(-1) == n), "linear_fp8: out {} must be [{}, {}]",
-                out.describe(), m, n);
-  if (bias != nullptr) {
-    cuda_check::float_tensor(*bias, "linear_fp8", "bias");
-    SPECULA_CHECK(bias->ndim() == 1 && bias->size(0) == n, "linear_fp8: bias {} must be [{}]", bias->describe(), n);
-  }
-  if (m == 0 || n == 0) return;
-  const auto* w = weight.data_as<uint8_t>();
-  const void* b = bias ? bias->data() : nullptr;
-  const DType bias_dtype = bias ? bias->dtype() : DType::kF32;
-  const size_t out_row_bytes = static_cast<size_t>(n) * dtype_size(out.dtype());
-  SPECULA_CHECK(cuda::fp8_gemv_supports(1, k, x.data(), w), "linear_fp8: x and weight must be 16-byte aligned");
-  const std::tuple<int64_t, int64_t, DType> shape{n, k, out.dtype()};
-  if (m > fp8_gemv_max_rows_ && fp8_gemm_unsupported_.count(shape) == 0) {
+  SPECULA_CHECK(scale.ndim() == 1 && scale.size(0) == s.n, "linear_fp8: scale {} must be [{}]", scale.describe(), s.n);
+  SPECULA_CHECK(s.k % 16 == 0, "linear_fp8: K = {} must be a multiple of 16 (weight {})", s.k, weight.describe());
+  if (s.m == 0 || s.n == 0) return;
+  cuda::GemvArgs a = gemv_args(x, LinearWeight{weight, scale}, bias, out, s);
+  a.epilogue = accumulate ? cuda::GemvEpilogue::kAccumulate : cuda::GemvEpilogue::kStore;
+  a.m = 1;
+  SPECULA_CHECK(cuda::gemv_supports(a), "linear_fp8: x and weight must be 16-byte aligned");
+  const std::tuple<int64_t, int64_t, DType> shape{s.n, s.k, out.dtype()};
+  if (s.m > fp8_gemv_max_rows_ && fp8_gemm_unsupported_.count(shape) == 0) {
     const size_t mark = scratch_mark();
-    Tensor x8 = scratch({m, k}, DType::kF8E4M3);
-    Tensor x_scale = scratch({m}, DType::kF32);
-    check_cuda(cuda::launch_quantize_fp8_rows(x.data(), x.dtype(), m, k, x8.data_as<uint8_t>(),
+    Tensor x8 = scratch({s.m, s.k}, DType::kF8E4M3);
+    Tensor x_scale = scratch({s.m}, DType::kF32);
+    // Accumulating, the unscaled product goes to a scratch matrix first: out holds the residual.
+    Tensor product = accumulate ? scratch({s.m, s.n}, out.dtype()) : out;
+    check_cuda(cuda::launch_quantize_fp8_rows(x.data(), x.dtype(), s.m, s.k, x8.data_as<uint8_t>(),
                                               x_scale.data_as<float>(), stream_),
                "linear_fp8: quantise x");
     try {
-      gemm_->matmul_fp8(x8.data(), w, out.data(), out.dtype(), m, n, k, "linear_fp8");
-      check_cuda(cuda::launch_fp8_scale_output(out.data(), out.dtype(), x_scale.data_as<float>(),
-                                               scale.data_as<float>(), b, bias_dtype, m, n, stream_),
+      gemm_->matmul_fp8(x8.data(), weight.data(), product.data(), out.dtype(), s.m, s.n, s.k, "linear_fp8");
+      check_cuda(cuda::launch_fp8_scale_output(product.data(), out.data(), out.dtype(), x_scale.data_as<float>(),
+                                               scale.data_as<float>(), a.bias, a.bias_dtype, accumulate, s.m, s.n,
+                                               stream_),
                  "linear_fp8: scales");
       scratch_release(mark);
       return;
     } catch (const Error& e) {
       LOG_WARN("FP8 GEMM unavailable ({}); this shape runs the GEMV kernel per {} rows", e.what(),
-               cuda::kFp8GemvMaxRows);
+               cuda::kGemvMaxRows);
       fp8_gemm_unsupported_.insert(shape);
       scratch_release(mark);
     }
   }
-  const auto* xb = static_cast<const uint8_t*>(x.data());
-  auto* ob = static_cast<uint8_t*>(out.data());
-  for (int64_t r = 0; r < m; r += cuda::kFp8GemvMaxRows) {
-    const int64_t rows = std::min<int64_t>(cuda::kFp8GemvMaxRows, m - r);
-    check_cuda(cuda::launch_fp8_gemv(xb + r * k * 2, w, scale.data_as<float>(), b, bias_dtype,
-                                     ob + r * out_row_bytes, out.dtype(), rows, n, k, stream_),
-               "linear_fp8");
+  const size_t out_row_bytes = static_cast<size_t>(s.n) * dtype_size(out.dtype());
+  for (int64_t r = 0; r < s.m; r += cuda::kGemvMaxRows) {
+    a.m = std::min<int64_t>(cuda::kGemvMaxRows, s.m - r);
+    a.x = static_cast<const uint8_t*>(x.data()) + r * s.k * 2;
+    a.out = static_cast<uint8_t*>(out.data()) + r * out_row_bytes;
+    check_cuda(cuda::launch_gemv(a, stream_), "linear_fp8");
   }
+}
+
+void CudaBackend::fused_linear(const Tensor& x, const LinearPrologue& prologue, const LinearWeight& weight,
+                               const Tensor* bias, Tensor& out, LinearEpilogue epilogue) {
+  const bool gated = epilogue == LinearEpilogue::kSiluMul;
+  SPECULA_CHECK(x.ndim() == 2 && out.ndim() == 2, "fused_linear: x {} and out {} must be matrices", x.describe(),
+                out.describe());
+  SPECULA_CHECK(x.dtype() == DType::kBF16, "fused_linear: x {} must be BF16", x.describe());
+  SPECULA_CHECK(weight.weight.ndim() == 2 && (!gated || weight.weight.size(0) % 2 == 0),
+                "fused_linear: weight {} must be [N, K]{}", weight.weight.describe(), gated ? " with N even" : "");
+  const int64_t n = weight.weight.size(0), m = x.size(0), k = x.size(1);
+  SPECULA_CHECK(out.size(0) == m && out.size(1) == (gated ? n / 2 : n), "fused_linear: out {} must be [{}, {}]",
+                out.describe(), m, gated ? n / 2 : n);
+  SPECULA_CHECK(prologue.norm_weight == nullptr ||
+                    (prologue.norm_weight->dtype() == DType::kBF16 && prologue.norm_weight->numel() == k),
+                "fused_linear: the RMSNorm weight must be BF16 [{}]", k);
+  if (m == 0 || n == 0) return;
+  if (m <= gemv_max_rows(weight.weight.dtype())) {
+    if (bias != nullptr) cuda_check::float_tensor(*bias, "fused_linear", "bias");
+    SPECULA_CHECK(!bias || (bias->ndim() == 1 && bias->size(0) == n), "fused_linear: bias must be [{}]", n);
+    SPECULA_CHECK(weight.weight.size(1) == k, "fused_linear: x {} must end in K = {} (weight {})", x.describe(),
+                  weight.weight.size(1), weight.weight.describe());
+    cuda::GemvArgs a = gemv_args(x, weight, bias, out, LinearShape{m, n, k});
+    a.epilogue = gated ? cuda::GemvEpilogue::kSiluMul
+                 : epilogue == LinearEpilogue::kAccumulate ? cuda::GemvEpilogue::kAccumulate
+                                                           : cuda::GemvEpilogue::kStore;
+    a.norm_weight = prologue.norm_weight ? prologue.norm_weight->data() : nullptr;
+    a.eps = prologue.eps;
+    if (cuda::gemv_supports(a)) {
+      check_cuda(cuda::launch_gemv(a, stream_), "fused_linear");
+      return;
+    }
+  }
+  const size_t mark = scratch_mark();
+  if (prologue.norm_weight != nullptr) {  // the norm as its own op; the GEMV may still take the rest
+    Tensor in = scratch({m, k}, x.dtype());
+    rms_norm(x, *prologue.norm_weight, prologue.eps, in);
+    fused_linear(in, LinearPrologue::none(), weight, bias, out, epilogue);
+    scratch_release(mark);
+    return;
+  }
+  // Separate ops: the GEMM, which adds into out itself when accumulating, then SwiGLU.
+  if (gated) {
+    Tensor y = scratch({m, n}, out.dtype());
+    linear(x, weight, bias, y);
+    silu_mul(y, out);
+  } else if (epilogue == LinearEpilogue::kStore) {
+    linear(x, weight, bias, out);
+  } else if (weight.fp8()) {
+    fp8_linear(x, weight.weight, weight.scale, bias, out, /*accumulate=*/true);
+  } else {
+    check_linear("fused_linear", x, k, weight.weight, bias, out);
+    cuda_check::same_dtype(x, weight.weight, "fused_linear", "x", "weight");
+    gemm_->matmul(x.data(), weight.weight.data(), x.dtype(), bias ? bias->data() : nullptr,
+                  bias ? bias->dtype() : out.dtype(), out.data(), out.dtype(), m, n, k, "fused_linear",
+                  /*accumulate=*/true);
+  }
+  scratch_release(mark);
 }
 
 void CudaBackend::quantize_fp8_rows(const Tensor& x, Tensor& out, Tensor& scale) {
@@ -110,12 +210,6 @@ void CudaBackend::quantize_fp8_rows(const Tensor& x, Tensor& out, Tensor& scale)
   check_cuda(cuda::launch_quantize_fp8_rows(x.data(), x.dtype(), x.size(0), x.size(1), out.data_as<uint8_t>(),
                                             scale.data_as<float>(), stream_),
              "quantize_fp8_rows");
-}
-
-void CudaBackend::set_fp8_gemv_max_rows(int64_t rows) {
-  SPECULA_CHECK(rows >= 0 && rows <= cuda::kFp8GemvMaxRows, "fp8_gemv_max_rows {} must be in [0, {}]", rows,
-                cuda::kFp8GemvMaxRows);
-  fp8_gemv_max_rows_ = rows;
 }
 
 }  // namespace specula

@@ -1,6 +1,7 @@
-// linear through cuBLASLt against the CPU's fp32 SGEMM on the same bf16-rounded inputs: ragged
-// M/N/K (odd sizes, decode-sized M), bias in the epilogue (bf16 out) or as a separate add (f32
-// out with a bf16 bias), F32 logits out of bf16 inputs, and all-F32 operands.
+// linear (the GEMV kernel at small M, cuBLASLt above) against the CPU's fp32 SGEMM on the same
+// bf16-rounded inputs: ragged M/N/K (odd sizes, decode-sized M), bias in the epilogue (bf16 out)
+// or as a separate add (f32 out with a bf16 bias), F32 logits out of bf16 inputs, and all-F32
+// operands; FP8 weights; fused_linear against the separate ops it stands for.
 //
 // Tolerance: fp32 accumulation on both sides differs only in summation order (~1e-6); the bf16
 // output adds a rounding of relative 2^-9. Inputs are scaled so that outputs are O(1):
@@ -40,7 +41,10 @@ TEST(CudaLinear, MatchesCpu) {
       {2, 3, 8, false, bf, bf, bf},         {9, 200, 72, true, bf, f32, bf},     {64, 512, 256, true, f32, f32, f32},
       {1, 4096, 4096, false, bf, bf, bf},   {300, 768, 512, true, bf, bf, bf},   {4, 6, 24, false, f32, f32, f32},
   };
+  auto& cuda = dynamic_cast<CudaBackend&>(*gpu);
   for (const LinearCase& c : cases) {
+   for (int64_t gemv_rows : {int64_t{16}, int64_t{0}}) {  // both paths for small M
+    cuda.set_gemv_max_rows(DType::kBF16, gemv_rows);
     Tensor x = random_bf16_values({c.m, c.k}, rng);
     Tensor w = random_bf16_values({c.n, c.k}, rng, 2.0f / std::sqrt(static_cast<float>(c.k)));
     Tensor b = random_bf16_values({c.n}, rng, 0.5f);
@@ -51,8 +55,9 @@ TEST(CudaLinear, MatchesCpu) {
     gpu->linear(to_gpu(*gpu, x, c.in), to_gpu(*gpu, w, c.in), c.bias ? &bg : nullptr, out);
     const bool bf16_out = c.out == bf;
     expect_close(to_host(*gpu, out), want.to_f32_vector(), bf16_out ? 1e-2 : 1e-4, bf16_out ? 1e-2 : 1e-4,
-                 fmt::format("linear [{}, {}] x [{}, {}]^T {} -> {}{}", c.m, c.k, c.n, c.k, dtype_name(c.in),
-                             dtype_name(c.out), c.bias ? " + bias" : ""));
+                 fmt::format("linear [{}, {}] x [{}, {}]^T {} -> {}{} (GEMV up to {} rows)", c.m, c.k, c.n, c.k,
+                             dtype_name(c.in), dtype_name(c.out), c.bias ? " + bias" : "", gemv_rows));
+   }
   }
 }
 
@@ -135,7 +140,7 @@ TEST(CudaLinear, Fp8WeightsMatchCpu) {
   auto& cuda = dynamic_cast<CudaBackend&>(*gpu);
   for (const Case& c : cases) {
     for (int64_t gemv_rows : {int64_t{16}, int64_t{0}}) {
-      cuda.set_fp8_gemv_max_rows(gemv_rows);
+      cuda.set_gemv_max_rows(DType::kF8E4M3, gemv_rows);
       Tensor x = random_bf16_values({c.m, c.k}, rng);
       Tensor w = random_bf16_values({c.n, c.k}, rng, 8.0f / std::sqrt(static_cast<float>(c.k)));
       Tensor b = random_bf16_values({c.n}, rng, 0.5f);
@@ -174,6 +179,57 @@ TEST(CudaLinear, Fp8WeightsMatchCpu) {
       const bool bf16_out = c.out == bf;
       expect_close(to_host(*gpu, out), want.to_f32_vector(), bf16_out ? 1e-2 : 2e-3, bf16_out ? 1e-2 : 2e-3, what);
     }
+  }
+}
+
+// fused_linear (the norm, the residual add and SwiGLU inside the GEMV kernel at small M) against
+// the separate ops it stands for on the same GPU (Backend::fused_linear: rms_norm, linear, then add
+// or silu_mul), for bf16 and FP8 weights, with and without bias and norm, for each epilogue, for M
+// on both sides of the GEMV limits, ragged N and rows that do not fit shared memory (a norm over
+// K = 16384 from 3 rows up takes the separate ops inside fused_linear too). The two differ in the
+// norm's summation order and, above the GEMV, in the GEMM rounding out + product once.
+TEST(CudaLinear, FusedLinearMatchesTheSeparateOps) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  std::mt19937 rng(23);
+  using Epi = LinearEpilogue;
+  struct Case {
+    int64_t m, n, k;
+    bool norm;
+    Epi epilogue;
+    bool bias, fp8;
+  };
+  const Case cases[] = {
+      {1, 6144, 4096, true, Epi::kStore, false, false},     {1, 4096, 4096, false, Epi::kAccumulate, true, false},
+      {1, 28672, 4096, true, Epi::kSiluMul, false, false},  {1, 4096, 14336, false, Epi::kAccumulate, false, true},
+      {2, 1000, 1024, true, Epi::kStore, true, true},       {3, 260, 512, true, Epi::kSiluMul, true, false},
+      {4, 1030, 1024, false, Epi::kSiluMul, false, true},   {2, 6000, 2048, true, Epi::kSiluMul, true, true},
+      {4, 384, 16384, true, Epi::kAccumulate, false, false}, {4, 384, 2048, true, Epi::kAccumulate, true, false},
+      {5, 768, 1024, true, Epi::kStore, false, false},      {8, 512, 512, false, Epi::kAccumulate, true, true},
+      {33, 1000, 1024, true, Epi::kSiluMul, true, false},   {17, 512, 1024, true, Epi::kAccumulate, true, true},
+      {1, 24, 64, true, Epi::kAccumulate, false, false},    {1, 18, 64, false, Epi::kSiluMul, false, false},
+  };
+  for (const Case& c : cases) {
+    Tensor x = to_gpu(*gpu, random_bf16_values({c.m, c.k}, rng));
+    Tensor norm = to_gpu(*gpu, random_bf16_values({c.k}, rng, 2.0f));
+    Tensor bias = to_gpu(*gpu, random_bf16_values({c.n}, rng, 0.5f));
+    Tensor w = to_gpu(*gpu, random_bf16_values({c.n, c.k}, rng, 4.0f / std::sqrt(static_cast<float>(c.k))));
+    LinearWeight weight{w, Tensor()};
+    if (c.fp8) {
+      weight = LinearWeight{gpu->empty({c.n, c.k}, DType::kF8E4M3), gpu->empty({c.n}, DType::kF32)};
+      gpu->quantize_fp8_rows(w, weight.weight, weight.scale);
+    }
+    const int64_t out_cols = c.epilogue == Epi::kSiluMul ? c.n / 2 : c.n;
+    const Tensor residual = to_gpu(*gpu, random_bf16_values({c.m, out_cols}, rng, 4.0f));
+    const LinearPrologue prologue = c.norm ? LinearPrologue::rms_norm(norm, 1e-5f) : LinearPrologue::none();
+    Tensor fused = gpu->empty({c.m, out_cols}, DType::kBF16), separate = gpu->empty({c.m, out_cols}, DType::kBF16);
+    gpu->copy(residual, fused);
+    gpu->copy(residual, separate);
+    gpu->fused_linear(x, prologue, weight, c.bias ? &bias : nullptr, fused, c.epilogue);
+    gpu->Backend::fused_linear(x, prologue, weight, c.bias ? &bias : nullptr, separate, c.epilogue);
+    expect_close(to_host(*gpu, fused), to_host(*gpu, separate), 2e-2, 1e-2,
+                 fmt::format("fused_linear M={} N={} K={}{} epilogue {}{}{}", c.m, c.n, c.k, c.norm ? " norm" : "",
+                             static_cast<int>(c.epilogue), c.bias ? " + bias" : "", c.fp8 ? " FP8" : ""));
   }
 }
 

@@ -1,0 +1,365 @@
+// Small-M linear layers: decode and speculative verification multiply 1-16 activation rows by
+// bf16 or FP8 (e4m3) weights, with the decoder's element-wise neighbours folded in (GemvArgs).
+//
+// The cost is streaming the weights once, so the kernel must keep HBM busy, not the tensor cores.
+// Each warp owns NR output rows and walks K in 16-byte weight chunks (8 bf16 or 16 e4m3 weights,
+// one LDG.128 per row), kUnroll chunks in flight per lane so that enough loads are outstanding to
+// cover HBM latency. Weight loads bypass L1 (ld.global.nc.L1::no_allocate: each byte is read
+// once), which leaves L1 to the activation rows every warp of the SM rereads. e4m3 -> f16 is one
+// hardware conversion per pair on sm_89+. Products accumulate in fp32 per lane, then across the
+// warp; the FP8 row scale multiplies the finished sum. Each row's sum is formed in the same order
+// whatever M is, so a row's result does not depend on the batch it runs in.
+//
+// The norm before a projection is computed once per block into shared memory, the M rows of the
+// product's input as rms_norm would have stored them (bf16), while the block's first weight
+// loads are already in flight; the grid is then sized to the blocks the GPU holds at once and
+// each block loops over row groups, so that the norm runs ~1k times per launch, not once per 8
+// rows. Epilogues: the residual add rounds the product to out's dtype and adds it in place (as
+// linear + add round it); SwiGLU gives each block the gate rows and the up rows of the same 4
+// columns, so that it writes silu(gate) * up itself (as linear + silu_mul round it) and the
+// [M, 2I] product never reaches memory.
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_utils.cuh"
+
+namespace specula::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kUnroll = 4;
+constexpr int kNR = 2;                      // weight rows per warp
+constexpr int kGatedCols = kWarps * kNR / 2;  // SwiGLU: output columns per row group
+constexpr int64_t kMaxGatedRows = 4;
+// Shared memory for a norm's rows: above 64 KiB fewer than 3 blocks fit an SM, too few warps to
+// keep enough weight loads in flight; such shapes take the separate ops.
+constexpr int64_t kMaxStagedBytes = 64 << 10;
+
+__device__ __forceinline__ uint4 load_streaming(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// A 16-byte chunk of weights -> floats.
+template <class W>
+struct WeightChunk;
+
+template <>
+struct WeightChunk<bf16> {
+  static constexpr int kN = 8;
+  __device__ __forceinline__ static void decode(const uint4& v, float (&f)[kN]) {
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[2 * i] = __uint_as_float(words[i] << 16);
+      f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+  }
+};
+
+template <>
+struct WeightChunk<uint8_t> {  // e4m3
+  static constexpr int kN = 16;
+  __device__ __forceinline__ static float2 pair(uint32_t p) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(p), __NV_E4M3);
+    return __half22float2(*reinterpret_cast<const __half2*>(&h));
+  }
+  __device__ __forceinline__ static void decode(const uint4& v, float (&f)[kN]) {
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 lo = pair(words[i] & 0xffffu), hi = pair(words[i] >> 16);
+      f[4 * i] = lo.x;
+      f[4 * i + 1] = lo.y;
+      f[4 * i + 2] = hi.x;
+      f[4 * i + 3] = hi.y;
+    }
+  }
+};
+
+// N bf16 activations (N a multiple of 8, 16-byte aligned; global or shared) -> floats.
+template <int N>
+__device__ __forceinline__ void load_activations(const bf16* p, float (&f)[N]) {
+#pragma unroll
+  for (int v = 0; v < N / 8; ++v) {
+    const uint4 a = *reinterpret_cast<const uint4*>(p + 8 * v);
+    const uint32_t words[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      f[8 * v + 2 * i] = __uint_as_float(words[i] << 16);
+      f[8 * v + 2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+    }
+  }
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+
+// The block writes rms_norm(x) for rows 0..m-1 into `staged` [m, k] (bf16), exactly as rms_norm
+// stores it: every row's sum of squares in one pass, one block reduction per row.
+template <int MT>
+__device__ void stage_norm(const GemvArgs& a, bf16* staged) {
+  const auto* x = static_cast<const bf16*>(a.x);
+  const int m = static_cast<int>(a.m);
+  const int64_t k = a.k, chunks = k / 8;
+  __shared__ float partial[kWarps][MT];
+  __shared__ float inv_rms[MT];
+  float sum_sq[MT];
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi) sum_sq[mi] = 0.0f;
+  for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+      if (mi < m) {
+        float v[8];
+        load_activations<8>(x + mi * k + c * 8, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) sum_sq[mi] += v[i] * v[i];
+      }
+    }
+  }
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+#pragma unroll
+  for (int mi = 0; mi < MT; ++mi) {
+    const float s = warp_sum(sum_sq[mi]);
+    if (lane == 0) partial[warp][mi] = s;
+  }
+  __syncthreads();
+  if (threadIdx.x < MT) {
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += partial[w][threadIdx.x];
+    inv_rms[threadIdx.x] = rsqrtf(s / static_cast<float>(k) + a.eps);
+  }
+  __syncthreads();
+  const auto* gamma = static_cast<const bf16*>(a.norm_weight);
+  for (int mi = 0; mi < m; ++mi) {
+    const float inv = inv_rms[mi];
+    for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
+      float v[8], g[8];
+      load_activations<8>(x + mi * k + c * 8, v);
+      load_activations<8>(gamma + c * 8, g);
+      uint32_t packed[4];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) packed[i] = pack_bf16x2(g[2 * i] * (v[2 * i] * inv), g[2 * i + 1] * (v[2 * i + 1] * inv));
+      *reinterpret_cast<uint4*>(staged + mi * k + c * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+  }
+}
+
+template <class Out>
+__device__ __forceinline__ void write_out(const GemvArgs& a, int64_t i, float v) {
+  Out* out = static_cast<Out*>(a.out) + i;
+  if (a.epilogue == GemvEpilogue::kAccumulate) {
+    *out = from_float<Out>(to_float(*out) + to_float(from_float<Out>(v)));
+  } else {
+    *out = from_float<Out>(v);
+  }
+}
+
+// y[mi, row] for mi < m, row < n into the epilogue; MT >= m rows of input. STAGED: the input is
+// rms_norm(x) in dynamic shared memory; otherwise x itself, read from global memory (through L1).
+// GATED: the SwiGLU epilogue (a row group is 4 gate rows and the 4 up rows I further on).
+template <class W, int MT, class Out, bool STAGED, bool GATED>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a) {
+  extern __shared__ uint4 staged_raw[];
+  __shared__ float gated[GATED ? 2 : 1][kGatedCols][MT];  // SwiGLU: the group's y, as stored
+  using Chunk = WeightChunk<W>;
+  constexpr int kN = Chunk::kN;
+  const int m = static_cast<int>(a.m);
+  const int64_t n = a.n, k = a.k, half_n = n / 2;
+  const auto* w = static_cast<const W*>(a.w);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t chunks = k / kN;
+  const int64_t groups = GATED ? (half_n + kGatedCols - 1) / kGatedCols : (n + kWarps * kNR - 1) / (kWarps * kNR);
+  // The warp's first weight row in a group, and whether a row exists.
+  auto first_row = [&](int64_t group) -> int64_t {
+    if constexpr (GATED) {
+      return (warp >= kWarps / 2 ? half_n : 0) + group * kGatedCols + (warp % (kWarps / 2)) * kNR;
+    } else {
+      return (group * kWarps + warp) * kNR;
+    }
+  };
+  auto load_weights = [&](uint4 (&wv)[kUnroll][kNR], const W* const (&rows)[kNR], int64_t c0) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t c = c0 + 32 * u;
+#pragma unroll
+      for (int r = 0; r < kNR; ++r)
+        wv[u][r] = c < chunks ? load_streaming(rows[r] + c * kN) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  auto rows_of = [&](int64_t row0, const W* (&rows)[kNR]) {
+#pragma unroll
+    for (int r = 0; r < kNR; ++r) rows[r] = w + min(row0 + r, n - 1) * k;
+  };
+
+  uint4 wv[kUnroll][kNR];
+  bool prefetched = false;
+  const bf16* xs[MT];
+  if constexpr (STAGED) {
+    // The first weights go out before the norm: their latency hides the norm's.
+    const W* rows[kNR];
+    rows_of(first_row(blockIdx.x), rows);
+    load_weights(wv, rows, lane);
+    prefetched = true;
+    auto* staged = reinterpret_cast<bf16*>(staged_raw);
+    stage_norm<MT>(a, staged);
+    __syncthreads();
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) xs[mi] = staged + static_cast<int64_t>(min(mi, m - 1)) * k;
+  } else {
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) xs[mi] = static_cast<const bf16*>(a.x) + min(mi, m - 1) * k;
+  }
+
+  for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
+    const int64_t row0 = first_row(group);
+    // Rows past the end (the last group) compute on a clamped row and store nothing.
+    const W* rows[kNR];
+    rows_of(row0, rows);
+    float acc[kNR][MT];
+#pragma unroll
+    for (int r = 0; r < kNR; ++r)
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) acc[r][mi] = 0.0f;
+
+    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
+      if (!prefetched) load_weights(wv, rows, c0);
+      prefetched = false;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t c = c0 + 32 * u;
+        if (c >= chunks) break;
+        float wf[kNR][kN];
+#pragma unroll
+        for (int r = 0; r < kNR; ++r) Chunk::decode(wv[u][r], wf[r]);
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+          float xf[kN];
+          load_activations<kN>(xs[mi] + c * kN, xf);
+#pragma unroll
+          for (int r = 0; r < kNR; ++r)
+#pragma unroll
+            for (int j = 0; j < kN; ++j) acc[r][mi] = fmaf(wf[r][j], xf[j], acc[r][mi]);
+        }
+      }
+    }
+    prefetched = false;
+
+#pragma unroll
+    for (int r = 0; r < kNR; ++r) {
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi) {
+        const float sum = warp_sum(acc[r][mi]);
+        const int64_t row = row0 + r;
+        const bool exists = GATED ? row - (warp >= kWarps / 2 ? half_n : 0) < half_n : row < n;
+        if (lane == (r * MT + mi) % 32 && mi < m && exists) {
+          float v = a.scale != nullptr ? sum * a.scale[row] : sum;
+          if (a.bias != nullptr) {
+            v += a.bias_dtype == DType::kF32 ? static_cast<const float*>(a.bias)[row]
+                                             : to_float(static_cast<const bf16*>(a.bias)[row]);
+          }
+          if constexpr (GATED) {
+            gated[warp / (kWarps / 2)][(warp % (kWarps / 2)) * kNR + r][mi] = to_float(from_float<Out>(v));
+          } else {
+            write_out<Out>(a, static_cast<int64_t>(mi) * n + row, v);
+          }
+        }
+      }
+    }
+    if constexpr (GATED) {
+      __syncthreads();
+      const int col = threadIdx.x % kGatedCols, mi = threadIdx.x / kGatedCols;
+      const int64_t out_col = group * kGatedCols + col;
+      if (mi < m && out_col < half_n) {
+        static_cast<Out*>(a.out)[mi * half_n + out_col] = from_float<Out>(silu(gated[0][col][mi]) * gated[1][col][mi]);
+      }
+      __syncthreads();  // the next group writes `gated` again
+    }
+  }
+}
+
+int64_t staged_bytes(const GemvArgs& a) {
+  return a.norm_weight == nullptr ? 0 : a.m * a.k * static_cast<int64_t>(sizeof(bf16));
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <class W, int MT, class Out, bool STAGED, bool GATED>
+cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
+  const auto kernel = gemv_kernel<W, MT, Out, STAGED, GATED>;
+  int64_t groups = GATED ? (a.n / 2 + kGatedCols - 1) / kGatedCols : (a.n + kWarps * kNR - 1) / (kWarps * kNR);
+  const int smem = static_cast<int>(staged_bytes(a));
+  if constexpr (STAGED) {
+    if (smem > 48 * 1024) {
+      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      if (e != cudaSuccess) return e;
+    }
+    // As many blocks as are resident at once: each computes the norm once.
+    int device = 0, sms = 0, per_sm = 0;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
+    if (e != cudaSuccess) return e;
+    groups = std::min<int64_t>(groups, static_cast<int64_t>(std::max(per_sm, 1)) * sms);
+  }
+  kernel<<<static_cast<unsigned>(groups), kThreads, smem, stream>>>(a);
+  return cudaGetLastError();
+}
+
+template <class W, class Out, bool STAGED, bool GATED>
+cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
+  if (a.m == 1) return launch_typed<W, 1, Out, STAGED, GATED>(a, stream);
+  if (a.m == 2) return launch_typed<W, 2, Out, STAGED, GATED>(a, stream);
+  if constexpr (!STAGED) {  // a norm takes at most kGemvMaxNormRows = 2 rows
+    if (a.m <= 4) return launch_typed<W, 4, Out, false, GATED>(a, stream);
+  }
+  if constexpr (!STAGED && !GATED) {
+    if (a.m <= 8) return launch_typed<W, 8, Out, false, false>(a, stream);
+    return launch_typed<W, 16, Out, false, false>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <class W, class Out>
+cudaError_t launch_epilogue(const GemvArgs& a, cudaStream_t stream) {
+  const bool staged = a.norm_weight != nullptr, gated = a.epilogue == GemvEpilogue::kSiluMul;
+  if (gated) return staged ? launch_rows<W, Out, true, true>(a, stream) : launch_rows<W, Out, false, true>(a, stream);
+  return staged ? launch_rows<W, Out, true, false>(a, stream) : launch_rows<W, Out, false, false>(a, stream);
+}
+
+template <class W>
+cudaError_t launch_weights(const GemvArgs& a, cudaStream_t stream) {
+  return a.out_dtype == DType::kF32 ? launch_epilogue<W, float>(a, stream) : launch_epilogue<W, bf16>(a, stream);
+}
+
+}  // namespace
+
+bool gemv_supports(const GemvArgs& a) {
+  const bool fp8 = a.w_dtype == DType::kF8E4M3;
+  if (!fp8 && a.w_dtype != DType::kBF16) return false;
+  if (a.out_dtype != DType::kBF16 && a.out_dtype != DType::kF32) return false;
+  if (a.m < 1 || a.k % (fp8 ? 16 : 8) != 0) return false;
+  if (!aligned16(a.x) || !aligned16(a.w) || (fp8 && a.scale == nullptr)) return false;
+  if (a.m > (a.norm_weight != nullptr ? kGemvMaxNormRows
+             : a.epilogue == GemvEpilogue::kSiluMul ? kMaxGatedRows
+                                                    : kGemvMaxRows)) {
+    return false;
+  }
+  if (a.epilogue == GemvEpilogue::kSiluMul && a.n % 2 != 0) return false;
+  return a.norm_weight == nullptr || (aligned16(a.norm_weight) && staged_bytes(a) <= kMaxStagedBytes);
+}
+
+cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream) {
+  if (a.m == 0 || a.n == 0) return cudaSuccess;
+  if (!gemv_supports(a)) return cudaErrorInvalidValue;
+  return a.w_dtype == DType::kF8E4M3 ? launch_weights<uint8_t>(a, stream) : launch_weights<bf16>(a, stream);
+}
+
+}  // namespace specula::cuda
