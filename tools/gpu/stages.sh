@@ -31,10 +31,10 @@ stage() {
   return $rc
 }
 
-bench() {  # bench NAME LIMIT ARGS...: `specula bench ARGS --output-json NAME.json` (ARGS name the load format)
+bench() {  # bench NAME LIMIT ARGS...: `$SPECULA_BIN bench ARGS --output-json NAME.json` (default specula)
   local name=$1 limit=$2
   shift 2
-  stage "$name" "$limit" specula bench "$@" --output-json "$WORK/$name.json"
+  stage "$name" "$limit" "${SPECULA_BIN:-specula}" bench "$@" --output-json "$WORK/$name.json"
   grep -E "^(TTFT|TPOT|batch latency|output tokens|requests/s|elapsed)|Graph capturing|GPU KV cache|Memory profiling|Model loading took|SpecDecoding|Speculative|error" \
     "$WORK/$name.log" | sed "s/^/  [$name] /" | cut -c1-220
 }
