@@ -20,8 +20,6 @@ namespace {
 constexpr int kWarps = 8;
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-// The silu of the CUDA silu_mul kernel, so that both fused-MoE paths round identically.
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
 // sum_k x[k] * w[k] over n elements, by one warp, for NW weight rows at once (gate and up share
 // each load of x, and both rows' loads are in flight together): lane l takes elements l*VEC..,

@@ -98,8 +98,6 @@ __device__ __forceinline__ void load_activations(const bf16* p, float (&f)[N]) {
   }
 }
 
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
-
 // The block writes rms_norm(x) for rows 0..m-1 into `staged` [m, k] (bf16), exactly as rms_norm
 // stores it: every row's sum of squares in one pass, one block reduction per row.
 template <int MT>

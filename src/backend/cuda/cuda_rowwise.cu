@@ -62,8 +62,6 @@ __global__ void add_bias_kernel(T* __restrict__ out, const B* __restrict__ bias,
   }
 }
 
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
-
 template <class T>
 __global__ void silu_mul_kernel(const T* __restrict__ gate_up, T* __restrict__ out, int64_t rows, int64_t inter,
                                 bool vec) {

@@ -53,6 +53,10 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[Vec16<T>::kN])
 }
 
 // ---- reductions ----
+// SiLU as every SwiGLU kernel computes it (silu_mul, the GEMV epilogue, fused MoE), so that their
+// results agree bit for bit.
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
