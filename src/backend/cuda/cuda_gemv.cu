@@ -18,11 +18,15 @@
 // linear + add round it); SwiGLU gives each block the gate rows and the up rows of the same 4
 // columns, so that it writes silu(gate) * up itself (as linear + silu_mul round it) and the
 // [M, 2I] product never reaches memory.
+//
+// Launched overlapped with the previous kernel (cuda_launch.cuh): a block's first weight loads
+// go out before it waits for the previous kernel, since weights do not depend on it.
 #include <cuda_fp8.h>
 
 #include <algorithm>
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
@@ -37,6 +41,11 @@ constexpr int64_t kMaxGatedRows = 4;
 // Shared memory for a norm's rows: above 64 KiB fewer than 3 blocks fit an SM, too few warps to
 // keep enough weight loads in flight; such shapes take the separate ops.
 constexpr int64_t kMaxStagedBytes = 64 << 10;
+// The next kernel may start (and stream its own weights) while this one runs when its weights
+// take at most ~4 us to stream at the H100's 3 TB/s, i.e. when launch latency is a large part of
+// it; a larger kernel lets it start once every block is on its last row group (starting early
+// slowed the 8B model's batch-1 step by 5%: docs/PERFORMANCE.md).
+constexpr int64_t kStartNextEarlyBytes = 12 << 20;
 
 __device__ __forceinline__ uint4 load_streaming(const void* p) {
   uint4 v;
@@ -164,7 +173,7 @@ __device__ __forceinline__ void write_out(const GemvArgs& a, int64_t i, float v)
 // rms_norm(x) in dynamic shared memory; otherwise x itself, read from global memory (through L1).
 // GATED: the SwiGLU epilogue (a row group is 4 gate rows and the 4 up rows I further on).
 template <class W, int MT, class Out, bool STAGED, bool GATED>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a) {
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool start_next_early) {
   extern __shared__ uint4 staged_raw[];
   __shared__ float gated[GATED ? 2 : 1][kGatedCols][MT];  // SwiGLU: the group's y, as stored
   using Chunk = WeightChunk<W>;
@@ -197,15 +206,19 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a) {
     for (int r = 0; r < kNR; ++r) rows[r] = w + min(row0 + r, n - 1) * k;
   };
 
+  // The first weights go out before anything else: before the previous kernel has finished
+  // (weights are constants) and before the norm, whose latency theirs then hides.
   uint4 wv[kUnroll][kNR];
-  bool prefetched = false;
-  const bf16* xs[MT];
-  if constexpr (STAGED) {
-    // The first weights go out before the norm: their latency hides the norm's.
+  {
     const W* rows[kNR];
     rows_of(first_row(blockIdx.x), rows);
     load_weights(wv, rows, lane);
-    prefetched = true;
+  }
+  bool prefetched = true;
+  if (start_next_early) allow_next_kernel_start();
+  wait_for_previous_kernels();
+  const bf16* xs[MT];
+  if constexpr (STAGED) {
     auto* staged = reinterpret_cast<bf16*>(staged_raw);
     stage_norm<MT>(a, staged);
     __syncthreads();
@@ -249,6 +262,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a) {
       }
     }
     prefetched = false;
+    if (!start_next_early && group + gridDim.x >= groups) allow_next_kernel_start();  // the block's last group
 
 #pragma unroll
     for (int r = 0; r < kNR; ++r) {
@@ -307,8 +321,9 @@ cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
     if (e != cudaSuccess) return e;
     groups = std::min<int64_t>(groups, static_cast<int64_t>(std::max(per_sm, 1)) * sms);
   }
-  kernel<<<static_cast<unsigned>(groups), kThreads, smem, stream>>>(a);
-  return cudaGetLastError();
+  const bool start_next_early = a.n * a.k * static_cast<int64_t>(sizeof(W)) <= kStartNextEarlyBytes;
+  return launch_overlapped(kernel, {dim3(static_cast<unsigned>(groups)), dim3(kThreads), static_cast<size_t>(smem)},
+                           stream, a, start_next_early);
 }
 
 template <class W, class Out, bool STAGED, bool GATED>

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
@@ -18,6 +19,8 @@ namespace {
 template <class T, bool FUSED>
 __global__ void rms_norm_kernel(T* x, T* residual, const T* __restrict__ w, T* out, int64_t h, float eps, bool vec) {
   __shared__ float reduce_buf[32];
+  allow_next_kernel_start();
+  wait_for_previous_kernels();
   constexpr int kN = Vec16<T>::kN;
   const int64_t row = blockIdx.x;
   T* xr = x + row * h;
@@ -81,9 +84,9 @@ cudaError_t launch_typed(void* x, void* residual, const void* w, void* out, int6
   const int64_t per_thread_items = vec ? h / kN : h;
   // One item per thread up to 1024 threads; a multiple of the warp size for the block reduction.
   const int threads = static_cast<int>(std::clamp<int64_t>((per_thread_items + 31) / 32 * 32, 32, 1024));
-  rms_norm_kernel<T, FUSED><<<static_cast<unsigned>(rows), threads, 0, stream>>>(
-      static_cast<T*>(x), static_cast<T*>(residual), static_cast<const T*>(w), static_cast<T*>(out), h, eps, vec);
-  return cudaGetLastError();
+  return launch_overlapped(rms_norm_kernel<T, FUSED>, {dim3(static_cast<unsigned>(rows)), dim3(threads)}, stream,
+                           static_cast<T*>(x), static_cast<T*>(residual), static_cast<const T*>(w),
+                           static_cast<T*>(out), h, eps, vec);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 // Arithmetic as the separate kernels do it: fp32 math, the normalised head rounded to the
 // storage type before rope (what storing it between the two ops did).
 #include "backend/cuda/cuda_engine_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
@@ -22,6 +23,8 @@ constexpr int kPerLane = kMaxPrologueHeadDim / 32;
 template <class T>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_prologue_kernel(QkvPrologueParams p) {
   __shared__ float stage[kWarpsPerBlock][kMaxPrologueHeadDim];
+  allow_next_kernel_start();
+  wait_for_previous_kernels();  // qkv is the previous kernel's output
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hq = p.num_q_heads, hk = p.num_kv_heads, d = p.head_dim;
   const int heads = hq + 2 * hk;
@@ -100,14 +103,9 @@ cudaError_t launch_qkv_prologue(const QkvPrologueParams& p, DType dtype, cudaStr
   if (p.head_dim <= 0 || p.head_dim > kMaxPrologueHeadDim) return cudaErrorInvalidValue;
   const int heads = p.num_q_heads + 2 * p.num_kv_heads;
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(ceil_div(heads, kWarpsPerBlock)));
-  if (dtype == DType::kBF16) {
-    qkv_prologue_kernel<bf16><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
-  } else if (dtype == DType::kF32) {
-    qkv_prologue_kernel<float><<<grid, kWarpsPerBlock * 32, 0, stream>>>(p);
-  } else {
-    return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
+  if (dtype == DType::kBF16) return launch_overlapped(qkv_prologue_kernel<bf16>, {grid, dim3(kWarpsPerBlock * 32)}, stream, p);
+  if (dtype == DType::kF32) return launch_overlapped(qkv_prologue_kernel<float>, {grid, dim3(kWarpsPerBlock * 32)}, stream, p);
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace specula::cuda
