@@ -205,10 +205,15 @@ void attention(CudaBackend& be, int batch, int seq_len, int query_len, double ro
   if (query_len == 1) {
     const double ms = time_ms(be, step, 10, /*graph=*/true);
     const double eager_ms = time_ms(be, step, 10);
+    const int cluster_splits = be.decode_cluster_splits();
+    be.set_decode_cluster_splits(0);
+    const double merge_kernel_ms = time_ms(be, step, 10, /*graph=*/true);
+    be.set_decode_cluster_splits(cluster_splits);
     const double bytes = 2.0 * batch * seq_len * hk * d * 2;  // K and V, bf16
     const double tbs = bytes / (ms * 1e-3) / 1e12;
-    std::printf("decode  attention batch=%-3d seq=%-6d: %8.4f ms  %5.2f TB/s (%3.0f%% of copy); eager %.4f ms\n", batch,
-                seq_len, ms, tbs, 100 * tbs / roofline_tbs, eager_ms);
+    std::printf("decode  attention batch=%-3d seq=%-6d: %8.4f ms  %5.2f TB/s (%3.0f%% of copy); eager %.4f ms; "
+                "merge kernel %.4f ms\n",
+                batch, seq_len, ms, tbs, 100 * tbs / roofline_tbs, eager_ms, merge_kernel_ms);
   } else {
     const double ms = time_ms(be, step);
     // Causal: query row i (of query_len, after seq_len - query_len cached keys) sees
@@ -256,7 +261,7 @@ int run(int argc, char** argv) {
     }
   }
   for (int batch : {1, 64}) {
-    for (int seq : {1024, 4096}) attention(be, batch, seq, 1, roofline, peak);
+    for (int seq : {256, 1024, 4096}) attention(be, batch, seq, 1, roofline, peak);
   }
   attention(be, 1, 4096, 4096, roofline, peak);  // one 4096-token prompt
   attention(be, 1, 1024, 1024, roofline, peak);

@@ -136,18 +136,29 @@ void CudaBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, co
   const bool split_kv = max_query_len == 1 ||
                         (max_query_len <= cuda::kMaxDecodeQueryLen && 2 * flash_blocks < sm_count_);
   if (split_kv) {
+    // Splits merge inside the launch when they fit a cluster; more (long contexts with few
+    // (sequence, head) pairs) keep their number and the merge kernel: cutting 32 splits of 4096
+    // keys at batch 1 to 16 took 22 us a layer on the H100 against 15 us with the merge kernel.
     const int splits = cuda::decode_num_splits(p, sm_count_);
+    const bool merge_in_cluster = splits > 1 && splits <= decode_cluster_splits_;
     Tensor partial_out, partial_stats;
-    if (splits > 1) {
+    if (splits > 1 && !merge_in_cluster) {
       partial_out = scratch({p.num_query_rows, hq, splits, dv}, DType::kF32);
       partial_stats = scratch({p.num_query_rows, hq, splits, 2}, DType::kF32);
     }
-    check_cuda(cuda::launch_decode_attention(p, splits, splits > 1 ? partial_out.data_as<float>() : nullptr,
-                                             splits > 1 ? partial_stats.data_as<float>() : nullptr, stream_),
+    check_cuda(cuda::launch_decode_attention(p, splits, partial_out.defined() ? partial_out.data_as<float>() : nullptr,
+                                             partial_stats.defined() ? partial_stats.data_as<float>() : nullptr,
+                                             stream_),
                "paged_attention (decode)");
   } else {
     check_cuda(cuda::launch_prefill_attention(p, stream_), "paged_attention (prefill)");
   }
+}
+
+void CudaBackend::set_decode_cluster_splits(int splits) {
+  SPECULA_CHECK(splits >= 0 && splits <= cuda::kMaxClusterSplits,
+                "set_decode_cluster_splits: {} is outside 0..{}", splits, cuda::kMaxClusterSplits);
+  decode_cluster_splits_ = splits;
 }
 
 }  // namespace specula

@@ -9,22 +9,35 @@
 //    query heads sharing it and, when verifying k draft tokens, for all k+1 rows too; each entry
 //    masks the keys past its own causal position;
 //  - split-KV: a sequence's keys are cut into `num_splits` contiguous partitions processed by
-//    different blocks (grid z), whose unnormalised partial outputs are merged by a second, tiny
-//    kernel with the usual max/sum rescaling; the split is computed on the device from the
-//    sequence's length, so a launch captured in a CUDA graph stays correct for any seq_lens;
+//    different blocks (grid z), whose unnormalised partial outputs are merged with the usual
+//    max/sum rescaling; the split is computed on the device from the sequence's length, so a
+//    launch captured in a CUDA graph stays correct for any seq_lens;
+//  - the merge: up to kMaxClusterSplits splits run as one thread-block cluster (grid z) and
+//    merge through each other's shared memory after a cluster barrier, in the same launch (a
+//    second kernel's launch and dependency wait cost ~0.5 us a layer at batch 1). More splits
+//    (long contexts, when the GPU has few (sequence, head) pairs) write partials to global memory
+//    for a merge kernel;
 //  - each K/V row (D bf16 = D/8 16-byte vectors) is read by L = D/8 lanes (rounded up to a power
 //    of two) with one 16-byte load each, so a warp reads 32/L rows per instruction, coalesced;
 //    the q.k dot products are finished with shuffles inside each group of L lanes;
 //  - keys go through the block in tiles of 64: scores for the tile into shared memory, one warp
 //    per query head updates the running max / sum (online softmax, fp32, log2 domain), then the
-//    same lanes accumulate p * V in registers. Nothing is sized by the sequence length.
+//    same lanes accumulate p * V in registers. Nothing is sized by the sequence length. A tile's
+//    rows are all requested before the first is used: at batch 1 a block has one or two tiles,
+//    so its time is its number of memory round trips, and at batch 64 the loads in flight are
+//    what keeps HBM busy (docs/PERFORMANCE.md has the figures).
+#include <cooperative_groups.h>
+
 #include <algorithm>
 
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
@@ -33,8 +46,21 @@ constexpr int kMaxSplits = 64;
 constexpr int kMinKeysPerSplit = 128;  // below this a split's fixed costs outweigh its parallelism
 constexpr float kLog2e = 1.4426950408889634f;
 
+// One 16-byte slice of cache row `row` (ld.global.nc: the cache is not written during the kernel).
+__device__ __forceinline__ uint4 load_row(const bf16* base, int row, int64_t row_stride) {
+  return __ldg(reinterpret_cast<const uint4*>(base + row * row_stride));
+}
+
+__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[8]) {
+  Vec16<bf16> raw;
+  raw.raw = v;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) f[e] = to_float(raw.elems[e]);
+}
+
 // L: lanes per K/V row (power of two, 2..32); G: entries per block (1, 2, 4 or 8). Entry e of a
-// sequence is query row e / group, head e % group of the block's kv head.
+// sequence is query row e / group, head e % group of the block's kv head. With several splits and
+// no partial_out, the launch is one cluster per (entries, sequence) and the splits merge in it.
 // Launch bounds: with up to 4 entries, 4 blocks (16 warps) must fit an SM, i.e. at most 128
 // registers a thread: this kernel lives on the loads it keeps in flight, and the general entry
 // bookkeeping would otherwise push it just past 128 and cost a quarter of the resident warps.
@@ -44,20 +70,27 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
                             float* partial_stats) {
   constexpr int kRowsPerPass = kThreads / L;
   constexpr int kPasses = kTile / kRowsPerPass;
+  // Rows a thread loads at once: 8 (4 for 256-wide heads, whose 16 row indices a tile take
+  // registers too).
+  constexpr int kBatch = kPasses < 8 ? kPasses : kPasses > 8 ? 4 : 8;
   // V rows are loaded together with the K rows of the tile (held raw in registers until P.V), so
-  // that twice the bytes are in flight and P.V waits for nothing; past 8 rows per thread the
-  // registers would spill, so wide heads load V after the softmax instead.
-  constexpr bool kPrefetchV = kPasses <= 8;
+  // that twice the bytes are in flight and P.V waits for nothing, where the registers allow (a
+  // block of 4+ entries holds 64 registers of q and accumulators a thread); otherwise V is
+  // loaded after the softmax.
+  constexpr bool kPrefetchV = kPasses <= 8 && G <= 2;
   __shared__ float scores[G][kTile];
   __shared__ float run_max[G], run_sum[G], tile_scale[G];
   __shared__ float partial[kWarps][G][L * 8];
+  allow_next_kernel_start();
+  wait_for_previous_kernels();  // q (and the K/V of this step) come from the previous kernels
 
   const int kv_head = blockIdx.x / entry_chunks, chunk = blockIdx.x % entry_chunks;
   const int seq = blockIdx.y, split = blockIdx.z, num_splits = gridDim.z;
+  const bool merge_in_cluster = num_splits > 1 && partial_out == nullptr;
   const int row0 = p.query_start_loc[seq];
   const int q_len = p.query_start_loc[seq + 1] - row0;
   const int entry0 = chunk * G;
-  if (entry0 >= q_len * group) return;  // this sequence has fewer (row, head) entries
+  if (entry0 >= q_len * group) return;  // this sequence has fewer (row, head) entries: every split
   const int entries = min(G, q_len * group - entry0);
   const int seq_len = p.seq_lens[seq];
   const int context = seq_len - q_len;  // keys before the first query row
@@ -72,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
   const int visible_end = context + (entry0 + entries - 1) / group + 1;
   const int begin = split * per_split, end = min(visible_end, begin + per_split);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  if (begin >= end) {  // nothing to attend: empty partials (weight 0 in the merge)
+  if (begin >= end && !merge_in_cluster) {  // nothing to attend: empty partials (weight 0 in the merge)
     if (num_splits > 1) {
       for (int g = tid; g < entries; g += kThreads) {
         const int64_t at = (static_cast<int64_t>(entry_row(g)) * hq + entry_head(g)) * num_splits + split;
@@ -116,37 +149,45 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
   __syncthreads();
 
   for (int t0 = begin; t0 < end; t0 += kTile) {
-    // Scores of this tile's keys for every query head of the block.
-    uint4 v_raw[kPrefetchV ? kPasses : 1];
+    // The tile's cache rows (-1: past the split), then its K rows, kBatch passes of loads issued
+    // before the first is used: a tile costs a few memory round trips, not one per pass (ptxas
+    // does not move a pass's loads above the previous pass's shared-memory stores by itself).
+    int cache_row[kPasses];
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-      const int i = pass * kRowsPerPass + slot, j = t0 + i;
-      float dot[G];
+      const int j = t0 + pass * kRowsPerPass + slot;
+      cache_row[pass] = j < end ? static_cast<int>(paged.row(j)) : -1;
+    }
+    uint4 v_raw[kPrefetchV ? kPasses : 1];
 #pragma unroll
-      for (int g = 0; g < G; ++g) dot[g] = 0.0f;
-      if (j < end) {
-        const int64_t cache_row = paged.row(j);
+    for (int batch = 0; batch < kPasses; batch += kBatch) {
+      uint4 k_raw[kBatch];
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const int row = cache_row[batch + b];
+        k_raw[b] = row >= 0 && k_active ? load_row(k_cache, row, k_row_stride) : make_uint4(0, 0, 0, 0);
         if constexpr (kPrefetchV) {
-          if (v_active) v_raw[pass] = *reinterpret_cast<const uint4*>(v_cache + cache_row * v_row_stride);
-        }
-        if (k_active) {
-          float kv[8];
-          load_vec(k_cache + cache_row * k_row_stride, kv);
-#pragma unroll
-          for (int g = 0; g < G; ++g) {
-#pragma unroll
-            for (int e = 0; e < 8; ++e) dot[g] += qv[g][e] * kv[e];
-          }
+          v_raw[batch + b] = row >= 0 && v_active ? load_row(v_cache, row, v_row_stride) : make_uint4(0, 0, 0, 0);
         }
       }
 #pragma unroll
-      for (int g = 0; g < G; ++g) {
+      for (int b = 0; b < kBatch; ++b) {
+        const int i = (batch + b) * kRowsPerPass + slot, j = t0 + i;
+        float kv[8];
+        bf16x8_to_float(k_raw[b], kv);
+        float dot[G];
 #pragma unroll
-        for (int off = L / 2; off > 0; off >>= 1) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], off);
-      }
-      if (sub == 0) {
+        for (int g = 0; g < G; ++g) {
+          dot[g] = 0.0f;
 #pragma unroll
-        for (int g = 0; g < G; ++g) scores[g][i] = j < end && j <= limit[g] ? dot[g] : -INFINITY;
+          for (int e = 0; e < 8; ++e) dot[g] += qv[g][e] * kv[e];
+#pragma unroll
+          for (int off = L / 2; off > 0; off >>= 1) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], off);
+        }
+        if (sub == 0) {
+#pragma unroll
+          for (int g = 0; g < G; ++g) scores[g][i] = j < end && j <= limit[g] ? dot[g] : -INFINITY;
+        }
       }
     }
     __syncthreads();
@@ -175,18 +216,23 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
       for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
     }
 #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      const int i = pass * kRowsPerPass + slot, j = t0 + i;
-      if (j < end && v_active) {
-        float vv[8];
-        if constexpr (kPrefetchV) {
-          Vec16<bf16> raw;
-          raw.raw = v_raw[pass];
+    for (int batch = 0; batch < kPasses; batch += kBatch) {
+      uint4 v_batch[kBatch];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) vv[e] = to_float(raw.elems[e]);
+      for (int b = 0; b < kBatch; ++b) {
+        const int row = cache_row[batch + b];
+        if constexpr (kPrefetchV) {
+          v_batch[b] = v_raw[batch + b];
         } else {
-          load_vec(v_cache + paged.row(j) * v_row_stride, vv);
+          v_batch[b] = row >= 0 && v_active ? load_row(v_cache, row, v_row_stride) : make_uint4(0, 0, 0, 0);
         }
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (cache_row[batch + b] < 0 || !v_active) continue;
+        const int i = (batch + b) * kRowsPerPass + slot;
+        float vv[8];
+        bf16x8_to_float(v_batch[b], vv);
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           const float w = scores[g][i];
@@ -217,6 +263,38 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
   }
   __syncthreads();
   bf16* out = static_cast<bf16*>(p.out);
+  if (merge_in_cluster) {
+    // This split's unnormalised output into partial[0] (each element read and written by one
+    // thread), then every block of the cluster merges a share of the elements from all splits'
+    // shared memory. An empty split has run_sum 0 and weight 0.
+    for (int idx = tid; idx < entries * dv; idx += kThreads) {
+      const int g = idx / dv, e = idx % dv;
+      float o = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) o += partial[w][g][e];
+      partial[0][g][e] = o;
+    }
+    cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();
+    for (int idx = split * kThreads + tid; idx < entries * dv; idx += num_splits * kThreads) {
+      const int g = idx / dv, e = idx % dv;
+      float m = -INFINITY;
+      for (int i = 0; i < num_splits; ++i) m = fmaxf(m, cluster.map_shared_rank(&run_max[g], i)[0]);
+      float total = 0.0f, o = 0.0f;
+      for (int i = 0; i < num_splits; ++i) {
+        const float l = cluster.map_shared_rank(&run_sum[g], i)[0];
+        if (l > 0.0f) {
+          const float w = fast_exp2(cluster.map_shared_rank(&run_max[g], i)[0] - m);
+          total += w * l;
+          o += w * cluster.map_shared_rank(&partial[0][g][e], i)[0];
+        }
+      }
+      const int64_t row_head = static_cast<int64_t>(entry_row(g)) * hq + entry_head(g);
+      out[row_head * dv + e] = __float2bfloat16_rn(o / total);  // total > 0: some split saw key 0
+    }
+    cluster.sync();  // no block leaves while another still reads its shared memory
+    return;
+  }
   for (int idx = tid; idx < entries * dv; idx += kThreads) {
     const int g = idx / dv, e = idx % dv;
     float o = 0.0f;
@@ -242,6 +320,8 @@ __global__ void decode_merge_kernel(PagedAttentionParams p, int num_splits, cons
                                     const float* __restrict__ partial_stats) {
   __shared__ float weight[kMaxSplits];
   __shared__ float inv_total;
+  allow_next_kernel_start();
+  wait_for_previous_kernels();
   const int head = blockIdx.x, row = blockIdx.y;
   const int hq = p.num_q_heads, dv = p.v_head_dim;
   const int64_t base = (static_cast<int64_t>(row) * hq + head) * num_splits;
@@ -281,10 +361,17 @@ int lanes_per_row(int max_dim) {
 template <int L, int G>
 cudaError_t launch_lg(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
                       float* partial_stats, cudaStream_t stream) {
+  const auto kernel = decode_attention_kernel<L, G>;
   const int entry_chunks = ceil_div(p.max_query_len * group, G);
-  const dim3 grid(p.num_kv_heads * entry_chunks, p.num_seqs, num_splits);
-  decode_attention_kernel<L, G><<<grid, kThreads, 0, stream>>>(p, group, entry_chunks, partial_out, partial_stats);
-  return cudaGetLastError();
+  LaunchShape shape{dim3(p.num_kv_heads * entry_chunks, p.num_seqs, num_splits), dim3(kThreads)};
+  if (num_splits > 1 && partial_out == nullptr) {
+    shape.cluster = dim3(1, 1, num_splits);
+    if (num_splits > 8) {  // 8 is the portable cluster size; Hopper takes 16
+      static const cudaError_t allowed = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      if (allowed != cudaSuccess) return allowed;
+    }
+  }
+  return launch_overlapped(kernel, shape, stream, p, group, entry_chunks, partial_out, partial_stats);
 }
 
 template <int L>
@@ -325,10 +412,10 @@ cudaError_t launch_decode_attention(const PagedAttentionParams& p, int num_split
     default: return cudaErrorInvalidValue;
   }
   if (err != cudaSuccess || num_splits == 1) return err;
+  if (partial_out == nullptr) return cudaSuccess;  // merged in the cluster
   const int threads = std::clamp((p.v_head_dim + 31) / 32 * 32, 32, 256);
-  decode_merge_kernel<<<dim3(p.num_q_heads, p.num_query_rows), threads, 0, stream>>>(p, num_splits, partial_out,
-                                                                                    partial_stats);
-  return cudaGetLastError();
+  return launch_overlapped(decode_merge_kernel, {dim3(p.num_q_heads, p.num_query_rows), dim3(threads)}, stream, p,
+                           num_splits, static_cast<const float*>(partial_out), static_cast<const float*>(partial_stats));
 }
 
 }  // namespace specula::cuda

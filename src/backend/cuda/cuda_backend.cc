@@ -56,6 +56,7 @@ CudaBackend::CudaBackend(int device_index)
   cudaDeviceProp prop{};
   check_cuda(cudaGetDeviceProperties(&prop, device_index), "CUDA backend: device properties");
   device_name_ = prop.name;
+  if (prop.major >= 9) decode_cluster_splits_ = cuda::kMaxClusterSplits;  // clusters with DSMEM
   gemm_ = std::make_unique<CublasLtGemm>(stream_);
   batched_gemm_ = std::make_unique<CublasLtBatchedGemm>(stream_);
 }

@@ -110,6 +110,11 @@ class CudaBackend final : public Backend {
   // move it to measure and check both paths.
   int64_t gemv_max_rows(DType weight) const;
   void set_gemv_max_rows(DType weight, int64_t rows);
+  // The most key splits of a decode attention that merge inside its launch (a thread-block
+  // cluster, cuda_attention_decode.cu); more splits use the merge kernel, and 0 or 1 keep it for
+  // every split count (benchmarks and tests compare the two).
+  int decode_cluster_splits() const { return decode_cluster_splits_; }
+  void set_decode_cluster_splits(int splits);
   // Whether linear_fp8 found cuBLASLt without an FP8 algorithm for this weight shape and out dtype
   // (it then runs the GEMV kernel for every M).
   bool fp8_gemm_unsupported(int64_t n, int64_t k, DType out) const {
@@ -133,6 +138,7 @@ class CudaBackend final : public Backend {
   void fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor* bias, Tensor& out,
                   bool accumulate);
   int64_t bf16_gemv_max_rows_ = 4;
+  int decode_cluster_splits_ = 0;  // set in the constructor (sm_90+: cuda::kMaxClusterSplits)
   // Above fp8_gemv_max_rows_: cuBLASLt's FP8 GEMM, except for the (N, K, out dtype) it has no
   // algorithm for on this GPU, which run the GEMV kernel over slices of rows.
   int64_t fp8_gemv_max_rows_ = 4;

@@ -131,8 +131,11 @@ constexpr int kAttentionHeadDimGranule = 8;
 // partial buffers are needed.
 constexpr int kMaxDecodeQueryLen = 8;
 int decode_num_splits(const PagedAttentionParams& p, int sm_count);
-// partial_out F32 [num_query_rows, Hq, num_splits, Dv] and partial_stats F32 [num_query_rows, Hq,
-// num_splits, 2] are scratch for num_splits > 1 (may be null otherwise).
+// Up to kMaxClusterSplits splits can merge inside the launch (one thread-block cluster per
+// sequence and kv head; sm_90+): pass null partials. Otherwise partial_out F32 [num_query_rows,
+// Hq, num_splits, Dv] and partial_stats F32 [num_query_rows, Hq, num_splits, 2] are scratch for
+// num_splits > 1 and a merge kernel follows.
+constexpr int kMaxClusterSplits = 16;
 cudaError_t launch_decode_attention(const PagedAttentionParams& p, int num_splits, float* partial_out,
                                     float* partial_stats, cudaStream_t stream);
 

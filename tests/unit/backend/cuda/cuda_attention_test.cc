@@ -1,6 +1,6 @@
 // Paged attention and KV-cache writes on the GPU against the CPU backend: decode and verification
-// (split-KV, with and without the merge), prefill, chunked prefill and mixed batches; GQA ratios
-// 1/4/8/16; head dims from 16 to 256 (multiples of 8) including D != Dv; tail blocks, block sizes
+// (split-KV, with and without the merge, merged in a cluster or by the merge kernel), prefill,
+// chunked prefill and mixed batches; GQA ratios 1/4/8/16; head dims from 16 to 256 (multiples of 8) including D != Dv; tail blocks, block sizes
 // 1/5/16/32, shuffled (non-contiguous) block ids, -1 in unused block-table columns, NaN in every
 // cache slot no sequence owns (a kernel that reads past a sequence's keys turns NaN), and padding
 // rows of q that must be left untouched.
@@ -15,6 +15,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "backend/cuda/cuda_backend.h"
 #include "cuda_test_util.h"
 
 namespace specula {
@@ -123,7 +124,16 @@ class CudaAttention : public ::testing::TestWithParam<AttnCase> {
   std::unique_ptr<Backend> cpu_, gpu_;
 };
 
-TEST_P(CudaAttention, MatchesCpu) { run_case(GetParam(), *cpu_, *gpu_, 1234); }
+// Every way split-KV decode merges its splits: inside the launch (a thread-block cluster, up to 16
+// splits on Hopper), the same cut to 2 splits, and the merge kernel.
+TEST_P(CudaAttention, MatchesCpu) {
+  auto& cuda = dynamic_cast<CudaBackend&>(*gpu_);
+  for (int cluster_splits : {cuda.decode_cluster_splits(), 2, 0}) {
+    SCOPED_TRACE("decode_cluster_splits " + std::to_string(cluster_splits));
+    cuda.set_decode_cluster_splits(cluster_splits);
+    run_case(GetParam(), *cpu_, *gpu_, 1234);
+  }
+}
 
 std::vector<int> ones(size_t n) { return std::vector<int>(n, 1); }
 
