@@ -103,6 +103,14 @@ struct TopLogprob {
 cudaError_t launch_build_token_counts(const CountsDesc* descs, const int32_t* ids, int num_rows, uint32_t* counts,
                                       int64_t vocab, cudaStream_t stream);
 
+// A row that only draws (greedy or at a temperature; no top-k / top-p / min-p, penalties, masks,
+// bias, logprobs, verification or probs_out): launch_sample_plain_rows samples a few of them with
+// a cluster of 16 blocks per row (sm_90), to the same tokens as launch_sample_rows.
+constexpr int kMaxPlainClusterRows = 8;
+bool sampling_row_is_plain(const SamplingRowDesc& d, int64_t vocab);
+cudaError_t launch_sample_plain_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
+                                     SamplingRowResult* results, cudaStream_t stream);
+
 // One block per row: penalties, greedy argmax, the filtered draw or the verification of a draft
 // token (draft_probs: F32 [R, V], may be null when no row verifies), logprobs of the raw logits.
 // probs_out: F32 [R', V], may be null when no row has probs_out_row >= 0. top: [num_rows,

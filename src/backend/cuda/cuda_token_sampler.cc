@@ -33,6 +33,10 @@ CudaTokenSampler::CudaTokenSampler(CudaBackend& backend, int max_rows, int64_t v
   results_ = backend.empty({static_cast<int64_t>(rbytes)}, DType::kU8);
   check_cuda(cudaHostAlloc(&host_results_, rbytes, cudaHostAllocDefault), "CUDA sampler: pinned result buffer");
   ensure_upload_capacity(64 * 1024);
+  int major = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, backend.device_index()),
+             "CUDA sampler: compute capability");
+  plain_row_clusters_ = major >= 9;
 }
 
 CudaTokenSampler::~CudaTokenSampler() {
@@ -252,14 +256,25 @@ void CudaTokenSampler::launch(const Tensor& logits, const std::vector<cuda::Samp
   }
   char* res_dev = static_cast<char*>(results_.data());
   auto* top_dev = reinterpret_cast<cuda::TopLogprob*>(res_dev + results_bytes(max_rows_));
-  check_cuda(cuda::launch_sample_rows(logits.data_as<float>(), vocab_,
-                                      reinterpret_cast<const cuda::SamplingRowDesc*>(dev + rows_at), n,
-                                      counts_.data_as<uint32_t>(), reinterpret_cast<const int32_t*>(dev + ids_at),
-                                      draft_probs ? draft_probs->data_as<float>() : nullptr,
-                                      probs_out ? probs_out->data_as<float>() : nullptr,
-                                      reinterpret_cast<cuda::SamplingRowResult*>(res_dev), top_dev, kMaxTopLogprobs,
-                                      stream_),
-             "CUDA sampler: sampling");
+  // A few rows that only draw: a cluster of blocks per row rather than one SM per row.
+  const bool plain = plain_row_clusters_ && counts.empty() && n <= cuda::kMaxPlainClusterRows &&
+                     std::all_of(rows.begin(), rows.end(),
+                                 [&](const cuda::SamplingRowDesc& d) { return cuda::sampling_row_is_plain(d, vocab_); });
+  if (plain) {
+    check_cuda(cuda::launch_sample_plain_rows(logits.data_as<float>(), vocab_,
+                                              reinterpret_cast<const cuda::SamplingRowDesc*>(dev + rows_at), n,
+                                              reinterpret_cast<cuda::SamplingRowResult*>(res_dev), stream_),
+               "CUDA sampler: sampling (plain rows)");
+  } else {
+    check_cuda(cuda::launch_sample_rows(logits.data_as<float>(), vocab_,
+                                        reinterpret_cast<const cuda::SamplingRowDesc*>(dev + rows_at), n,
+                                        counts_.data_as<uint32_t>(), reinterpret_cast<const int32_t*>(dev + ids_at),
+                                        draft_probs ? draft_probs->data_as<float>() : nullptr,
+                                        probs_out ? probs_out->data_as<float>() : nullptr,
+                                        reinterpret_cast<cuda::SamplingRowResult*>(res_dev), top_dev,
+                                        kMaxTopLogprobs, stream_),
+               "CUDA sampler: sampling");
+  }
   char* res_host = static_cast<char*>(host_results_);
   check_cuda(cudaMemcpyAsync(res_host, res_dev, sizeof(cuda::SamplingRowResult) * rows.size(), cudaMemcpyDeviceToHost,
                              stream_),

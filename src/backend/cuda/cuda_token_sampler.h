@@ -59,6 +59,7 @@ class CudaTokenSampler final : public TokenSampler {
 
   CudaBackend& backend_;
   cudaStream_t stream_;
+  bool plain_row_clusters_ = false;  // sm_90+: launch_sample_plain_rows for a few plain rows
   int max_rows_;
   int count_rows_;
   int64_t vocab_;

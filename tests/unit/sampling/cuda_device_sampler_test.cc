@@ -122,6 +122,47 @@ void compare_samplers(int64_t vocab, float scale, float step, int rows_per_setti
   }
 }
 
+// A few rows that only draw (greedy or at a temperature) take the cluster-per-row kernel on
+// Hopper: the same tokens as the CPU sampler, in batches of 1 to 8 rows, real vocabulary sizes,
+// and rows whose maximum repeats (the first index wins) or sits at either end of the vocabulary.
+TEST(DeviceSampler, FewPlainRowsMatchTheCpuSampler) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  std::vector<SamplingParams> params(3);
+  params[0].temperature = 0.0f;
+  params[2].temperature = 0.6f;
+  for (int64_t vocab : {151936, 128256, 1000}) {
+    const int64_t rows = 8;
+    std::vector<float> host = testing::random_logits(rows, vocab, 41, 4.0f);
+    host[static_cast<size_t>(1 * vocab + 7)] = host[static_cast<size_t>(1 * vocab + vocab - 3)] = 40.0f;  // ties
+    host[static_cast<size_t>(2 * vocab)] = 40.0f;
+    host[static_cast<size_t>(3 * vocab + vocab - 1)] = 40.0f;
+    Tensor logits = testing::upload_f32(*gpu, host, rows, vocab);
+    auto cpu_sampler = make_cpu_sampler(*gpu);
+    auto dev_sampler = make_device_sampler(*gpu, static_cast<int>(rows), vocab);
+    ASSERT_NE(dev_sampler, nullptr);
+    for (const SamplingParams& p : params) {
+      for (int batch : {1, 3, 8}) {
+        for (uint64_t draw = 0; draw < 6; ++draw) {
+          std::vector<SamplingRow> sr(static_cast<size_t>(batch));
+          for (int r = 0; r < batch; ++r) {
+            sr[r].logits_row = (r * 3 + static_cast<int>(draw)) % static_cast<int>(rows);
+            sr[r].params = &p;
+            sr[r].seed = 7000 + draw * 100 + static_cast<uint64_t>(r);
+            sr[r].position = static_cast<int>(draw);
+          }
+          const std::vector<SampledToken> want = cpu_sampler->sample(logits, sr);
+          const std::vector<SampledToken> got = dev_sampler->sample(logits, sr);
+          ASSERT_EQ(got.size(), want.size());
+          for (int r = 0; r < batch; ++r)
+            EXPECT_EQ(got[r].token, want[r].token) << "vocab " << vocab << " temperature " << p.temperature
+                                                   << " batch " << batch << " draw " << draw << " row " << r;
+        }
+      }
+    }
+  }
+}
+
 TEST(DeviceSampler, MatchesTheCpuSamplerOnAQwen3SizedVocabulary) {
   SKIP_WITHOUT_GPU();
   compare_samplers(151936, 3.0f, 0.0f, 6, 11);

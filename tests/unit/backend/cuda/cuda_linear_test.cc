@@ -208,6 +208,8 @@ TEST(CudaLinear, FusedLinearMatchesTheSeparateOps) {
       {5, 768, 1024, true, Epi::kStore, false, false},      {8, 512, 512, false, Epi::kAccumulate, true, true},
       {33, 1000, 1024, true, Epi::kSiluMul, true, false},   {17, 512, 1024, true, Epi::kAccumulate, true, true},
       {1, 24, 64, true, Epi::kAccumulate, false, false},    {1, 18, 64, false, Epi::kSiluMul, false, false},
+      // Small plain projections (a 0.6B model's o_proj / down): a partial last row group.
+      {1, 1020, 3072, false, Epi::kAccumulate, true, false}, {2, 1024, 2048, false, Epi::kStore, false, true},
   };
   for (const Case& c : cases) {
     Tensor x = to_gpu(*gpu, random_bf16_values({c.m, c.k}, rng));
