@@ -171,31 +171,36 @@ void fused_projection(CudaBackend& be, const char* label, int64_t m, int64_t n, 
               100 * bytes / (fused * 1e-3) / 1e12 / roofline_tbs, separate);
 }
 
-// Llama-3.1-8B attention: 32 query heads, 8 kv heads, head_dim 128, block size 16.
-void attention(CudaBackend& be, int batch, int seq_len, int query_len, double roofline_tbs, double gemm_tflops) {
+// Llama-3.1-8B attention: 32 query heads, 8 kv heads, head_dim 128, block size 16. capture_len >
+// seq_len: the launch is sized as a decode CUDA graph captured for sequences of capture_len keys
+// (the host's lengths) and runs on seq_len (the device's), as in serving.
+void attention(CudaBackend& be, int batch, int seq_len, int query_len, double roofline_tbs, double gemm_tflops,
+               int capture_len = 0) {
   const int hq = 32, hk = 8, d = 128, bs = 16;
-  const int blocks_per_seq = (seq_len + bs - 1) / bs;
+  capture_len = std::max(capture_len, seq_len);
+  const int blocks_per_seq = (capture_len + bs - 1) / bs;
   const int num_blocks = batch * blocks_per_seq;
   KVCacheLayer cache{random_bf16(be, {num_blocks, bs, hk, d}, 1.0f, 3), random_bf16(be, {num_blocks, bs, hk, d}, 1.0f, 4)};
   std::vector<int32_t> ids(num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), std::mt19937(5));  // pages scattered as in a real pool
-  std::vector<int32_t> qsl = {0}, lens;
+  std::vector<int32_t> qsl = {0}, lens, host_lens;
   for (int s = 0; s < batch; ++s) {
     qsl.push_back(qsl.back() + query_len);
     lens.push_back(seq_len);
+    host_lens.push_back(capture_len);
   }
   AttentionMetadata md;
   md.num_seqs = batch;
   md.num_tokens = qsl.back();
   md.max_query_len = query_len;
-  md.max_seq_len = seq_len;
+  md.max_seq_len = capture_len;
   md.block_size = bs;
   md.query_start_loc = upload_i32(be, qsl);
   md.seq_lens = upload_i32(be, lens);
   md.block_tables = upload_i32(be, ids, {batch, blocks_per_seq});
   md.query_start_loc_host = qsl;
-  md.seq_lens_host = lens;
+  md.seq_lens_host = host_lens;
   Tensor q = random_bf16(be, {qsl.back(), hq, d}, 1.0f, 6);
   Tensor out = be.empty({qsl.back(), hq, d}, DType::kBF16);
   auto step = [&] {
@@ -211,9 +216,9 @@ void attention(CudaBackend& be, int batch, int seq_len, int query_len, double ro
     be.set_decode_cluster_splits(cluster_splits);
     const double bytes = 2.0 * batch * seq_len * hk * d * 2;  // K and V, bf16
     const double tbs = bytes / (ms * 1e-3) / 1e12;
-    std::printf("decode  attention batch=%-3d seq=%-6d: %8.4f ms  %5.2f TB/s (%3.0f%% of copy); eager %.4f ms; "
+    std::printf("decode  attention batch=%-3d seq=%-6d graph for %-5d: %8.4f ms  %5.2f TB/s (%3.0f%% of copy); eager %.4f ms; "
                 "merge kernel %.4f ms\n",
-                batch, seq_len, ms, tbs, 100 * tbs / roofline_tbs, eager_ms, merge_kernel_ms);
+                batch, seq_len, capture_len, ms, tbs, 100 * tbs / roofline_tbs, eager_ms, merge_kernel_ms);
   } else {
     const double ms = time_ms(be, step);
     // Causal: query row i (of query_len, after seq_len - query_len cached keys) sees
@@ -263,6 +268,7 @@ int run(int argc, char** argv) {
   for (int batch : {1, 64}) {
     for (int seq : {256, 1024, 4096}) attention(be, batch, seq, 1, roofline, peak);
   }
+  attention(be, 1, 256, 1, roofline, peak, 4608);  // the batch-1 decode graph of bench/ab_decode.sh
   attention(be, 1, 4096, 4096, roofline, peak);  // one 4096-token prompt
   attention(be, 1, 1024, 1024, roofline, peak);
   attention(be, 1, 8192, 512, roofline, peak);    // a 512-token chunk after 7680 cached tokens
