@@ -615,9 +615,9 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __re
 // each over a contiguous slice of the vocabulary, combined through distributed shared memory.
 // Why: with one block per row, the passes over a 128k-152k vocabulary run on one SM, bound by its
 // instruction rate (~0.15 ms a step on the H100, a tenth of a 0.6B model's step). The tokens are
-// sample_row's: the max (first index among equals) and the fixed-point masses, hence their sum
-// and the draw's target, do not depend on how the row is cut, and the draw is the first token
-// whose cumulative mass passes the target.
+// sample_row's (its RowView, Filter and helpers): the max (first index among equals) and the
+// fixed-point masses, hence their sum and the draw's target, do not depend on how the row is cut,
+// and the draw is the first token whose cumulative mass passes the target.
 __global__ void __launch_bounds__(kThreads) sample_plain_rows_kernel(const float* __restrict__ logits, int64_t vocab,
                                                                      const SamplingRowDesc* __restrict__ rows,
                                                                      SamplingRowResult* __restrict__ results) {
@@ -628,15 +628,20 @@ __global__ void __launch_bounds__(kThreads) sample_plain_rows_kernel(const float
   __shared__ u64 slice_mass;
   cg::cluster_group cluster = cg::this_cluster();
   const int rank = static_cast<int>(cluster.block_rank());
-  const SamplingRowDesc d = rows[blockIdx.y];
-  const float* raw = logits + static_cast<int64_t>(d.logits_row) * vocab;
+  RowView row;  // no counts, bias or mask: processed(i) is the raw logit
+  row.d = rows[blockIdx.y];
+  row.raw = logits + static_cast<int64_t>(row.d.logits_row) * vocab;
+  row.counts = nullptr;
+  row.bias = nullptr;
+  row.allowed = nullptr;
+  const SamplingRowDesc& d = row.d;
   const int64_t per_block = (vocab + kPlainCluster - 1) / kPlainCluster;
   const int64_t lo = min(vocab, rank * per_block), hi = min(vocab, lo + per_block);
 
   float m = -INFINITY;
   int arg = INT_MAX;
   for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads) {
-    const float v = raw[i];
+    const float v = row.processed(i);
     if (better(v, static_cast<int>(i), m, arg)) {
       m = v;
       arg = static_cast<int>(i);
@@ -666,8 +671,12 @@ __global__ void __launch_bounds__(kThreads) sample_plain_rows_kernel(const float
     cluster.sync();  // no block leaves while another may still read its shared memory
     return;
   }
-  const float inv_t = __fdiv_rn(1.0f, d.temperature);
-  auto mass = [&](int64_t i) { return to_fixed(expf(__fmul_rn(__fsub_rn(raw[i], m), inv_t))); };
+  Filter f;  // sample_row's: no filter is on, so it only sets the temperature
+  f.row = &row;
+  f.m = m;
+  build_filter(f, vocab, s);
+  u64 no_ties = 0;
+  auto mass = [&](int64_t i) { return f.mass(i, no_ties); };
   // The thread's contiguous chunk of the slice, in token-id order.
   const int64_t per_thread = (hi - lo + kThreads - 1) / kThreads;
   const int64_t begin = min(hi, lo + per_thread * threadIdx.x), end = min(hi, begin + per_thread);
