@@ -7,6 +7,9 @@
 #   llama_bf16  Llama-3.1-8B;   llama_fp8  the same with --quantization fp8;   qwen  Qwen3-0.6B;
 # then Llama-3.1-8B bf16 at batch 64 once per binary. cuda_roofline --quick first (unless AB_SKIP
 # has "roofline") gives the copy bandwidth the summary states each figure against.
+# AB_VARIANTS adds runs of the candidate binary under other environment settings, alternated with
+# the two builds: "NAME:VAR=VALUE[,VAR=VALUE] ..." (e.g. "pdl_off:SPECULA_PDL=0"); AB_BASELINE=0
+# leaves the baseline binary out.
 # $OUT receives decode_summary.txt and decode_logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,31 +26,42 @@ LLAMA=bench/configs/Llama-3.1-8B-Instruct
 QWEN=bench/configs/Qwen3-0.6B
 b1=(--load-format dummy --skip-tokenizer-init --batch-size 1 --input-len 128 --output-len 128 --num-iters 20
   --num-iters-warmup 2 --max-num-seqs 8)
-run() {  # run NAME BINARY ARGS...
-  local name=$1 bin=$2
-  shift 2
-  SPECULA_BIN=$bin bench "$name" 100 "$@"
+builds=(candidate)
+[ "${AB_BASELINE:-1}" = 0 ] || builds=(baseline candidate)
+declare -A variant_env=()
+for v in ${AB_VARIANTS:-}; do
+  builds+=("${v%%:*}")
+  variant_env[${v%%:*}]=${v#*:}
+done
+run() {  # run MODEL BUILD REP ARGS...: the build's binary, under a variant's environment
+  local model=$1 build=$2 rep=$3
+  shift 3
+  local bin=specula
+  [ "$build" = baseline ] && bin=specula-baseline
+  local -a env_args=()
+  [ -n "${variant_env[$build]:-}" ] && IFS=, read -ra env_args <<< "${variant_env[$build]}"
+  (
+    [ ${#env_args[@]} -eq 0 ] || export "${env_args[@]}"
+    SPECULA_BIN=$bin bench "$model.$build.r$rep" 100 "$@"
+  )
 }
 for rep in $(seq 1 "${AB_REPS:-2}"); do
-  for build in baseline candidate; do
-    bin=specula
-    [ $build = baseline ] && bin=specula-baseline
-    skipped llama_bf16 || run "llama_bf16_${build}_r$rep" $bin latency "$LLAMA" "${b1[@]}" --max-model-len 4608
-    skipped llama_fp8 || run "llama_fp8_${build}_r$rep" $bin latency "$LLAMA" "${b1[@]}" --max-model-len 4608 \
+  for build in "${builds[@]}"; do
+    skipped llama_bf16 || run llama_bf16 "$build" "$rep" latency "$LLAMA" "${b1[@]}" --max-model-len 4608
+    skipped llama_fp8 || run llama_fp8 "$build" "$rep" latency "$LLAMA" "${b1[@]}" --max-model-len 4608 \
       --quantization fp8
-    skipped qwen || run "qwen_${build}_r$rep" $bin latency "$QWEN" "${b1[@]}" --max-model-len 4096
+    skipped qwen || run qwen "$build" "$rep" latency "$QWEN" "${b1[@]}" --max-model-len 4096
   done
 done
-for build in baseline candidate; do
-  bin=specula
-  [ $build = baseline ] && bin=specula-baseline
-  skipped b64 || run "llamab64_bf16_${build}_r1" $bin latency "$LLAMA" --load-format dummy --skip-tokenizer-init \
+for build in "${builds[@]}"; do
+  skipped b64 || run llamab64_bf16 "$build" 1 latency "$LLAMA" --load-format dummy --skip-tokenizer-init \
     --batch-size 64 --input-len 128 --output-len 256 --num-iters 2 --num-iters-warmup 1 --max-num-seqs 64 \
     --max-model-len 4608
 done
 
 {
   echo "candidate: $(head -1 .gpu/commit.txt 2>/dev/null); baseline: $(cat .gpu/baseline.txt 2>/dev/null)"
+  for v in ${AB_VARIANTS:-}; do echo "variant ${v%%:*}: the candidate with ${v#*:}"; done
   nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null
   cat "$WORK/status.txt"
   python3 tools/gpu/decode_summary.py "$WORK" "$LLAMA/config.json" "$QWEN/config.json"

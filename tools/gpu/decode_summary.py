@@ -32,28 +32,37 @@ if os.path.exists(log):
     roof = float(m.group(1)) if m else None
 print(f"copy roofline: {roof} TB/s (cuda_roofline, this call)" if roof else "copy roofline: not measured")
 
-runs = {}
-for path in sorted(glob.glob(os.path.join(work, "*_r*.json"))):
-    m = re.match(r"(\w+?)_(baseline|candidate)_r(\d+)\.json", os.path.basename(path))
+runs, builds = {}, ["baseline", "candidate"]
+for path in sorted(glob.glob(os.path.join(work, "*.r*.json"))):
+    m = re.match(r"(\w+)\.([\w-]+)\.r(\d+)\.json", os.path.basename(path))
     if m:
         runs.setdefault((m.group(1), m.group(2)), []).append((int(m.group(3)), json.load(open(path))))
+        if m.group(2) not in builds:
+            builds.append(m.group(2))  # variants of the candidate (AB_VARIANTS)
 
 print("\nbatch 1, input 128, output 128, 20 iterations a run: TPOT ms p10 / median / p90 (runs in call order)")
 for name in ("llama_bf16", "llama_fp8", "qwen"):
     medians = {}
-    for build in ("baseline", "candidate"):
+    for build in builds:
         for rep, j in sorted(runs.get((name, build), [])):
             t = j["tpot_ms"]
             medians.setdefault(build, []).append(t["median"])
             r = bytes_of[name] / (roof * 1e12) * 1e3 if roof else None
             extra = f"   roofline {r:.3f} ms -> {100 * r / t['median']:.0f}%" if r else ""
             print(f"  {name:10s} {build:9s} r{rep}: {t['p10']:.3f} / {t['median']:.3f} / {t['p90']:.3f}{extra}")
-    if len(medians) == 2:
-        b, c = statistics.median(medians["baseline"]), statistics.median(medians["candidate"])
-        print(f"  {name}: candidate / baseline TPOT {c / b:.3f} (medians {min(medians['candidate']):.3f}-"
-              f"{max(medians['candidate']):.3f} vs {min(medians['baseline']):.3f}-{max(medians['baseline']):.3f} ms)")
+    if "baseline" in medians:
+        b = statistics.median(medians["baseline"])
+        for build in builds[1:]:
+            if build in medians:
+                c = statistics.median(medians[build])
+                print(f"  {name}: {build} / baseline TPOT {c / b:.3f} (medians {min(medians[build]):.3f}-"
+                      f"{max(medians[build]):.3f} vs {min(medians['baseline']):.3f}-{max(medians['baseline']):.3f} ms)")
+    for build in builds[2:]:
+        if build in medians and "candidate" in medians:
+            c, v = statistics.median(medians["candidate"]), statistics.median(medians[build])
+            print(f"  {name}: {build} / candidate TPOT {v / c:.3f}")
 
-for build in ("baseline", "candidate"):
+for build in builds:
     for rep, j in runs.get(("llamab64_bf16", build), []):
         t = j["tpot_ms"]
         print(f"\nLlama-3.1-8B bf16 batch 64 ({build}): TPOT median {t['median']:.3f} ms = "
