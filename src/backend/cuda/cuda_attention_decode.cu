@@ -201,6 +201,7 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
       scores[g][lane] = p0;
       scores[g][lane + 32] = p1;
       const float tile_sum = warp_sum(p0 + p1);
+      __syncwarp();  // every lane has read run_max[g] before lane 0 rewrites it
       if (lane == 0) {
         const float alpha = fast_exp2(old_max - base);  // 0 while old_max = -inf
         tile_scale[g] = alpha;
