@@ -97,6 +97,11 @@ class TokenSampler {
     started_ = sample(logits, rows, draft_probs, probs_out);
   }
   virtual std::vector<TokenSamplingResult> finish_sample() { return std::move(started_); }
+  // Async scheduling's token feed: between start_sample() and finish_sample(), replaces each entry
+  // -(1 + i) of token_ids (I32 on the device) by row i's token, in stream order. Only where
+  // can_feed_started() (the default never: its start_sample() returns the tokens to the host).
+  virtual bool can_feed_started() const { return false; }
+  virtual void feed_started_tokens(Tensor& token_ids) {}
   // log_softmax of raw logits rows[i] reporting targets[i] and the top top_n (<= max_top_logprobs).
   virtual std::vector<TokenSamplingResult> logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
                                                        std::span<const int32_t> targets, int top_n) = 0;

@@ -70,6 +70,21 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const
   pair(h_seq_lens_, d_seq_lens_, max_seqs, DType::kI32);
   pair(h_block_tables_, d_block_tables_, max_seqs * max_blocks_per_seq, DType::kI32);
   pair(h_logits_idx_, d_logits_idx_, max_logits, DType::kI32);
+  HostStaging& spare = spare_staging_;
+  for (auto [tensor, like] : {std::pair{&spare.tokens, &h_tokens_}, {&spare.positions, &h_positions_},
+                              {&spare.slots, &h_slots_}, {&spare.qsl, &h_qsl_}, {&spare.seq_lens, &h_seq_lens_},
+                              {&spare.block_tables, &h_block_tables_}, {&spare.logits_idx, &h_logits_idx_}})
+    *tensor = backend.empty_host(like->shape(), like->dtype());
+}
+
+void ModelRunner::swap_staging() {
+  std::swap(h_tokens_, spare_staging_.tokens);
+  std::swap(h_positions_, spare_staging_.positions);
+  std::swap(h_slots_, spare_staging_.slots);
+  std::swap(h_qsl_, spare_staging_.qsl);
+  std::swap(h_seq_lens_, spare_staging_.seq_lens);
+  std::swap(h_block_tables_, spare_staging_.block_tables);
+  std::swap(h_logits_idx_, spare_staging_.logits_idx);
 }
 
 ModelRunner::~ModelRunner() {
@@ -83,8 +98,6 @@ ModelRunner::~ModelRunner() {
 }
 
 StepCounts ModelRunner::submit(const SchedulerOutput& scheduled) {
-  // The previous step's tokens are inputs of this one (and its host buffers are rewritten below).
-  finish_pending();
   ModelRunnerOutput out = run_step(scheduled, /*may_defer=*/true);
   if (!pending_) {
     ready_.push_back(std::move(out));
@@ -92,7 +105,7 @@ StepCounts ModelRunner::submit(const SchedulerOutput& scheduled) {
   }
   StepCounts counts;
   counts.num_sampled.assign(scheduled.scheduled.size(), 0);
-  for (const auto& [s, state] : pending_->samplers) counts.num_sampled[s] = 1;
+  for (const auto& [s, id] : pending_->samplers) counts.num_sampled[s] = 1;
   counts.draft_token_ids.resize(scheduled.scheduled.size());
   pending_->out = std::move(out);
   return counts;
@@ -106,23 +119,35 @@ ModelRunnerOutput ModelRunner::collect() {
   return out;
 }
 
-void ModelRunner::finish_pending() {
-  if (!pending_) return;
+std::vector<int32_t> ModelRunner::finish_pending() {
+  std::vector<int32_t> tokens;
+  if (!pending_) return tokens;
   PendingStep step = std::move(*pending_);
   pending_.reset();
+  // The states first: a failed wait leaves no request waiting for a pending row.
+  std::vector<RequestState*> states(step.samplers.size(), nullptr);
+  for (size_t i = 0; i < step.samplers.size(); ++i) {
+    auto it = requests_.find(step.samplers[i].second);
+    if (it == requests_.end() || it->second.pending_row != static_cast<int>(i)) continue;
+    it->second.pending_row = -1;
+    states[i] = &it->second;
+  }
   std::vector<SampledToken> sampled = [&] {
     phase_profile::Scope p("runner.wait_for_tokens");
     return sampler_.finish_sample();
   }();
   SPECULA_CHECK(sampled.size() == step.samplers.size(), "internal error: {} tokens for {} deferred rows",
                 sampled.size(), step.samplers.size());
+  tokens.reserve(sampled.size());
   for (size_t i = 0; i < sampled.size(); ++i) {
-    const auto [s, state] = step.samplers[i];
-    state->tokens.push_back(sampled[i].token);
+    const size_t s = step.samplers[i].first;
+    if (states[i]) states[i]->tokens.push_back(sampled[i].token);
     step.out.sampled_token_ids[s] = {sampled[i].token};
     if (sampled[i].logprobs) step.out.logprobs[s].push_back(std::move(*sampled[i].logprobs));
+    tokens.push_back(sampled[i].token);
   }
   ready_.push_back(std::move(step.out));
+  return tokens;
 }
 
 void ModelRunner::set_rejection_sampler(std::unique_ptr<RejectionSampler> sampler) {
@@ -163,9 +188,11 @@ Tensor ModelRunner::upload(const Tensor& host, Tensor& device, int64_t n) {
 }
 
 ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::vector<RequestPlan>& plans) {
-  // The host buffers may be pinned (asynchronous copies): the previous step's copies out of them
-  // must have run before they are rewritten.
-  backend_.synchronize();
+  // The host buffers may be pinned (asynchronous copies): copies out of them must have run before
+  // they are rewritten. Two sets alternate, so this step fills the one of the step before the
+  // pending step, which has finished (finish_pending); without a step pending the device is idle.
+  swap_staging();
+  if (!pending_) backend_.synchronize();
   ragged_rows_ = 0;
   const int bs = config_.block_size;
   const int num_seqs = static_cast<int>(scheduled.scheduled.size());
@@ -194,7 +221,9 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
     const int n = r.num_scheduled_tokens;
     const int num_spec = static_cast<int>(r.spec_token_ids.size());
     const int n_known = n - num_spec;
-    const int num_tokens = static_cast<int>(st.tokens.size());
+    // A token the pending step samples goes in as -(1 + its row): the device feed or
+    // resolve_pending_tokens() replaces it.
+    const int num_tokens = st.num_known_tokens();
     SPECULA_CHECK(n > 0 && start + n_known <= num_tokens,
                   "internal error: request {} scheduled tokens [{}, {}) but has {} tokens", r.req_id, start,
                   start + n_known, num_tokens);
@@ -204,7 +233,10 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
                   st.block_ids.size());
     for (int j = 0; j < n; ++j) {
       const int pos = start + j;
-      tokens[t + j] = j < n_known ? st.tokens[pos] : r.spec_token_ids[j - n_known];
+      if (j >= n_known)
+        tokens[t + j] = r.spec_token_ids[j - n_known];
+      else
+        tokens[t + j] = pos < static_cast<int>(st.tokens.size()) ? st.tokens[pos] : -(1 + st.pending_row);
       positions[t + j] = pos;
       slots[t + j] = static_cast<int64_t>(st.block_ids[pos / bs]) * bs + pos % bs;
     }
@@ -243,11 +275,31 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
   }
 
   int graph_rows = 0;
-  if (const int size = uniform_graph_size(num_seqs, t, num_logits, graph_rows))
-    return graph_step_inputs(size, graph_rows, num_seqs, max_blocks);
-  if (const int size = pad_ragged_decode(num_seqs, t, num_logits, plans, graph_rows))
-    return graph_step_inputs(size, graph_rows, num_seqs, max_blocks);
+  int graph_size = uniform_graph_size(num_seqs, t, num_logits, graph_rows);
+  if (graph_size == 0) graph_size = pad_ragged_decode(num_seqs, t, num_logits, plans, graph_rows);
+  // Async scheduling: the pending step's tokens go into this step's inputs on the device (the
+  // uploads come from the other staging set; the device runs them after the pending step). A
+  // sampler that cannot feed them has them on the host already.
+  const bool feed = pending_ && sampler_.can_feed_started();
+  if (pending_ && !feed) {
+    const std::vector<int32_t> sampled = finish_pending();
+    const int n = graph_size > 0 ? graph_size * graph_rows : t;
+    for (int i = 0; i < n; ++i)
+      if (tokens[i] < 0) tokens[i] = sampled.at(static_cast<size_t>(-(tokens[i] + 1)));
+  }
+  ForwardInput in = graph_size > 0 ? graph_step_inputs(graph_size, graph_rows, num_seqs, max_blocks)
+                                   : eager_step_inputs(num_seqs, t, num_logits, max_query, max_seq, max_blocks);
+  if (feed) {
+    sampler_.feed_started_tokens(in.token_ids);
+    ++fed_steps_;
+  }
+  return in;
+}
 
+ForwardInput ModelRunner::eager_step_inputs(int num_seqs, int t, int num_logits, int max_query, int max_seq,
+                                            int max_blocks) {
+  const int32_t* qsl = h_qsl_.data_as<int32_t>();
+  const int32_t* seq_lens = h_seq_lens_.data_as<int32_t>();
   ForwardInput in;
   in.token_ids = upload(h_tokens_, d_tokens_, t);
   in.positions = upload(h_positions_, d_positions_, t);
@@ -257,7 +309,7 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
   md.num_tokens = t;
   md.max_query_len = max_query;
   md.max_seq_len = max_seq;
-  md.block_size = bs;
+  md.block_size = config_.block_size;
   md.query_start_loc = upload(h_qsl_, d_qsl_, num_seqs + 1);
   md.seq_lens = upload(h_seq_lens_, d_seq_lens_, num_seqs);
   md.slot_mapping = upload(h_slots_, d_slots_, t);
@@ -280,7 +332,10 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
   out.sampled_token_ids.resize(num_seqs);
   out.logprobs.resize(num_seqs);
   out.prompt_logprobs.resize(num_seqs);
-  if (num_seqs == 0) return out;
+  if (num_seqs == 0) {
+    finish_pending();
+    return out;
+  }
 
   backend_.reset_scratch();
   std::vector<RequestPlan> plans;
@@ -295,6 +350,9 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     fwd = forward_step(input);
     if (phase_profile::enabled()) backend_.synchronize();
   }
+  // The pending step's tokens (fed to this step on the device) reach the host while this forward
+  // runs; everything below reads the requests' tokens.
+  finish_pending();
 
   // Structured outputs' token masks, on the host while the device runs the forward.
   const std::vector<size_t> mask_offset_of = fill_grammar_masks(plans);
@@ -355,8 +413,11 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
       sampler_.start_sample(fwd.logits, plain);
     }
     pending_.emplace();
-    for (size_t s = 0; s < num_seqs; ++s)
-      if (plans[s].first_sample_row >= 0) pending_->samplers.emplace_back(s, plans[s].state);
+    for (size_t s = 0; s < num_seqs; ++s) {
+      if (plans[s].first_sample_row < 0) continue;
+      plans[s].state->pending_row = static_cast<int>(pending_->samplers.size());
+      pending_->samplers.emplace_back(s, plans[s].sched->req_id);
+    }
     return out;
   }
   std::vector<SampledToken> sampled;

@@ -68,8 +68,10 @@ class ModelRunner : public ModelExecutor {
   ModelRunnerOutput execute(const SchedulerOutput& scheduled) override;
   // Async scheduling: a step whose every sampling row the device sampler covers and that verifies
   // and proposes nothing (no speculator) returns from submit() with its tokens still on the
-  // device; the next submit() or collect() waits for them (finish_pending). Other steps run at
-  // once. engine/README.md lists which host buffers that makes safe.
+  // device. The next step takes them as inputs on the device (the sampler's token feed) when it
+  // replays a graph, and its submit() waits for them only after launching its forward; collect()
+  // waits for them too. Other steps run at once. engine/README.md lists which host buffers that
+  // makes safe.
   StepCounts submit(const SchedulerOutput& scheduled) override;
   ModelRunnerOutput collect() override;
 
@@ -95,6 +97,8 @@ class ModelRunner : public ModelExecutor {
   int64_t num_graph_replays(int rows) const;
   // Ragged decode steps that ran padded as a graph (pad_ragged_decode), for tests.
   int64_t num_ragged_graph_steps() const { return ragged_graph_steps_; }
+  // Steps whose inputs took the pending step's tokens through the sampler's token feed, for tests.
+  int64_t num_fed_steps() const { return fed_steps_; }
   static constexpr int kMaxVerifyGraphBatch = 256;
 
   std::vector<KVCacheLayer>& kv_cache() { return kv_; }
@@ -110,6 +114,10 @@ class ModelRunner : public ModelExecutor {
     std::vector<int32_t> min_tokens_stop_ids;
     bool want_prompt_logprobs = false;
     std::vector<int32_t> block_ids;
+    // Async scheduling: its last token is row pending_row of the pending step's sampling, not yet
+    // in `tokens` (-1: none).
+    int pending_row = -1;
+    int num_known_tokens() const { return static_cast<int>(tokens.size()) + (pending_row >= 0 ? 1 : 0); }
     int num_output_tokens() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
   };
 
@@ -128,17 +136,20 @@ class ModelRunner : public ModelExecutor {
   // A submitted step whose sampled tokens are still on the device.
   struct PendingStep {
     ModelRunnerOutput out;
-    std::vector<std::pair<size_t, RequestState*>> samplers;  // (scheduled index, its state), in row order
+    // (scheduled index, request id), in row order; a request finished or preempted meanwhile has no
+    // state left to append to.
+    std::vector<std::pair<size_t, std::string>> samplers;
   };
 
   // execute() and submit(): with may_defer, a step that can leaves its sampling in flight in
   // pending_ (its output then lacks the sampled tokens).
   ModelRunnerOutput run_step(const SchedulerOutput& scheduled, bool may_defer);
   // Waits for the pending step's tokens, appends them to the requests' states and queues its
-  // output for collect().
-  void finish_pending();
+  // output for collect(); returns the tokens in row order.
+  std::vector<int32_t> finish_pending();
   void update_states(const SchedulerOutput& scheduled);
   ForwardInput prepare_inputs(const SchedulerOutput& scheduled, std::vector<RequestPlan>& plans);
+  ForwardInput eager_step_inputs(int num_seqs, int t, int num_logits, int max_query, int max_seq, int max_blocks);
   // Asks the speculator for the next step's drafts of every request the step ran.
   // Fills grammar_masks_ with the token masks of every sampled row of a request with a grammar;
   // returns each plan's offset into it.
@@ -164,6 +175,13 @@ class ModelRunner : public ModelExecutor {
   // the largest step.
   Tensor h_tokens_, h_positions_, h_slots_, h_qsl_, h_seq_lens_, h_block_tables_, h_logits_idx_;
   Tensor d_tokens_, d_positions_, d_slots_, d_qsl_, d_seq_lens_, d_block_tables_, d_logits_idx_;
+  // Async scheduling: a second set of the host staging buffers. Step N+1 fills one set while step
+  // N's copies may still read the other; the step before N has finished by then (finish_pending).
+  struct HostStaging {
+    Tensor tokens, positions, slots, qsl, seq_lens, block_tables, logits_idx;
+  };
+  HostStaging spare_staging_;
+  void swap_staging();
 
   // ---- decode and verification graphs (model_runner_graphs.cc) ----
   // The graph size a step of num_seqs sequences and t tokens runs as (0: eager), and its rows per
@@ -193,6 +211,7 @@ class ModelRunner : public ModelExecutor {
   int graph_rows_ = 0;           // its rows per sequence
   std::map<int, int64_t> graph_replays_;  // by rows per sequence
   int64_t ragged_graph_steps_ = 0;
+  int64_t fed_steps_ = 0;
   int ragged_rows_ = 0;  // this step ran padded to this many rows per sequence (0: it did not)
 };
 

@@ -51,6 +51,11 @@ class CpuSampler : public Sampler {
     return out;
   }
 
+  // On the CPU backend the logits and the next step's inputs are host memory, and start_sample()
+  // samples at once: deferring and feeding cost nothing and keep the async path under test.
+  bool can_defer(std::span<const SamplingRow>) const override { return backend_.device() == Device::kCPU; }
+  bool can_feed_started() const override { return backend_.device() == Device::kCPU; }
+
   std::vector<PositionLogprobs> logprobs_of(const Tensor& logits, std::span<const int> rows,
                                             std::span<const int32_t> targets, int top_n) override {
     SPECULA_ASSERT(rows.size() == targets.size());
@@ -80,6 +85,18 @@ class CpuSampler : public Sampler {
 };
 
 }  // namespace
+
+void Sampler::feed_started_tokens(Tensor& token_ids) {
+  SPECULA_CHECK(token_ids.is_cpu() && token_ids.dtype() == DType::kI32,
+                "internal error: the sampler feeds host I32 token ids, got {}", token_ids.describe());
+  int32_t* ids = token_ids.data_as<int32_t>();
+  for (int64_t i = 0; i < token_ids.numel(); ++i) {
+    if (ids[i] >= 0) continue;
+    const size_t row = static_cast<size_t>(-(ids[i] + 1));
+    SPECULA_CHECK(row < started_.size(), "internal error: token feed from row {} of {}", row, started_.size());
+    ids[i] = started_[row].token;
+  }
+}
 
 std::unique_ptr<Sampler> make_cpu_sampler(Backend& backend) { return std::make_unique<CpuSampler>(backend); }
 

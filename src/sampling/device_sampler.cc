@@ -44,6 +44,8 @@ class DeviceSampler : public Sampler {
     device_->start_sample(logits, device_rows(rows, nullptr));
   }
   std::vector<SampledToken> finish_sample() override { return to_sampled(device_->finish_sample()); }
+  bool can_feed_started() const override { return device_->can_feed_started(); }
+  void feed_started_tokens(Tensor& token_ids) override { device_->feed_started_tokens(token_ids); }
 
   std::vector<PositionLogprobs> logprobs_of(const Tensor& logits, std::span<const int> rows,
                                             std::span<const int32_t> targets, int top_n) override {

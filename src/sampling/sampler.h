@@ -49,6 +49,12 @@ class Sampler {
   virtual bool can_defer(std::span<const SamplingRow> rows) const { return false; }
   virtual void start_sample(const Tensor& logits, std::span<const SamplingRow> rows) { started_ = sample(logits, rows); }
   virtual std::vector<SampledToken> finish_sample() { return std::move(started_); }
+  // Async scheduling's token feed: after start_sample(), replaces each entry -(1 + i) of token_ids
+  // (I32, the next step's input ids on the backend's device) by the token of row i, in the
+  // backend's stream order, so that the next step is launched before its inputs reach the host.
+  // Only where can_feed_started(): the default (start_sample() sampled at once) writes host memory.
+  virtual bool can_feed_started() const { return false; }
+  virtual void feed_started_tokens(Tensor& token_ids);
   // log_softmax of raw logits rows[i], reporting targets[i] (its logprob and rank) and the top N
   // (-1: all): prompt logprobs.
   virtual std::vector<PositionLogprobs> logprobs_of(const Tensor& logits, std::span<const int> rows,

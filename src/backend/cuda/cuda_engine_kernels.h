@@ -103,6 +103,11 @@ struct TopLogprob {
 cudaError_t launch_build_token_counts(const CountsDesc* descs, const int32_t* ids, int num_rows, uint32_t* counts,
                                       int64_t vocab, cudaStream_t stream);
 
+// Async scheduling's token feed: token_ids[i] = results[-(token_ids[i] + 1)].token where
+// token_ids[i] < 0 (0 for a row that sampled nothing: its step fails when the host reads it).
+cudaError_t launch_feed_sampled_tokens(int32_t* token_ids, int64_t n, const SamplingRowResult* results,
+                                       cudaStream_t stream);
+
 // A row that only draws (greedy or at a temperature; no top-k / top-p / min-p, penalties, masks,
 // bias, logprobs, verification or probs_out): launch_sample_plain_rows samples a few of them with
 // a cluster of 16 blocks per row (sm_90), to the same tokens as launch_sample_rows.

@@ -765,6 +765,26 @@ cudaError_t launch_sample_plain_rows(const float* logits, int64_t vocab, const S
   return cudaLaunchKernelEx(&config, sample_plain_rows_kernel, logits, vocab, rows, results);
 }
 
+namespace {
+__global__ void feed_sampled_tokens_kernel(int32_t* token_ids, int64_t n, const SamplingRowResult* results) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int32_t id = token_ids[i];
+  if (id >= 0) return;
+  const int32_t token = results[-(id + 1)].token;
+  token_ids[i] = token < 0 ? 0 : token;
+}
+}  // namespace
+
+cudaError_t launch_feed_sampled_tokens(int32_t* token_ids, int64_t n, const SamplingRowResult* results,
+                                       cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  constexpr int kFeedThreads = 256;
+  const int64_t blocks = (n + kFeedThreads - 1) / kFeedThreads;
+  feed_sampled_tokens_kernel<<<static_cast<unsigned>(blocks), kFeedThreads, 0, stream>>>(token_ids, n, results);
+  return cudaGetLastError();
+}
+
 cudaError_t launch_sample_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
                                const uint32_t* counts, const int32_t* ids, const float* draft_probs,
                                float* probs_out, SamplingRowResult* results, TopLogprob* top, int max_top,

@@ -97,6 +97,15 @@ std::vector<TokenSamplingResult> CudaTokenSampler::finish_sample() {
   return out;
 }
 
+void CudaTokenSampler::feed_started_tokens(Tensor& token_ids) {
+  SPECULA_CHECK(can_feed_started(), "internal error: CUDA sampler: token feed without a started launch");
+  SPECULA_CHECK(token_ids.device() == Device::kCUDA && token_ids.dtype() == DType::kI32,
+                "internal error: CUDA sampler: token feed into {}", token_ids.describe());
+  check_cuda(cuda::launch_feed_sampled_tokens(token_ids.data_as<int32_t>(), token_ids.numel(),
+                                              static_cast<const cuda::SamplingRowResult*>(results_.data()), stream_),
+             "CUDA sampler: token feed");
+}
+
 void CudaTokenSampler::start_sample(const Tensor& logits, std::span<const TokenSamplingRow> rows,
                                     const Tensor* draft_probs, Tensor* probs_out) {
   check_logits(logits);

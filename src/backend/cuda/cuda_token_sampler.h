@@ -38,6 +38,8 @@ class CudaTokenSampler final : public TokenSampler {
   void start_sample(const Tensor& logits, std::span<const TokenSamplingRow> rows, const Tensor* draft_probs = nullptr,
                     Tensor* probs_out = nullptr) override;
   std::vector<TokenSamplingResult> finish_sample() override;
+  bool can_feed_started() const override { return started_ && !finished_early_; }
+  void feed_started_tokens(Tensor& token_ids) override;
   std::vector<TokenSamplingResult> logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
                                                std::span<const int32_t> targets, int top_n) override;
   size_t device_bytes() const override;

@@ -56,16 +56,19 @@ Reference read_reference(const fs::path& file) {
   return r;
 }
 
-// Runs `prompts` greedily through an EngineCore over the fixture model; returns the tokens.
+// Runs `prompts` greedily through an EngineCore over the fixture model; returns the tokens. With
+// async scheduling each decode step takes its previous step's token through the sampler's token
+// feed, which this checks happened.
 std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& backend, const Tokenizer& tok,
                                              const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
-                                             int budget) {
+                                             int budget, bool async = false) {
   EngineCoreConfig c;
   c.max_model_len = 128;
   c.max_num_seqs = 8;
   c.max_num_batched_tokens = budget;
   c.block_size = 16;
   c.num_blocks = 64;
+  c.async_scheduling = async;
   c.vocab_size = model.config().vocab_size;
   auto sampler = make_cpu_sampler(backend);
   ModelRunnerConfig rc;
@@ -87,6 +90,7 @@ std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& backend, con
   }
   while (core.step()) {
   }
+  if (async) EXPECT_GT(runner.num_fed_steps(), 0);
   std::vector<std::vector<int32_t>> out(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     RequestOutput o;
@@ -119,6 +123,9 @@ TEST_P(FixtureModel, GreedyThroughTheEngineMatchesTransformers) {
     const auto alone = run_greedy(*model, *backend, tok, {ref.prompts[i]}, n, /*budget=*/8);
     EXPECT_EQ(alone[0], ref.greedy[i]) << GetParam() << " prompt " << i << " (alone)";
   }
+  const auto async = run_greedy(*model, *backend, tok, ref.prompts, n, /*budget=*/16, /*async=*/true);
+  for (size_t i = 0; i < ref.prompts.size(); ++i)
+    EXPECT_EQ(async[i], ref.greedy[i]) << GetParam() << " prompt " << i << " (async scheduling)";
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, FixtureModel,

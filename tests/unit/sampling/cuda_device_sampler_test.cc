@@ -5,8 +5,10 @@
 // Llama-3) and a small one with many exact ties.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "sampling/device_sampler.h"
 #include "sampling/sampler.h"
@@ -223,6 +225,59 @@ TEST(DeviceSampler, EveryTokenMaskedIsAnError) {
   auto dev_sampler = make_device_sampler(*gpu, 4, vocab);
   std::vector<SamplingRow> rows{row};
   EXPECT_THROW(dev_sampler->sample(logits, rows), Error);
+}
+
+// Async scheduling's token feed: between start_sample() and finish_sample(), the entries -(1 + i)
+// of a device token buffer become row i's token in stream order (the plain-row cluster kernel and
+// the one-block-per-row kernel, whose rows here ask for logprobs), and the entries >= 0 stay. A
+// start that ran as several launches (more rows with penalties than one launch counts) cannot feed.
+TEST(DeviceSampler, FeedsStartedTokensIntoTheNextInputs) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  const int64_t vocab = 151936, rows = 6;
+  Tensor logits = testing::upload_f32(*gpu, testing::random_logits(rows, vocab, 43, 4.0f), rows, vocab);
+  auto dev_sampler = make_device_sampler(*gpu, 128, vocab);
+  std::vector<SamplingParams> params(2);
+  params[0].temperature = 0.0f;
+  params[1].logprobs = 3;
+  for (const SamplingParams& p : params) {
+    std::vector<SamplingRow> sr(static_cast<size_t>(rows));
+    for (int r = 0; r < rows; ++r) {
+      sr[r].logits_row = static_cast<int>(rows) - 1 - r;
+      sr[r].params = &p;
+      sr[r].seed = 11 + static_cast<uint64_t>(r);
+      sr[r].position = 5;
+    }
+    ASSERT_TRUE(dev_sampler->can_defer(sr));
+    const std::vector<int32_t> inputs{17, -3, -1, 9, -6, 0, -2, -1};
+    Tensor host_ids = Tensor::empty({static_cast<int64_t>(inputs.size())}, DType::kI32, Device::kCPU);
+    std::copy(inputs.begin(), inputs.end(), host_ids.data_as<int32_t>());
+    Tensor ids = gpu->empty(host_ids.shape(), DType::kI32);
+    gpu->copy(host_ids, ids);
+    dev_sampler->start_sample(logits, sr);
+    ASSERT_TRUE(dev_sampler->can_feed_started());
+    dev_sampler->feed_started_tokens(ids);
+    const std::vector<SampledToken> sampled = dev_sampler->finish_sample();
+    EXPECT_FALSE(dev_sampler->can_feed_started());
+    gpu->copy(ids, host_ids);
+    gpu->synchronize();
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const int32_t want = inputs[i] >= 0 ? inputs[i] : sampled.at(static_cast<size_t>(-(inputs[i] + 1))).token;
+      EXPECT_EQ(host_ids.data_as<int32_t>()[i], want) << "entry " << i << " logprobs " << p.logprobs.has_value();
+    }
+  }
+  SamplingParams penalised;
+  penalised.frequency_penalty = 0.5f;
+  std::vector<int32_t> history{1, 2, 3};
+  std::vector<SamplingRow> many(100);
+  for (size_t r = 0; r < many.size(); ++r) {
+    many[r].logits_row = static_cast<int>(r % rows);
+    many[r].params = &penalised;
+    many[r].output_token_ids = history;
+  }
+  dev_sampler->start_sample(logits, many);
+  EXPECT_FALSE(dev_sampler->can_feed_started());
+  EXPECT_EQ(dev_sampler->finish_sample().size(), many.size());
 }
 
 }  // namespace
