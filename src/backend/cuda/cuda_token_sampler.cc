@@ -37,10 +37,12 @@ CudaTokenSampler::CudaTokenSampler(CudaBackend& backend, int max_rows, int64_t v
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, backend.device_index()),
              "CUDA sampler: compute capability");
   plain_row_clusters_ = major >= 9;
+  check_cuda(cudaEventCreateWithFlags(&results_copied_, cudaEventDisableTiming), "CUDA sampler: event");
 }
 
 CudaTokenSampler::~CudaTokenSampler() {
   cudaStreamSynchronize(stream_);
+  if (results_copied_) cudaEventDestroy(results_copied_);
   if (host_results_) cudaFreeHost(host_results_);
   if (host_upload_) cudaFreeHost(host_upload_);
 }
@@ -50,7 +52,8 @@ size_t CudaTokenSampler::device_bytes() const { return counts_.nbytes() + result
 void CudaTokenSampler::ensure_upload_capacity(size_t bytes) {
   if (bytes <= upload_capacity_) return;
   const size_t capacity = std::max(bytes, 2 * upload_capacity_);
-  // Every call synchronises before returning, so nothing still reads the old buffers.
+  // A launch's results are waited for before the next launch, and its upload copy precedes them in
+  // the stream, so nothing still reads the old buffers.
   if (host_upload_) cudaFreeHost(host_upload_);
   host_upload_ = nullptr;
   check_cuda(cudaHostAlloc(&host_upload_, capacity, cudaHostAllocDefault), "CUDA sampler: pinned upload buffer");
@@ -294,12 +297,14 @@ void CudaTokenSampler::launch(const Tensor& logits, const std::vector<cuda::Samp
     check_cuda(cudaMemcpyAsync(top_host, top_dev, top_bytes(n), cudaMemcpyDeviceToHost, stream_),
                "CUDA sampler: top logprobs");
   }
+  check_cuda(cudaEventRecord(results_copied_, stream_), "CUDA sampler: recording the results' copy");
 }
 
 std::vector<TokenSamplingResult> CudaTokenSampler::read_results() {
   const int n = static_cast<int>(launched_top_n_.size());
   if (n == 0) return {};
-  check_cuda(cudaStreamSynchronize(stream_), "CUDA sampler: waiting for the results");
+  // The results' copy only: under async scheduling the next step's forward is queued behind it.
+  check_cuda(cudaEventSynchronize(results_copied_), "CUDA sampler: waiting for the results");
   const char* res_host = static_cast<const char*>(host_results_);
   const auto* top_host = reinterpret_cast<const cuda::TopLogprob*>(res_host + results_bytes(max_rows_));
   const auto* results = reinterpret_cast<const cuda::SamplingRowResult*>(res_host);

@@ -69,6 +69,7 @@ class CudaTokenSampler final : public TokenSampler {
   Tensor results_;      // SamplingRowResult [max_rows] then TopLogprob [max_rows, kMaxTopLogprobs]
   Tensor upload_;       // row descriptors, counts descriptors, ids
   void* host_results_ = nullptr;  // pinned mirror of results_
+  cudaEvent_t results_copied_ = nullptr;  // recorded after the copy into host_results_
   void* host_upload_ = nullptr;   // pinned staging for upload_
   size_t upload_capacity_ = 0;
   std::vector<int32_t> launched_top_n_;  // per row of the launched batch (read_results decodes it)
