@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <memory>
 
 #include "core/error.h"
 #include "core/phase_profile.h"
@@ -12,6 +14,37 @@ namespace specula {
 
 namespace {
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Byte offsets of a step's input arrays in the packed upload: the 8-byte slots first, the block
+// table (whose width varies from step to step) last, so that the arrays a graph reads depend only
+// on its tokens, logits rows and sequences.
+struct InputLayout {
+  size_t slots = 0, tokens = 0, positions = 0, logits_indices = 0, query_start_loc = 0, seq_lens = 0,
+         block_tables = 0, bytes = 0;
+};
+
+InputLayout input_layout(int64_t t, int64_t num_logits, int64_t num_seqs, int64_t table_entries) {
+  InputLayout l;
+  size_t at = 0;
+  auto take = [&](size_t& field, int64_t n, size_t width) {
+    field = at;
+    at += static_cast<size_t>(n) * width;
+  };
+  take(l.slots, t, sizeof(int64_t));
+  take(l.tokens, t, sizeof(int32_t));
+  take(l.positions, t, sizeof(int32_t));
+  take(l.logits_indices, num_logits, sizeof(int32_t));
+  take(l.query_start_loc, num_seqs + 1, sizeof(int32_t));
+  take(l.seq_lens, num_seqs, sizeof(int32_t));
+  take(l.block_tables, table_entries, sizeof(int32_t));
+  l.bytes = at;
+  return l;
+}
+
+Tensor byte_view(const Tensor& bytes, size_t offset, int64_t n, DType dtype) {
+  return Tensor::from_blob(static_cast<char*>(bytes.data()) + offset, {n}, dtype, bytes.device(),
+                           std::make_shared<Tensor>(bytes));
+}
 }  // namespace
 
 StepCounts ModelExecutor::counts_of(const ModelRunnerOutput& out) {
@@ -59,32 +92,18 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const
   const int64_t max_seqs = config.max_num_seqs;
   const int64_t max_blocks_per_seq = ceil_div(config.max_model_len + config.num_speculative_tokens, config.block_size);
   const int64_t max_logits = max_tokens + max_seqs * (1 + config.num_speculative_tokens);
-  auto pair = [&](Tensor& h, Tensor& d, int64_t n, DType t) {
-    h = backend.empty_host({n}, t);
-    d = backend.empty({n}, t);
-  };
-  pair(h_tokens_, d_tokens_, max_tokens, DType::kI32);
-  pair(h_positions_, d_positions_, max_tokens, DType::kI32);
-  pair(h_slots_, d_slots_, max_tokens, DType::kI64);
-  pair(h_qsl_, d_qsl_, max_seqs + 1, DType::kI32);
-  pair(h_seq_lens_, d_seq_lens_, max_seqs, DType::kI32);
-  pair(h_block_tables_, d_block_tables_, max_seqs * max_blocks_per_seq, DType::kI32);
-  pair(h_logits_idx_, d_logits_idx_, max_logits, DType::kI32);
-  HostStaging& spare = spare_staging_;
-  for (auto [tensor, like] : {std::pair{&spare.tokens, &h_tokens_}, {&spare.positions, &h_positions_},
-                              {&spare.slots, &h_slots_}, {&spare.qsl, &h_qsl_}, {&spare.seq_lens, &h_seq_lens_},
-                              {&spare.block_tables, &h_block_tables_}, {&spare.logits_idx, &h_logits_idx_}})
-    *tensor = backend.empty_host(like->shape(), like->dtype());
-}
-
-void ModelRunner::swap_staging() {
-  std::swap(h_tokens_, spare_staging_.tokens);
-  std::swap(h_positions_, spare_staging_.positions);
-  std::swap(h_slots_, spare_staging_.slots);
-  std::swap(h_qsl_, spare_staging_.qsl);
-  std::swap(h_seq_lens_, spare_staging_.seq_lens);
-  std::swap(h_block_tables_, spare_staging_.block_tables);
-  std::swap(h_logits_idx_, spare_staging_.logits_idx);
+  auto host = [&](Tensor& h, int64_t n, DType t) { h = Tensor::empty({n}, t, Device::kCPU); };
+  host(h_tokens_, max_tokens, DType::kI32);
+  host(h_positions_, max_tokens, DType::kI32);
+  host(h_slots_, max_tokens, DType::kI64);
+  host(h_qsl_, max_seqs + 1, DType::kI32);
+  host(h_seq_lens_, max_seqs, DType::kI32);
+  host(h_block_tables_, max_seqs * max_blocks_per_seq, DType::kI32);
+  host(h_logits_idx_, max_logits, DType::kI32);
+  const int64_t packed_bytes = static_cast<int64_t>(
+      input_layout(max_tokens, max_logits, max_seqs, max_seqs * max_blocks_per_seq).bytes);
+  for (Tensor& packed : h_packed_) packed = backend.empty_host({packed_bytes}, DType::kU8);
+  d_inputs_ = backend.empty({packed_bytes}, DType::kU8);
 }
 
 ModelRunner::~ModelRunner() {
@@ -181,17 +200,42 @@ void ModelRunner::update_states(const SchedulerOutput& scheduled) {
   }
 }
 
-Tensor ModelRunner::upload(const Tensor& host, Tensor& device, int64_t n) {
-  Tensor dst = device.slice(0, n);
-  if (n > 0) backend_.copy(host.slice(0, n), dst);
-  return dst;
+ModelRunner::DeviceInputs ModelRunner::input_views(int t, int num_logits, int num_seqs, int64_t table_entries) const {
+  const InputLayout l = input_layout(t, num_logits, num_seqs, table_entries);
+  DeviceInputs d;
+  d.slots = byte_view(d_inputs_, l.slots, t, DType::kI64);
+  d.token_ids = byte_view(d_inputs_, l.tokens, t, DType::kI32);
+  d.positions = byte_view(d_inputs_, l.positions, t, DType::kI32);
+  d.logits_indices = byte_view(d_inputs_, l.logits_indices, num_logits, DType::kI32);
+  d.query_start_loc = byte_view(d_inputs_, l.query_start_loc, num_seqs + 1, DType::kI32);
+  d.seq_lens = byte_view(d_inputs_, l.seq_lens, num_seqs, DType::kI32);
+  d.block_tables = byte_view(d_inputs_, l.block_tables, table_entries, DType::kI32);
+  return d;
+}
+
+ModelRunner::DeviceInputs ModelRunner::upload_inputs(int t, int num_logits, int num_seqs, int64_t table_entries) {
+  const InputLayout l = input_layout(t, num_logits, num_seqs, table_entries);
+  packed_index_ ^= 1;
+  Tensor& packed = h_packed_[packed_index_];
+  char* p = packed.data_as<char>();
+  auto pack = [&](size_t offset, const Tensor& host, int64_t n) {
+    std::memcpy(p + offset, host.data(), static_cast<size_t>(n) * dtype_size(host.dtype()));
+  };
+  pack(l.slots, h_slots_, t);
+  pack(l.tokens, h_tokens_, t);
+  pack(l.positions, h_positions_, t);
+  pack(l.logits_indices, h_logits_idx_, num_logits);
+  pack(l.query_start_loc, h_qsl_, num_seqs + 1);
+  pack(l.seq_lens, h_seq_lens_, num_seqs);
+  pack(l.block_tables, h_block_tables_, table_entries);
+  Tensor dst = d_inputs_.slice(0, static_cast<int64_t>(l.bytes));
+  if (l.bytes > 0) backend_.copy(packed.slice(0, static_cast<int64_t>(l.bytes)), dst);
+  return input_views(t, num_logits, num_seqs, table_entries);
 }
 
 ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::vector<RequestPlan>& plans) {
-  // The host buffers may be pinned (asynchronous copies): copies out of them must have run before
-  // they are rewritten. Two sets alternate, so this step fills the one of the step before the
-  // pending step, which has finished (finish_pending); without a step pending the device is idle.
-  swap_staging();
+  // Without a step pending the device is idle from here on, as the step's timing expects; with
+  // one, the packed upload alternates buffers (upload_inputs).
   if (!pending_) backend_.synchronize();
   ragged_rows_ = 0;
   const int bs = config_.block_size;
@@ -300,21 +344,21 @@ ForwardInput ModelRunner::eager_step_inputs(int num_seqs, int t, int num_logits,
                                             int max_blocks) {
   const int32_t* qsl = h_qsl_.data_as<int32_t>();
   const int32_t* seq_lens = h_seq_lens_.data_as<int32_t>();
+  const DeviceInputs d = upload_inputs(t, num_logits, num_seqs, static_cast<int64_t>(num_seqs) * max_blocks);
   ForwardInput in;
-  in.token_ids = upload(h_tokens_, d_tokens_, t);
-  in.positions = upload(h_positions_, d_positions_, t);
-  in.logits_indices = upload(h_logits_idx_, d_logits_idx_, num_logits);
+  in.token_ids = d.token_ids;
+  in.positions = d.positions;
+  in.logits_indices = d.logits_indices;
   AttentionMetadata& md = in.attn;
   md.num_seqs = num_seqs;
   md.num_tokens = t;
   md.max_query_len = max_query;
   md.max_seq_len = max_seq;
   md.block_size = config_.block_size;
-  md.query_start_loc = upload(h_qsl_, d_qsl_, num_seqs + 1);
-  md.seq_lens = upload(h_seq_lens_, d_seq_lens_, num_seqs);
-  md.slot_mapping = upload(h_slots_, d_slots_, t);
-  md.block_tables = upload(h_block_tables_, d_block_tables_, static_cast<int64_t>(num_seqs) * max_blocks)
-                        .reshape({num_seqs, max_blocks});
+  md.query_start_loc = d.query_start_loc;
+  md.seq_lens = d.seq_lens;
+  md.slot_mapping = d.slots;
+  md.block_tables = d.block_tables.reshape({num_seqs, max_blocks});
   md.query_start_loc_host.assign(qsl, qsl + num_seqs + 1);
   md.seq_lens_host.assign(seq_lens, seq_lens + num_seqs);
   return in;

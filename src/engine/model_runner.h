@@ -156,7 +156,15 @@ class ModelRunner : public ModelExecutor {
   std::vector<size_t> fill_grammar_masks(const std::vector<RequestPlan>& plans);
   void propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,
                       ModelRunnerOutput& out);
-  Tensor upload(const Tensor& host, Tensor& device, int64_t n);
+  // The step's input arrays on the device: views into one buffer, at offsets that depend only on
+  // (tokens t, logits rows, sequences), so a graph of B sequences of r rows reads the addresses it
+  // was captured with. upload_inputs() first packs the host arrays' used entries into a pinned
+  // buffer and copies them up in one transfer (one copy instead of seven on the device's queue).
+  struct DeviceInputs {
+    Tensor token_ids, positions, slots, logits_indices, query_start_loc, seq_lens, block_tables;
+  };
+  DeviceInputs input_views(int t, int num_logits, int num_seqs, int64_t table_entries) const;
+  DeviceInputs upload_inputs(int t, int num_logits, int num_seqs, int64_t table_entries);
 
   std::optional<PendingStep> pending_;
   std::deque<ModelRunnerOutput> ready_;  // submitted steps' outputs, oldest first
@@ -171,17 +179,14 @@ class ModelRunner : public ModelExecutor {
   std::vector<uint32_t> grammar_masks_;  // this step's structured-output masks (fill_grammar_masks)
   std::unordered_map<std::string, RequestState> requests_;
 
-  // Host staging buffers (pinned where the backend has them) and their device twins, sized for
-  // the largest step.
+  // The step's input arrays on the host, sized for the largest step; upload_inputs() packs them.
   Tensor h_tokens_, h_positions_, h_slots_, h_qsl_, h_seq_lens_, h_block_tables_, h_logits_idx_;
-  Tensor d_tokens_, d_positions_, d_slots_, d_qsl_, d_seq_lens_, d_block_tables_, d_logits_idx_;
-  // Async scheduling: a second set of the host staging buffers. Step N+1 fills one set while step
-  // N's copies may still read the other; the step before N has finished by then (finish_pending).
-  struct HostStaging {
-    Tensor tokens, positions, slots, qsl, seq_lens, block_tables, logits_idx;
-  };
-  HostStaging spare_staging_;
-  void swap_staging();
+  // Pinned packing buffers (where the backend has them), used by alternate steps: under async
+  // scheduling step N+1 packs while step N's copy may still read the other one; the copy of step
+  // N-1, which used this one, has run (its tokens were waited for). And the device buffer.
+  Tensor h_packed_[2];
+  int packed_index_ = 0;
+  Tensor d_inputs_;
 
   // ---- decode and verification graphs (model_runner_graphs.cc) ----
   // The graph size a step of num_seqs sequences and t tokens runs as (0: eager), and its rows per
@@ -198,8 +203,8 @@ class ModelRunner : public ModelExecutor {
   // tables at full width).
   ForwardInput graph_step_inputs(int size, int rows, int num_seqs, int max_blocks);
   // Fills sequences [first_padding_seq, size) of the host inputs with padding and uploads the
-  // first size sequences of `rows` rows into the static buffers.
-  void upload_padded_graph_inputs(int first_padding_seq, int size, int rows);
+  // first size sequences of `rows` rows (and table_entries of the compact block table).
+  DeviceInputs upload_padded_graph_inputs(int first_padding_seq, int size, int rows, int64_t table_entries);
   // The forward of the step prepare_inputs built: a graph replay, or Model::forward.
   ForwardOutput forward_step(const ForwardInput& input);
   ForwardInput static_decode_input(int size, int rows, bool for_capture);

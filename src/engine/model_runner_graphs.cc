@@ -5,10 +5,10 @@
 // every request verifies r - 1 drafts (r = 2 .. 1 + num_speculative_tokens). A uniform step of n
 // sequences runs as the captured graph of (the smallest padded size B >= n, r); so does a ragged
 // decode step, its sequences padded to the longest one's r rows (pad_ragged_decode). The graph reads
-// its inputs from the runner's static device buffers (the first B*r entries of the token,
-// position, slot and logits-index buffers, the first B+1 / B of the query-start and length
-// buffers, and a full-width block table), which the step fills by ordinary pinned host-to-device
-// copies before the replay. Sequences n..B-1 are padding that cannot disturb the real ones: r
+// its inputs from the runner's device input buffer at the offsets of a step of B*r tokens and B
+// sequences (token, position, slot, logits-index, query-start and length arrays; input_views),
+// and from a full-width block table, which the step fills by one pinned host-to-device copy (and
+// one strided device copy of the table) before the replay. Sequences n..B-1 are padding that cannot disturb the real ones: r
 // tokens 0 at positions 0..r-1, slot -1 (no K/V write), a sequence of length r whose keys are the
 // first entries of whatever its block-table row holds (valid block ids: the table starts zeroed
 // and only ever receives real ids), and their own logits rows.
@@ -54,18 +54,19 @@ ForwardInput ModelRunner::static_decode_input(int size, int rows, bool for_captu
   const int bs = config_.block_size;
   const int width = static_cast<int>(d_graph_block_tables_.size(1));
   const int t = size * rows;
+  const DeviceInputs d = input_views(t, t, size, 0);
   ForwardInput in;
-  in.token_ids = d_tokens_.slice(0, t);
-  in.positions = d_positions_.slice(0, t);
-  in.logits_indices = d_logits_idx_.slice(0, t);
+  in.token_ids = d.token_ids;
+  in.positions = d.positions;
+  in.logits_indices = d.logits_indices;
   AttentionMetadata& md = in.attn;
   md.num_seqs = size;
   md.num_tokens = t;
   md.max_query_len = rows;
   md.block_size = bs;
-  md.query_start_loc = d_qsl_.slice(0, size + 1);
-  md.seq_lens = d_seq_lens_.slice(0, size);
-  md.slot_mapping = d_slots_.slice(0, t);
+  md.query_start_loc = d.query_start_loc;
+  md.seq_lens = d.seq_lens;
+  md.slot_mapping = d.slots;
   md.block_tables = d_graph_block_tables_.slice(0, size);
   md.query_start_loc_host.resize(static_cast<size_t>(size) + 1);
   for (int s = 0; s <= size; ++s) md.query_start_loc_host[s] = s * rows;
@@ -80,7 +81,8 @@ ForwardInput ModelRunner::static_decode_input(int size, int rows, bool for_captu
   return in;
 }
 
-void ModelRunner::upload_padded_graph_inputs(int first_padding_seq, int size, int rows) {
+ModelRunner::DeviceInputs ModelRunner::upload_padded_graph_inputs(int first_padding_seq, int size, int rows,
+                                                                  int64_t table_entries) {
   int32_t* tokens = h_tokens_.data_as<int32_t>();
   int32_t* positions = h_positions_.data_as<int32_t>();
   int64_t* slots = h_slots_.data_as<int64_t>();
@@ -99,13 +101,7 @@ void ModelRunner::upload_padded_graph_inputs(int first_padding_seq, int size, in
     qsl[s + 1] = (s + 1) * rows;
     lens[s] = rows;
   }
-  const int t = size * rows;
-  upload(h_tokens_, d_tokens_, t);
-  upload(h_positions_, d_positions_, t);
-  upload(h_slots_, d_slots_, t);
-  upload(h_qsl_, d_qsl_, size + 1);
-  upload(h_seq_lens_, d_seq_lens_, size);
-  upload(h_logits_idx_, d_logits_idx_, t);
+  return upload_inputs(size * rows, size * rows, size, table_entries);
 }
 
 size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
@@ -141,7 +137,7 @@ size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
   // One eager run of the largest step first: the scratch arena grows to fit it at the reset, so
   // every capture after it carves from one chunk instead of leaving a chunk per growth behind.
   backend_.synchronize();
-  upload_padded_graph_inputs(0, largest.first, largest.second);
+  upload_padded_graph_inputs(0, largest.first, largest.second, 0);
   model_.forward(static_decode_input(largest.first, largest.second, /*for_capture=*/true), kv_);
   backend_.synchronize();
   backend_.reset_scratch();
@@ -155,7 +151,7 @@ size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
         const std::pair<int, int> key{r, size};
         if (graph_outputs_.count(key) == 0 || !graph_outputs_[key].logits.defined()) {
           backend_.synchronize();
-          upload_padded_graph_inputs(0, size, r);
+          upload_padded_graph_inputs(0, size, r, 0);
           backend_.synchronize();
         }
         graph_outputs_[key] = model_.forward(static_decode_input(size, r, /*for_capture=*/true), kv_);
@@ -255,11 +251,11 @@ int ModelRunner::pad_ragged_decode(int num_seqs, int t, int num_logits, std::vec
 }
 
 ForwardInput ModelRunner::graph_step_inputs(int size, int rows, int num_seqs, int max_blocks) {
-  upload_padded_graph_inputs(num_seqs, size, rows);
   // The step's block-table rows go up as compactly as prepare_inputs laid them out, then into the
   // first columns of the static full-width table (one strided device copy).
-  Tensor compact = upload(h_block_tables_, d_block_tables_, static_cast<int64_t>(num_seqs) * max_blocks)
-                       .reshape({num_seqs, max_blocks});
+  const DeviceInputs d =
+      upload_padded_graph_inputs(num_seqs, size, rows, static_cast<int64_t>(num_seqs) * max_blocks);
+  Tensor compact = d.block_tables.reshape({num_seqs, max_blocks});
   Tensor table_rows = d_graph_block_tables_.slice(0, num_seqs);
   backend_.copy_columns(compact, 0, table_rows, 0, max_blocks);
   graph_size_ = size;
