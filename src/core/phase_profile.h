@@ -1,9 +1,10 @@
 // Opt-in wall-clock profile of a step's phases, for finding where host time goes on the GPU
 // (SPECULA_PROFILE=1; off by default, when a Scope costs one branch). Each named phase sums its
-// wall time and counts its calls; the table goes to stderr when the process exits, phases in
-// the order they first ran. Callers that want a phase to include its device work synchronize
-// inside it when enabled() (the profile then measures a synchronous engine: use it to compare
-// phases, not as a benchmark).
+// wall time, its calls and its longest call; the table goes to stderr when the process exits,
+// phases in the order they first ran. Callers that want a phase to include its device work
+// synchronize inside it when synchronizing() (the profile then measures a synchronous engine: use
+// it to compare phases, not as a benchmark); SPECULA_PROFILE=host times the host alone, without
+// those synchronisations (where the host waits under async scheduling).
 #pragma once
 
 #include <chrono>
@@ -11,6 +12,7 @@
 namespace specula::phase_profile {
 
 bool enabled();
+bool synchronizing();  // enabled(), and SPECULA_PROFILE is not "host"
 void add(const char* name, double seconds);
 
 class Scope {

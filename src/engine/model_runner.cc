@@ -392,7 +392,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
   {
     phase_profile::Scope p(graph_size_ > 0 ? "runner.forward (graph)" : "runner.forward (eager)");
     fwd = forward_step(input);
-    if (phase_profile::enabled()) backend_.synchronize();
+    if (phase_profile::synchronizing()) backend_.synchronize();
   }
   // The pending step's tokens (fed to this step on the device) reach the host while this forward
   // runs; everything below reads the requests' tokens.

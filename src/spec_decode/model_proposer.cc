@@ -285,7 +285,7 @@ void ModelProposer::run_draft_steps(const ProposeBatch& batch, const std::vector
     {
       phase_profile::Scope p("draft.step_forward");
       logits = run_step(padded, step_variant(j));
-      if (phase_profile::enabled()) backend_.synchronize();
+      if (phase_profile::synchronizing()) backend_.synchronize();
     }
     phase_profile::Scope sample_phase("draft.step_sample");
     std::vector<DraftSampleRow> sample_rows;
@@ -410,7 +410,7 @@ void ModelProposer::run_varlen_catch_up(const ProposeBatch& batch, const std::ve
   {
     phase_profile::Scope p("draft.catch_up_forward");
     out = draft_forward(in);
-    if (phase_profile::enabled()) backend_.synchronize();
+    if (phase_profile::synchronizing()) backend_.synchronize();
   }
   ++num_forwards_;
   if (num_step_rows > 0) {
@@ -582,7 +582,7 @@ bool ModelProposer::run_uniform_catch_up(const ProposeBatch& batch, const std::v
     SPECULA_CHECK(graphs->replay(size), "internal error: no {} catch-up graph of {} x {} rows", method(), size, rows);
     ++catch_up_graph_replays_;
     logits = catch_up_graph_logits_.at({rows, size});
-    if (phase_profile::enabled()) backend_.synchronize();
+    if (phase_profile::synchronizing()) backend_.synchronize();
   } else {
     phase_profile::Scope p("draft.catch_up_forward (padded, eager)");
     logits = uniform_catch_up_forward(size, rows, /*for_capture=*/false);
