@@ -60,6 +60,18 @@ class SafetensorsCheckpoint : public WeightSource {
   }
 
   Tensor load(const std::string& name, const Shape& expected, DType dtype, Backend& backend) override {
+    return load_part(name, expected, std::nullopt, dtype, backend);
+  }
+
+  Tensor load_slice(const std::string& name, const Shape& full, const TensorSlice& slice, DType dtype,
+                    Backend& backend) override {
+    return load_part(name, full, slice, dtype, backend);
+  }
+
+ private:
+  // The whole tensor, or only `slice` of it, read from the mmap'd file.
+  Tensor load_part(const std::string& name, const Shape& expected, const std::optional<TensorSlice>& slice,
+                   DType dtype, Backend& backend) {
     auto it = tensors_.find(name);
     if (it == tensors_.end()) {
       throw Error(fmt::format("checkpoint {}: tensor '{}' not found (the checkpoint has {} tensors)", dir_.string(),
@@ -86,19 +98,19 @@ class SafetensorsCheckpoint : public WeightSource {
                                 e.dtype_name, dtype_name(dtype)));
       }
     }
-    Tensor dst = backend.empty(expected, dtype);
+    Tensor dst = backend.empty(slice ? slice_shape(expected, *slice) : expected, dtype);
     const uint8_t* src = file.data(e);
     const size_t in_size = dtype_size(stored);
-    fill_backend_tensor(backend, dst, [&](void* out, size_t begin, size_t count) {
+    ElementFiller whole = [&](void* out, size_t begin, size_t count) {
       convert_elements(src + begin * in_size, stored, out, dtype, count);
-    });
+    };
+    fill_backend_tensor(backend, dst, slice ? slice_filler(expected, *slice, dtype_size(dtype), whole) : whole);
     ++loaded_;
     bytes_ += dst.nbytes();
     if (on_progress) on_progress(loaded_, bytes_);
     return dst;
   }
 
- private:
   struct Located {
     const SafetensorsFile* file;
     const SafetensorsEntry* entry;

@@ -67,22 +67,35 @@ class DummyWeightSource : public WeightSource {
   std::string describe() const override { return fmt::format("dummy weights (seed {})", seed_); }
 
   Tensor load(const std::string& name, const Shape& expected, DType dtype, Backend& backend) override {
+    return load_part(name, expected, std::nullopt, dtype, backend);
+  }
+
+  // A slice holds the values the whole tensor has there: they depend on the element's index in
+  // the full shape, and the scale on the full shape's input width.
+  Tensor load_slice(const std::string& name, const Shape& full, const TensorSlice& slice, DType dtype,
+                    Backend& backend) override {
+    return load_part(name, full, slice, dtype, backend);
+  }
+
+ private:
+  Tensor load_part(const std::string& name, const Shape& expected, const std::optional<TensorSlice>& slice,
+                   DType dtype, Backend& backend) {
     SPECULA_CHECK(is_weight_float_dtype(dtype), "dummy weights: tensor '{}' asked for as {}; only F32, F16 and BF16 "
                   "can be generated", name, dtype_name(dtype));
     for (int64_t d : expected) SPECULA_CHECK(d >= 0, "dummy weights: tensor '{}' has negative shape {}", name, shape_str(expected));
-    Tensor dst = backend.empty(expected, dtype);
+    Tensor dst = backend.empty(slice ? slice_shape(expected, *slice) : expected, dtype);
     const DummyInit init = dummy_init_for(name, expected);
     const uint64_t base = splitmix64(seed_ ^ fnv1a(name));
-    fill_backend_tensor(backend, dst, [&](void* out, size_t begin, size_t count) {
+    ElementFiller whole = [&](void* out, size_t begin, size_t count) {
       fill_dummy_values(init, base, dtype, out, begin, count);
-    });
+    };
+    fill_backend_tensor(backend, dst, slice ? slice_filler(expected, *slice, dtype_size(dtype), whole) : whole);
     loaded_names_.insert(name);
     bytes_ += dst.nbytes();
     if (on_progress) on_progress(loaded_names_.size(), bytes_);
     return dst;
   }
 
- private:
   ModelConfig config_;
   uint64_t seed_;
   std::set<std::string> loaded_names_;

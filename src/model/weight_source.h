@@ -17,6 +17,16 @@
 
 namespace specula {
 
+// Part of a stored tensor: `count` indices from `begin` along dimension `dim`, every other
+// dimension whole. What one tensor-parallel rank holds of a sharded weight.
+struct TensorSlice {
+  int dim = 0;
+  int64_t begin = 0;
+  int64_t count = 0;
+};
+// The shape of `slice` of a tensor of shape `full`; throws specula::Error when it does not fit.
+Shape slice_shape(const Shape& full, const TensorSlice& slice);
+
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
@@ -24,6 +34,11 @@ class WeightSource {
   // Loads tensor `name`, checks it has shape `expected` (error naming the file, the tensor, both
   // shapes), converts to `dtype` and returns it on `backend`'s device (persistent memory).
   virtual Tensor load(const std::string& name, const Shape& expected, DType dtype, Backend& backend) = 0;
+  // Loads only `slice` of tensor `name`, whose stored shape must be `full` (checked as load()
+  // checks `expected`): only the slice is converted and uploaded. The default throws (a source
+  // that cannot slice).
+  virtual Tensor load_slice(const std::string& name, const Shape& full, const TensorSlice& slice, DType dtype,
+                            Backend& backend);
   // The shape a tensor is stored with, when the source knows it before loading (a checkpoint does;
   // dummy weights have only the shapes they are asked for).
   virtual std::optional<Shape> stored_shape(const std::string& name) const { return std::nullopt; }

@@ -61,6 +61,27 @@ void convert_elements(const void* src, DType from, void* dst, DType to, size_t n
   }
 }
 
+ElementFiller slice_filler(const Shape& full, const TensorSlice& slice, size_t elem, ElementFiller full_fill) {
+  slice_shape(full, slice);  // checks that the slice fits
+  // Element e of the slice: outer index o (dims before `dim`), then run offset within the slice's
+  // count * inner contiguous elements that one outer index holds.
+  int64_t inner = 1;
+  for (size_t d = static_cast<size_t>(slice.dim) + 1; d < full.size(); ++d) inner *= full[d];
+  const size_t run = static_cast<size_t>(slice.count * inner);
+  const size_t stride = static_cast<size_t>(full[static_cast<size_t>(slice.dim)] * inner);
+  const size_t offset = static_cast<size_t>(slice.begin * inner);
+  return [=, fill = std::move(full_fill)](void* out, size_t begin, size_t count) {
+    auto* dst = static_cast<uint8_t*>(out);
+    while (count > 0) {
+      const size_t o = begin / run, within = begin % run, m = std::min(count, run - within);
+      fill(dst, o * stride + offset + within, m);
+      dst += m * elem;
+      begin += m;
+      count -= m;
+    }
+  };
+}
+
 void fill_backend_tensor(Backend& backend, Tensor& dst, const ElementFiller& fill, size_t staging_bytes) {
   const size_t n = static_cast<size_t>(dst.numel());
   if (n == 0) return;

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "core/tensor.h"
+#include "model/weight_source.h"
 
 namespace specula {
 
@@ -25,6 +26,11 @@ void convert_elements(const void* src, DType from, void* dst, DType to, size_t n
 
 // Writes elements [begin, begin + count) of a tensor, in the tensor's dtype, to `out`.
 using ElementFiller = std::function<void(void* out, size_t begin, size_t count)>;
+
+// The filler of `slice` of a tensor of shape `full` with `elem`-byte elements, from a filler of
+// the full tensor's elements (each run of the slice that is contiguous in the full tensor is one
+// call of `full_fill`).
+ElementFiller slice_filler(const Shape& full, const TensorSlice& slice, size_t elem, ElementFiller full_fill);
 
 // Fills `dst` (persistent memory of `backend`) through `fill`. CPU tensors are filled in place;
 // device tensors through a host staging buffer of at most `staging_bytes`, uploaded with
