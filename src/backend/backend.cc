@@ -155,6 +155,19 @@ void register_cuda_backend_factory(CudaBackendFactory factory) { cuda_factory() 
 
 bool cuda_available() { return cuda_factory().available && cuda_factory().available(); }
 
+int cuda_device_count() { return cuda_available() && cuda_factory().device_count ? cuda_factory().device_count() : 0; }
+
+std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<Backend*>& ranks) {
+  SPECULA_CHECK(!ranks.empty(), "tensor parallel: no ranks");
+  const Device device = ranks.front()->device();
+  for (const Backend* b : ranks)
+    SPECULA_CHECK(b->device() == device, "tensor parallel: ranks on {} and {} backends", ranks.front()->name(),
+                  b->name());
+  if (device == Device::kCPU) return make_thread_communicators(static_cast<int>(ranks.size()));
+  SPECULA_CHECK(cuda_factory().make_communicators, "tensor parallel: this specula was built without CUDA");
+  return cuda_factory().make_communicators(ranks);
+}
+
 std::unique_ptr<Backend> make_cuda_backend(int device_index) {
   SPECULA_CHECK(cuda_factory().make, "this specula was built without CUDA (nvcc was not found at build time)");
   SPECULA_CHECK(cuda_available(), "no CUDA GPU is visible");

@@ -267,6 +267,15 @@ class Backend {
   // for up to max_rows rows of vocab logits; nullptr where the backend has none (the engine then
   // samples on the host).
   virtual std::unique_ptr<TokenSampler> make_token_sampler(int max_rows, int64_t vocab);
+
+  // ---- several backends in one process (tensor parallelism) ----
+  // Makes this backend's device the calling thread's current one (CUDA: cudaSetDevice), which a
+  // thread must do before it drives a backend of another device. The default does nothing.
+  virtual void bind_thread() {}
+  // This backend's later work waits for all the work issued so far on `other`, without blocking
+  // the host (CUDA: an event recorded on other's stream that this stream waits for). The default
+  // waits on the host.
+  virtual void wait_for(Backend& other) { other.synchronize(); }
 };
 
 // fp32 CPU backend; threads = 0 means all cores.
@@ -276,5 +285,7 @@ std::unique_ptr<Backend> make_cpu_backend(int threads = 0);
 bool cuda_available();
 // Throws specula::Error when CUDA is unavailable.
 std::unique_ptr<Backend> make_cuda_backend(int device_index = 0);
+// GPUs visible to CUDA (0 without CUDA).
+int cuda_device_count();
 
 }  // namespace specula

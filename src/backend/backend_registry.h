@@ -4,14 +4,19 @@
 
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 
 namespace specula {
 
 struct CudaBackendFactory {
   std::function<bool()> available;
+  std::function<int()> device_count;
   std::function<std::unique_ptr<Backend>(int device_index)> make;
+  // NCCL communicators over CUDA backends, one per rank (backend/communicator.h).
+  std::function<std::vector<std::unique_ptr<Communicator>>(const std::vector<Backend*>& ranks)> make_communicators;
 };
 void register_cuda_backend_factory(CudaBackendFactory factory);
 

@@ -59,15 +59,30 @@ CudaBackend::CudaBackend(int device_index)
   if (prop.major >= 9) decode_cluster_splits_ = cuda::kMaxClusterSplits;  // clusters with DSMEM
   gemm_ = std::make_unique<CublasLtGemm>(stream_);
   batched_gemm_ = std::make_unique<CublasLtBatchedGemm>(stream_);
+  check_cuda(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming), "CUDA backend: cudaEventCreate");
 }
 
 CudaBackend::~CudaBackend() {
   gemm_.reset();
   batched_gemm_.reset();
+  if (handoff_ != nullptr) cudaEventDestroy(handoff_);
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
   }
+}
+
+void CudaBackend::bind_thread() { check_cuda(cudaSetDevice(device_index_), "CUDA backend: cudaSetDevice"); }
+
+void CudaBackend::wait_for(Backend& other) {
+  auto* o = dynamic_cast<CudaBackend*>(&other);
+  if (o == this) return;
+  if (o == nullptr) {
+    other.synchronize();
+    return;
+  }
+  check_cuda(cudaEventRecord(o->handoff_, o->stream_), "wait_for: cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(stream_, o->handoff_, 0), "wait_for: cudaStreamWaitEvent");
 }
 
 std::string CudaBackend::name() const {
@@ -93,7 +108,8 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
     return;
   }
   if (!src.is_cpu() && !dst.is_cpu()) {
-    check_cuda(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDeviceToDevice, stream_), "copy (device)");
+    // Default: the pointers say which GPUs (a tensor-parallel rank copies from rank 0's device).
+    check_cuda(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDefault, stream_), "copy (device)");
     return;
   }
   const bool to_device = src.is_cpu();

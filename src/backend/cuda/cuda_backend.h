@@ -99,6 +99,8 @@ class CudaBackend final : public Backend {
   std::optional<DeviceMemoryInfo> memory_info() override;
   std::unique_ptr<DeviceGraph> capture_graph(const std::function<void()>& work) override;
   std::unique_ptr<TokenSampler> make_token_sampler(int max_rows, int64_t vocab) override;
+  void bind_thread() override;
+  void wait_for(Backend& other) override;
 
   // ---- CUDA specifics (for the engine's CUDA graphs, benchmarks and tests) ----
   cudaStream_t stream() const { return stream_; }
@@ -126,6 +128,7 @@ class CudaBackend final : public Backend {
   int sm_count_ = 0;
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
+  cudaEvent_t handoff_ = nullptr;  // recorded when another backend's stream waits for this one (wait_for)
   CudaScratchArena arena_;
   std::unique_ptr<CublasLtGemm> gemm_;
   std::unique_ptr<CublasLtBatchedGemm> batched_gemm_;  // head_linear

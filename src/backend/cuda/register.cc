@@ -5,6 +5,7 @@
 #include "backend/backend_registry.h"
 #include "backend/cuda/cuda_allocator.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/nccl_communicator.h"
 
 namespace specula {
 namespace {
@@ -20,7 +21,13 @@ const bool kRegistered = [] {
   register_allocator(Device::kCUDA, &CudaCachingAllocator::instance());
   register_cuda_backend_factory(CudaBackendFactory{
       gpu_visible,
+      [] {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess) (void)cudaGetLastError();
+        return n;
+      },
       [](int device_index) -> std::unique_ptr<Backend> { return std::make_unique<CudaBackend>(device_index); },
+      make_nccl_communicators,
   });
   return true;
 }();

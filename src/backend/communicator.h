@@ -1,0 +1,45 @@
+// The collectives a tensor-parallel model needs between its ranks (Megatron-style sharding: a
+// row-parallel projection's partial sums are all-reduced, a vocab-parallel lm_head's logits
+// columns all-gathered). One Communicator per rank; every rank calls the same collectives in the
+// same order, each on its own backend's tensors.
+//
+// Implementations: threads of one process over host memory (the CPU backend, so that the whole
+// tensor-parallel path runs in CI without a GPU), and NCCL on CUDA (backend/cuda).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace specula {
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // t = the element-wise sum of every rank's t, in place. Every rank gets bitwise the same result
+  // (the ranks' tensors are summed in rank order), so replicated activations stay identical.
+  virtual void all_reduce_sum(Tensor& t) = 0;
+  // Concatenates the ranks' [R, C] blocks along the columns, rank order: out [R, size * C] with
+  // out[r, k * C + c] = in_k[r, c]. A vocab-parallel lm_head's logits become the full rows.
+  virtual void all_gather_columns(const Tensor& in, Tensor& out) = 0;
+  // Ends every collective waiting now or later with specula::Error, on every rank: a rank whose
+  // forward failed calls it so that the others do not wait for it forever.
+  virtual void abort() = 0;
+};
+
+class Backend;  // backend/backend.h
+
+// `size` communicators over threads of this process, one per rank (index = rank), for CPU
+// tensors (F32). Rank k's collectives must be called from one thread at a time.
+std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int size);
+
+// One communicator per rank for the ranks' backends (index = rank): threads for CPU backends,
+// NCCL for CUDA backends of distinct GPUs (collectives enqueued on each rank's stream). Throws
+// specula::Error for mixed devices or a build without what the device needs.
+std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<Backend*>& ranks);
+
+}  // namespace specula

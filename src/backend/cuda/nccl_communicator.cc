@@ -1,0 +1,159 @@
+// NCCL communicators; see nccl_communicator.h.
+#include "backend/cuda/nccl_communicator.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <mutex>
+#include <set>
+
+#include "backend/cuda/cuda_backend.h"
+#include "core/error.h"
+
+namespace specula {
+namespace {
+
+// The few NCCL entry points specula calls, from libnccl.so.2 opened at run time.
+struct NcclLibrary {
+  decltype(&ncclCommInitAll) comm_init_all = nullptr;
+  decltype(&ncclCommDestroy) comm_destroy = nullptr;
+  decltype(&ncclCommAbort) comm_abort = nullptr;
+  decltype(&ncclAllReduce) all_reduce = nullptr;
+  decltype(&ncclAllGather) all_gather = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+
+  static const NcclLibrary& get() {
+    static NcclLibrary lib;
+    static std::once_flag once;
+    std::call_once(once, [] { lib.open(); });
+    return lib;
+  }
+
+  void check(ncclResult_t r, const char* what) const {
+    if (r != ncclSuccess) throw Error(fmt::format("{}: NCCL error {} ({})", what, static_cast<int>(r), error_string(r)));
+  }
+
+ private:
+  void open() {
+    void* handle = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    SPECULA_CHECK(handle != nullptr, "tensor parallel on CUDA needs NCCL: cannot open libnccl.so.2 ({}); put its folder "
+                  "on LD_LIBRARY_PATH", dlerror());
+    auto sym = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(handle, name));
+      SPECULA_CHECK(fn != nullptr, "libnccl.so.2 lacks {}", name);
+    };
+    sym(comm_init_all, "ncclCommInitAll");
+    sym(comm_destroy, "ncclCommDestroy");
+    sym(comm_abort, "ncclCommAbort");
+    sym(all_reduce, "ncclAllReduce");
+    sym(all_gather, "ncclAllGather");
+    sym(error_string, "ncclGetErrorString");
+  }
+};
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::kF32: return ncclFloat32;
+    case DType::kF16: return ncclFloat16;
+    case DType::kBF16: return ncclBfloat16;
+    default: break;
+  }
+  throw Error(fmt::format("tensor parallel: NCCL collectives take F32, F16 or BF16 tensors, got {}", dtype_name(t)));
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(ncclComm_t comm, int rank, int size, CudaBackend& backend)
+      : comm_(comm), rank_(rank), size_(size), backend_(backend) {}
+  ~NcclCommunicator() override {
+    const NcclLibrary& nccl = NcclLibrary::get();
+    if (aborted_) return;  // ncclCommAbort freed it
+    int current = 0;
+    cudaGetDevice(&current);
+    cudaSetDevice(backend_.device_index());
+    nccl.comm_destroy(comm_);
+    cudaSetDevice(current);
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+
+  void all_reduce_sum(Tensor& t) override {
+    cuda_check::on_gpu(t, "all_reduce_sum", "t");
+    NcclLibrary::get().check(NcclLibrary::get().all_reduce(t.data(), t.data(), static_cast<size_t>(t.numel()),
+                                                           nccl_type(t.dtype()), ncclSum, comm_, backend_.stream()),
+                             "tensor parallel all_reduce_sum");
+  }
+
+  // NCCL gathers the ranks' blocks one after another ([size][R][C]); rows of one element each
+  // (R = 1, batch-1 decode) are already the [1, size * C] row, else each block's columns are
+  // copied into place with one 2-D copy.
+  void all_gather_columns(const Tensor& in, Tensor& out) override {
+    cuda_check::on_gpu(in, "all_gather_columns", "in");
+    cuda_check::on_gpu(out, "all_gather_columns", "out");
+    cuda_check::same_dtype(in, out, "all_gather_columns", "in", "out");
+    const int64_t cols = in.size(-1), rows = cols == 0 ? 0 : in.numel() / cols;
+    SPECULA_CHECK(out.numel() == rows * cols * size_, "all_gather_columns: out {} must hold {} ranks' {}",
+                  out.describe(), size_, in.describe());
+    const NcclLibrary& nccl = NcclLibrary::get();
+    if (rows <= 1) {
+      nccl.check(nccl.all_gather(in.data(), out.data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()), comm_,
+                                 backend_.stream()),
+                 "tensor parallel all_gather_columns");
+      return;
+    }
+    Tensor blocks = backend_.scratch({size_, rows, cols}, in.dtype());
+    nccl.check(nccl.all_gather(in.data(), blocks.data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()), comm_,
+                               backend_.stream()),
+               "tensor parallel all_gather_columns");
+    const size_t elem = dtype_size(in.dtype());
+    for (int k = 0; k < size_; ++k) {
+      check_cuda(cudaMemcpy2DAsync(static_cast<uint8_t*>(out.data()) + static_cast<size_t>(k * cols) * elem,
+                                   static_cast<size_t>(size_ * cols) * elem,
+                                   static_cast<const uint8_t*>(blocks.data()) + static_cast<size_t>(k * rows * cols) * elem,
+                                   static_cast<size_t>(cols) * elem, static_cast<size_t>(cols) * elem,
+                                   static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, backend_.stream()),
+                 "all_gather_columns: placing a rank's columns");
+    }
+  }
+
+  void abort() override {
+    if (aborted_) return;
+    aborted_ = true;
+    NcclLibrary::get().comm_abort(comm_);
+  }
+
+ private:
+  ncclComm_t comm_;
+  int rank_, size_;
+  CudaBackend& backend_;
+  bool aborted_ = false;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<Backend*>& ranks) {
+  std::vector<CudaBackend*> cuda;
+  std::vector<int> devices;
+  for (Backend* b : ranks) {
+    auto* c = dynamic_cast<CudaBackend*>(b);
+    SPECULA_CHECK(c != nullptr, "tensor parallel: NCCL needs CUDA backends, got {}", b->name());
+    cuda.push_back(c);
+    devices.push_back(c->device_index());
+  }
+  SPECULA_CHECK(std::set<int>(devices.begin(), devices.end()).size() == devices.size(),
+                "tensor parallel: two ranks on one GPU");
+  const NcclLibrary& nccl = NcclLibrary::get();
+  std::vector<ncclComm_t> comms(ranks.size());
+  int current = 0;
+  cudaGetDevice(&current);
+  nccl.check(nccl.comm_init_all(comms.data(), static_cast<int>(comms.size()), devices.data()), "ncclCommInitAll");
+  cudaSetDevice(current);
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    out.push_back(std::make_unique<NcclCommunicator>(comms[r], static_cast<int>(r), static_cast<int>(ranks.size()), *cuda[r]));
+  return out;
+}
+
+}  // namespace specula
