@@ -19,6 +19,7 @@
 #include <cmath>
 #include <string>
 
+#include "backend/communicator.h"
 #include "core/logging.h"
 #include "core/phase_profile.h"
 #include "model/llama_layer.h"
@@ -31,7 +32,7 @@ const Tensor* if_defined(const Tensor& t) { return t.defined() ? &t : nullptr; }
 class LlamaModel final : public Model {
  public:
   LlamaModel(const ModelConfig& config, WeightSource& weights, Backend& backend,
-             const WeightQuantization& quantization);
+             const WeightQuantization& quantization, const TensorParallelRank& tp);
 
   const ModelConfig& config() const override { return config_; }
   KVCacheSpec kv_cache_spec() const override {
@@ -46,29 +47,37 @@ class LlamaModel final : public Model {
   void check_input(const ForwardInput& input, const std::vector<KVCacheLayer>& kv) const;
 
   ModelConfig config_;
+  TensorParallelRank tp_;
+  ModelConfig layer_config_;  // the rank's heads and channels (config_ itself at size 1)
   Backend& backend_;
   int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, vocab_;
+  int64_t vocab_rows_;  // lm_head rows this rank holds (vocab_ / tp.size)
 
   Tensor embed_tokens_;  // [V, H]
   std::vector<LlamaLayerWeights> layers_;
   Tensor norm_;          // [H]
-  Tensor lm_head_;       // [V, H]; the embedding itself when tie_word_embeddings
+  Tensor lm_head_;       // [V / N, H]: the rank's rows; of the embedding itself when tie_word_embeddings
   Tensor cos_sin_;       // F32 [max_position_embeddings, rotary_dim]
   LlamaDecoderLayer layer_;  // after config_ and cos_sin_, which it keeps references to
   std::vector<int> aux_layers_;  // ForwardOutput::aux_hidden_states: inputs of these layers
 };
 
 LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend& backend,
-                       const WeightQuantization& quantization)
+                       const WeightQuantization& quantization, const TensorParallelRank& tp)
     : config_(config),
+      tp_(tp),
+      layer_config_(rank_config(config, tp.size)),
       backend_(backend),
       hidden_(config.hidden_size),
-      num_heads_(config.num_attention_heads),
-      num_kv_heads_(config.num_key_value_heads),
+      num_heads_(layer_config_.num_attention_heads),
+      num_kv_heads_(layer_config_.num_key_value_heads),
       head_dim_(config.head_dim),
       vocab_(config.vocab_size),
+      vocab_rows_(config.vocab_size / tp.size),
       cos_sin_(make_rope_table(config, backend)),
-      layer_(config_, backend, cos_sin_) {
+      layer_(layer_config_, backend, cos_sin_, tp.communicator) {
+  SPECULA_CHECK(tp.size == 1 || tp.communicator != nullptr, "{}: tensor-parallel rank {} of {} has no communicator",
+                architecture_name(config.arch), tp.rank, tp.size);
   if (config.sliding_window && *config.sliding_window < config.max_position_embeddings &&
       (config.arch == Architecture::kMistral || config.raw.value("use_sliding_window", false))) {
     LOG_WARN("sliding_window={} is not implemented: attention is full, which matches the model only for "
@@ -80,12 +89,14 @@ LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend
   for (int64_t i = 0; i < config.num_hidden_layers; ++i)
     layers_[i] = layer_.load(w, "model.layers." + std::to_string(i) + ".", hidden_, true);
   norm_ = w.load("model.norm.weight", {hidden_});
-  lm_head_ = config.tie_word_embeddings ? embed_tokens_ : w.load("lm_head.weight", {vocab_, hidden_});
+  // The embedding is replicated; a tied lm_head is the rank's rows of it (a view).
+  lm_head_ = config.tie_word_embeddings ? embed_tokens_.slice(tp.rank * vocab_rows_, (tp.rank + 1) * vocab_rows_)
+                                        : w.load("lm_head.weight", {vocab_rows_, hidden_});
 }
 
 Tensor LlamaModel::shared_weight(const std::string& name) const {
   if (name == "model.embed_tokens.weight") return embed_tokens_;
-  if (name == "lm_head.weight") return lm_head_;
+  if (name == "lm_head.weight") return tp_.size == 1 ? lm_head_ : Tensor();  // a rank holds only its rows
   return Tensor();
 }
 
@@ -155,11 +166,18 @@ ForwardOutput LlamaModel::forward(const ForwardInput& in, std::vector<KVCacheLay
   // dtype and no separate cast launch).
   out.logits = backend_.scratch({l, vocab_}, DType::kF32);
   phase_profile::Scope p("model.lm_head (host)");
-  backend_.linear(selected, lm_head_, nullptr, out.logits);
+  if (tp_.size == 1) {
+    backend_.linear(selected, lm_head_, nullptr, out.logits);
+    return out;
+  }
+  Tensor part = backend_.scratch({l, vocab_rows_}, DType::kF32);  // this rank's vocabulary columns
+  backend_.linear(selected, lm_head_, nullptr, part);
+  tp_.communicator->all_gather_columns(part, out.logits);
   return out;
 }
 
 bool LlamaModel::greedy_chain(DecoderChain& c) {
+  if (tp_.size > 1) return false;  // the fused chain has no collectives
   c.layers.clear();
   for (const LlamaLayerWeights& l : layers_) {
     DecoderChainLayerWeights w;
@@ -193,8 +211,9 @@ bool LlamaModel::greedy_chain(DecoderChain& c) {
 }  // namespace
 
 std::unique_ptr<Model> create_llama_model(const ModelConfig& config, WeightSource& weights, Backend& backend,
-                                          const WeightQuantization& quantization) {
-  auto model = std::make_unique<LlamaModel>(config, weights, backend, quantization);
+                                          const WeightQuantization& quantization, const TensorParallelRank& tp) {
+  check_tensor_parallel(config, tp.size);
+  auto model = std::make_unique<LlamaModel>(config, weights, backend, quantization, tp);
   if (quantization.fp8()) LOG_INFO("Linear layers: {}", quantization.describe());
   LOG_INFO("Loaded {} ({} layers, hidden {}, {} q / {} kv heads of {}, vocab {}) from {} onto {}",
            architecture_name(config.arch), config.num_hidden_layers, config.hidden_size, config.num_attention_heads,

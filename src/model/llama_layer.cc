@@ -93,10 +93,12 @@ Tensor make_rope_table(const ModelConfig& config, Backend& backend) {
   return cos_sin;
 }
 
-LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& config, Backend& backend, const Tensor& cos_sin)
+LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& config, Backend& backend, const Tensor& cos_sin,
+                                     Communicator* communicator)
     : config_(config),
       backend_(backend),
       cos_sin_(cos_sin),
+      communicator_(communicator),
       hidden_(config.hidden_size),
       num_heads_(config.num_attention_heads),
       num_kv_heads_(config.num_key_value_heads),
@@ -188,8 +190,7 @@ void LlamaDecoderLayer::attention(const LlamaLayerWeights& w, const Tensor& x, c
 
   // o_proj reads only attn: residual may be x, whose last reader (the qkv GEMM) ran before it.
   phase_profile::Scope p("model.o_gemm (host)");
-  backend_.fused_linear(attn.reshape({t, hq * d}), LinearPrologue::none(), w.o_proj, if_defined(w.o_bias), residual,
-                        LinearEpilogue::kAccumulate);
+  add_to_residual(attn.reshape({t, hq * d}), w.o_proj, if_defined(w.o_bias), residual);
 }
 
 void LlamaDecoderLayer::mlp(const LlamaLayerWeights& w, Tensor& residual) const {
@@ -199,8 +200,21 @@ void LlamaDecoderLayer::mlp(const LlamaLayerWeights& w, Tensor& residual) const 
   Tensor act = backend_.scratch({t, intermediate_}, dt);  // silu(gate) * up
   backend_.fused_linear(residual, LinearPrologue::rms_norm(w.post_attention_layernorm, eps_), w.gate_up_proj,
                         if_defined(w.gate_up_bias), act, LinearEpilogue::kSiluMul);
-  backend_.fused_linear(act, LinearPrologue::none(), w.down_proj, if_defined(w.down_bias), residual,
-                        LinearEpilogue::kAccumulate);
+  add_to_residual(act, w.down_proj, if_defined(w.down_bias), residual);
+}
+
+void LlamaDecoderLayer::add_to_residual(const Tensor& x, const LinearWeight& weight, const Tensor* bias,
+                                        Tensor& residual) const {
+  if (communicator_ == nullptr || communicator_->size() == 1) {
+    backend_.fused_linear(x, LinearPrologue::none(), weight, bias, residual, LinearEpilogue::kAccumulate);
+    return;
+  }
+  // Each rank's product covers its heads' or channels' columns only: sum them over the ranks first
+  // (the bias is rank 0's alone, tensor_parallel_plan.h), then add once.
+  Tensor partial = backend_.scratch(residual.shape(), backend_.compute_dtype());
+  backend_.fused_linear(x, LinearPrologue::none(), weight, bias, partial, LinearEpilogue::kStore);
+  communicator_->all_reduce_sum(partial);
+  backend_.add(residual, partial, residual);
 }
 
 }  // namespace specula

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "model/weight_quantization.h"
@@ -60,8 +61,11 @@ class LlamaWeightLoader {
 // The dimensions and tables a layer runs with, fixed by the config at load time.
 class LlamaDecoderLayer {
  public:
-  // `cos_sin`: F32 [max_positions, rotary_dim], owned by the caller.
-  LlamaDecoderLayer(const ModelConfig& config, Backend& backend, const Tensor& cos_sin);
+  // `cos_sin`: F32 [max_positions, rotary_dim], owned by the caller. A tensor-parallel rank passes
+  // its rank_config (its heads and intermediate channels) and its communicator: the blocks' row-
+  // parallel outputs are then all-reduced before they reach the residual stream.
+  LlamaDecoderLayer(const ModelConfig& config, Backend& backend, const Tensor& cos_sin,
+                    Communicator* communicator = nullptr);
 
   // Loads layer `prefix` ("model.layers.3."): the attention reads `attention_input` columns (H for
   // a decoder, 2 H for EAGLE-3's layer); input_layernorm only when `with_input_layernorm`.
@@ -86,9 +90,14 @@ class LlamaDecoderLayer {
   int rotary_dim() const { return rotary_dim_; }
 
  private:
+  // residual += x @ weight^T (+ bias): the last linear layer of a block, whose output a tensor-
+  // parallel rank holds only a partial sum of until the all-reduce.
+  void add_to_residual(const Tensor& x, const LinearWeight& weight, const Tensor* bias, Tensor& residual) const;
+
   const ModelConfig& config_;
   Backend& backend_;
   const Tensor& cos_sin_;
+  Communicator* communicator_;
   int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, intermediate_;
   int rotary_dim_;
   float eps_, attn_scale_;

@@ -2,6 +2,7 @@
 // writing a paged KV cache, returning logits only for the rows that need them.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,6 +80,10 @@ struct ModelOptions {
   // --quantization: "" (what the checkpoint's config says) or "fp8" (quantise bf16 weights at
   // load); see model/weight_quantization.h.
   std::string quantization{};
+  // --tensor-parallel-size: ranks the model is split over (model/tensor_parallel_model.h), each
+  // beyond rank 0 on the backend this gives it. 1: the whole model on the one backend.
+  int tensor_parallel_size = 1;
+  std::function<std::unique_ptr<Backend>(int rank)> make_rank_backend{};
 };
 
 // Builds the model for config.arch, loading every weight through `weights` onto `backend`.

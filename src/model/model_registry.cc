@@ -2,6 +2,8 @@
 #include "model/deepseek.h"
 #include "model/llama.h"
 #include "model/model.h"
+#include "model/tensor_parallel_model.h"
+#include "model/tensor_parallel_plan.h"
 #include "model/weight_quantization.h"
 
 namespace specula {
@@ -12,6 +14,14 @@ std::unique_ptr<Model> create_model(const ModelConfig& config, WeightSource& wei
 
 std::unique_ptr<Model> create_model(const ModelConfig& config, WeightSource& weights, Backend& backend,
                                     const ModelOptions& options) {
+  check_tensor_parallel(config, options.tensor_parallel_size);
+  if (options.tensor_parallel_size > 1) {
+    SPECULA_CHECK(static_cast<bool>(options.make_rank_backend),
+                  "--tensor-parallel-size {}: no backend factory for the ranks beyond the first",
+                  options.tensor_parallel_size);
+    return create_tensor_parallel_model(config, weights, backend, resolve_weight_quantization(config, options.quantization),
+                                        options.tensor_parallel_size, options.make_rank_backend);
+  }
   switch (config.arch) {
     case Architecture::kLlama:
     case Architecture::kMistral:

@@ -1,0 +1,260 @@
+// TensorParallelModel: the ranks of a split model run as one; see tensor_parallel_model.h.
+#include "model/tensor_parallel_model.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "backend/communicator.h"
+#include "core/error.h"
+#include "core/logging.h"
+#include "model/llama.h"
+#include "model/sharded_weight_source.h"
+#include "model/tensor_parallel_plan.h"
+
+namespace specula {
+namespace {
+
+// One thread per rank from 1 on, kept for the model's life: run() hands every rank the same job
+// (rank 0 runs it on the caller's thread) and returns when all have finished it. A rank that
+// fails aborts the communicators so that the others leave their collectives instead of waiting.
+class RankThreads {
+ public:
+  RankThreads(int size, std::function<void()> on_failure)
+      : errors_(static_cast<size_t>(size)), on_failure_(std::move(on_failure)) {
+    for (int rank = 1; rank < size; ++rank) threads_.emplace_back([this, rank] { loop(rank); });
+  }
+
+  ~RankThreads() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    work_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  void run(const std::function<void(int rank)>& job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      job_ = &job;
+      pending_ = static_cast<int>(threads_.size());
+      for (std::exception_ptr& e : errors_) e = nullptr;
+      first_failed_ = -1;
+      ++generation_;
+    }
+    work_.notify_all();
+    run_rank(job, 0);
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return pending_ == 0; });
+    job_ = nullptr;
+    // The first failure is the cause; the others are ranks that its abort woke.
+    if (first_failed_ >= 0) std::rethrow_exception(errors_[static_cast<size_t>(first_failed_)]);
+  }
+
+ private:
+  void run_rank(const std::function<void(int)>& job, int rank) {
+    try {
+      job(rank);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        errors_[static_cast<size_t>(rank)] = std::current_exception();
+        if (first_failed_ < 0) first_failed_ = rank;
+      }
+      on_failure_();
+    }
+  }
+
+  void loop(int rank) {
+    uint64_t seen = 0;
+    for (;;) {
+      const std::function<void(int)>* job = nullptr;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        work_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        job = job_;
+      }
+      run_rank(*job, rank);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        --pending_;
+      }
+      done_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable work_, done_;
+  const std::function<void(int)>* job_ = nullptr;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::vector<std::exception_ptr> errors_;  // by rank
+  int first_failed_ = -1;                   // the rank whose failure aborted the others
+  std::function<void()> on_failure_;
+  std::vector<std::thread> threads_;
+};
+
+// Makes `backend`'s device the calling thread's while it lives, then `home`'s again.
+class BoundTo {
+ public:
+  BoundTo(Backend& backend, Backend& home) : home_(home) { backend.bind_thread(); }
+  ~BoundTo() { home_.bind_thread(); }
+
+ private:
+  Backend& home_;
+};
+
+// A rank's copies of the step's inputs on its own device (persistent buffers that grow).
+class RankInputs {
+ public:
+  ForwardInput stage(Backend& backend, const ForwardInput& in) {
+    ForwardInput mine = in;
+    mine.token_ids = stage(backend, token_ids_, in.token_ids);
+    mine.positions = stage(backend, positions_, in.positions);
+    mine.logits_indices = stage(backend, logits_indices_, in.logits_indices);
+    mine.attn.query_start_loc = stage(backend, query_start_loc_, in.attn.query_start_loc);
+    mine.attn.seq_lens = stage(backend, seq_lens_, in.attn.seq_lens);
+    mine.attn.block_tables = stage(backend, block_tables_, in.attn.block_tables);
+    mine.attn.slot_mapping = stage(backend, slot_mapping_, in.attn.slot_mapping);
+    return mine;
+  }
+
+ private:
+  static Tensor stage(Backend& backend, Tensor& storage, const Tensor& src) {
+    if (!src.defined() || src.numel() == 0) return src;
+    if (!storage.defined() || storage.dtype() != src.dtype() || storage.numel() < src.numel())
+      storage = backend.empty({std::max<int64_t>(src.numel(), 2 * (storage.defined() ? storage.numel() : 0))},
+                              src.dtype());
+    Tensor view = storage.slice(0, src.numel()).reshape(src.shape());
+    backend.copy(src, view);
+    return view;
+  }
+
+  Tensor token_ids_, positions_, logits_indices_, query_start_loc_, seq_lens_, block_tables_, slot_mapping_;
+};
+
+class TensorParallelModel final : public Model {
+ public:
+  TensorParallelModel(const ModelConfig& config, WeightSource& weights, Backend& rank0_backend,
+                      const WeightQuantization& quantization, int size, const RankBackendFactory& make_backend)
+      : config_(config) {
+    backends_.push_back(&rank0_backend);
+    for (int rank = 1; rank < size; ++rank) {
+      BoundTo home(rank0_backend, rank0_backend);  // a CUDA backend's constructor binds its device
+      owned_backends_.push_back(make_backend(rank));
+      SPECULA_CHECK(owned_backends_.back() && owned_backends_.back()->device() == rank0_backend.device(),
+                    "tensor parallel: rank {}'s backend is not a {} backend like rank 0's", rank,
+                    device_name(rank0_backend.device()));
+      backends_.push_back(owned_backends_.back().get());
+    }
+    communicators_ = make_communicators(backends_);
+    for (int rank = 0; rank < size; ++rank) {
+      Backend& backend = *backends_[static_cast<size_t>(rank)];
+      BoundTo device(backend, rank0_backend);
+      ShardedWeightSource shard(weights, rank, size, [&config, rank, size](const std::string& name) {
+        return llama_weight_shard(name, config, rank, size);
+      });
+      models_.push_back(create_llama_model(config, shard, backend, quantization,
+                                           TensorParallelRank{rank, size, communicators_[static_cast<size_t>(rank)].get()}));
+      backend.synchronize();  // the rank's uploads are done before its staging buffers go
+    }
+    rank_kv_.resize(static_cast<size_t>(size));
+    rank_inputs_.resize(static_cast<size_t>(size));
+    threads_ = std::make_unique<RankThreads>(size, [this] {
+      for (auto& c : communicators_) c->abort();
+    });
+  }
+
+  const ModelConfig& config() const override { return config_; }
+  KVCacheSpec kv_cache_spec() const override { return models_.front()->kv_cache_spec(); }
+
+  // Rank 0 runs on the caller's thread over the engine's inputs and cache; every other rank on
+  // its thread over copies of the inputs on its device, taken once the work that wrote them on
+  // rank 0's device has run (wait_for). The ranks' collectives order the rest: rank 0's device
+  // cannot pass a layer's all-reduce before every rank has reached it, so the inputs are not
+  // rewritten under a copy.
+  ForwardOutput forward(const ForwardInput& input, std::vector<KVCacheLayer>& kv) override {
+    match_rank_caches(kv);
+    Backend& home = *backends_.front();
+    const bool host_memory = home.device() == Device::kCPU;
+    if (!host_memory)
+      for (size_t rank = 1; rank < backends_.size(); ++rank) backends_[rank]->wait_for(home);
+    ForwardOutput out;
+    threads_->run([&](int rank) {
+      const size_t r = static_cast<size_t>(rank);
+      backends_[r]->bind_thread();
+      if (rank == 0) {
+        out = models_.front()->forward(input, kv);
+        return;
+      }
+      const ForwardInput mine = host_memory ? input : rank_inputs_[r].stage(*backends_[r], input);
+      models_[r]->forward(mine, rank_kv_[r]);
+    });
+    return out;
+  }
+
+  // Rank 0 holds the replicated embedding; the lm_head is split, so it lends none.
+  Tensor shared_weight(const std::string& name) const override { return models_.front()->shared_weight(name); }
+
+  // The residual stream is replicated: rank 0's copy of the features is the model's.
+  void set_aux_hidden_state_layers(const std::vector<int>& layers) override {
+    models_.front()->set_aux_hidden_state_layers(layers);
+  }
+
+ private:
+  // Ranks from 1 on get caches shaped like the engine's (rank 0's) whenever it hands a new one
+  // (the memory plan's trial cache, then the real one).
+  void match_rank_caches(const std::vector<KVCacheLayer>& kv) {
+    std::vector<const void*> key;
+    for (const KVCacheLayer& layer : kv) key.push_back(layer.k.data());
+    if (key == kv_key_) return;
+    for (size_t rank = 1; rank < models_.size(); ++rank) {
+      Backend& backend = *backends_[rank];
+      BoundTo device(backend, *backends_.front());
+      std::vector<KVCacheLayer>& mine = rank_kv_[rank];
+      mine.clear();
+      for (const KVCacheLayer& layer : kv) {
+        KVCacheLayer copy;
+        for (auto [from, to] : {std::pair{&layer.k, &copy.k}, std::pair{&layer.v, &copy.v}}) {
+          if (!from->defined()) continue;
+          *to = backend.empty(from->shape(), from->dtype());
+          backend.zero(*to);
+        }
+        mine.push_back(copy);
+      }
+    }
+    kv_key_ = std::move(key);
+  }
+
+  ModelConfig config_;
+  std::vector<std::unique_ptr<Backend>> owned_backends_;  // ranks 1..size-1
+  std::vector<Backend*> backends_;                        // by rank
+  std::vector<std::unique_ptr<Communicator>> communicators_;  // by rank
+  std::vector<std::unique_ptr<Model>> models_;            // by rank
+  std::vector<std::vector<KVCacheLayer>> rank_kv_;        // by rank (rank 0's is the engine's)
+  std::vector<const void*> kv_key_;                       // the engine cache rank_kv_ matches
+  std::vector<RankInputs> rank_inputs_;                   // by rank (rank 0 reads the engine's)
+  std::unique_ptr<RankThreads> threads_;                  // last: joined before the models go
+};
+
+}  // namespace
+
+std::unique_ptr<Model> create_tensor_parallel_model(const ModelConfig& config, WeightSource& weights,
+                                                    Backend& rank0_backend, const WeightQuantization& quantization,
+                                                    int size, const RankBackendFactory& make_backend) {
+  check_tensor_parallel(config, size);
+  auto model = std::make_unique<TensorParallelModel>(config, weights, rank0_backend, quantization, size, make_backend);
+  LOG_INFO("Tensor parallel: {} split over {} ranks ({} q / {} kv heads and {} of {} vocabulary rows per rank)",
+           architecture_name(config.arch), size, config.num_attention_heads / size,
+           rank_config(config, size).num_key_value_heads, config.vocab_size / size, config.vocab_size);
+  return model;
+}
+
+}  // namespace specula
