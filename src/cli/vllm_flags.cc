@@ -21,7 +21,8 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
   cmd->add_option("-q,--quantization", f.quantization,
                   "Weight quantisation: fp8 quantises bf16 linear layers to e4m3 at load (one scale per output "
                   "row); default: what the checkpoint's quantization_config says");
-  cmd->add_option("--tensor-parallel-size", f.tensor_parallel_size, "GPUs to shard the model over (also -tp; 1 for now)")
+  cmd->add_option("--tensor-parallel-size", f.tensor_parallel_size, "Ranks to split the model over, Megatron-style (also -tp): one GPU each on CUDA (NCCL), "
+                  "threads on the CPU")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "Pipeline stages (also -pp; 1)")
       ->capture_default_str()->check(CLI::PositiveNumber);

@@ -55,11 +55,17 @@ std::vector<int32_t> eos_token_ids(const Tokenizer& tok, const GenerationConfig&
   return ids;
 }
 
-// --dtype / --kv-cache-dtype name the backend's compute type or auto; -tp / -pp are 1.
+// --dtype / --kv-cache-dtype name the backend's compute type or auto; -pp is 1; -tp splits the
+// model over that many backends of the device's kind (model/tensor_parallel_model.h).
 void check_parallel_and_types(const EngineConfig& config, const Backend& backend) {
-  SPECULA_CHECK(config.tensor_parallel_size == 1,
-                "--tensor-parallel-size {}: tensor parallelism is not supported yet (one device per engine)",
+  SPECULA_CHECK(config.tensor_parallel_size >= 1, "--tensor-parallel-size must be positive, got {}",
                 config.tensor_parallel_size);
+  if (backend.device() == Device::kCUDA) {
+    const int gpus = cuda_device_count();
+    SPECULA_CHECK(config.tensor_parallel_size <= gpus,
+                  "--tensor-parallel-size {}: only {} GPU{} visible (one rank per GPU)", config.tensor_parallel_size,
+                  gpus, gpus == 1 ? " is" : "s are");
+  }
   SPECULA_CHECK(config.pipeline_parallel_size == 1,
                 "--pipeline-parallel-size {}: pipeline parallelism is not supported", config.pipeline_parallel_size);
   const DType compute = backend.compute_dtype();
@@ -113,10 +119,15 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
     std::unique_ptr<WeightSource> weights = open_weights(config, mc);
     LOG_INFO("Loading {} ({}) on {}", weights->describe(), architecture_name(mc.arch), parts.backend->name());
     const auto t0 = std::chrono::steady_clock::now();
-    LoadProgress progress(weights->names().size());
+    LoadProgress progress(weights->names().size() * static_cast<size_t>(std::max(1, config.tensor_parallel_size)));
     weights->on_progress = [&](size_t tensors, size_t bytes) { progress.update(tensors, bytes); };
-    parts.model = create_model(mc, *weights, *parts.backend,
-                               ModelOptions{parts.config.shared_expert_fusion, config.quantization});
+    ModelOptions options{parts.config.shared_expert_fusion, config.quantization};
+    options.tensor_parallel_size = config.tensor_parallel_size;
+    // Rank r of a CUDA model runs on GPU r; CPU ranks are more CPU backends.
+    options.make_rank_backend = [&config, on_gpu = parts.backend->device() == Device::kCUDA](int rank) {
+      return on_gpu ? make_cuda_backend(rank) : make_backend(config);
+    };
+    parts.model = create_model(mc, *weights, *parts.backend, options);
     progress.finish();
     LOG_INFO("Model loading took {:.2f} seconds",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -241,7 +252,10 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
     if (verifier) runner->set_rejection_sampler(std::move(verifier));
     LOG_INFO("Speculative decoding: {}", parts.speculator->describe());
   }
-  if (on_cuda && !config.enforce_eager) {
+  if (on_cuda && !config.enforce_eager && config.tensor_parallel_size > 1) {
+    LOG_INFO("CUDA graphs: off with --tensor-parallel-size {} (the ranks' steps run eagerly; graphs of several "
+             "GPUs' NCCL collectives are not built yet)", config.tensor_parallel_size);
+  } else if (on_cuda && !config.enforce_eager) {
     // CUDA graphs for decode steps of up to max_num_seqs sequences (vLLM caps captures at 512).
     const auto g0 = std::chrono::steady_clock::now();
     const std::optional<DeviceMemoryInfo> before = parts.backend->memory_info();

@@ -58,12 +58,29 @@ TEST_F(VllmFlags, EverydayFlagsAreAcceptedWithTheirMeaning) {
   EXPECT_NE(r.output.find("4 generated tokens"), std::string::npos) << r.output;
 }
 
+// -tp 2 on the CPU: the model split over two ranks generates what the whole model does.
+TEST_F(VllmFlags, TensorParallelSizeSplitsTheModel) {
+  CliRun whole = run_cli(generate("--temperature 0 --disable-log-stats"));
+  CliRun split = run_cli(generate("--temperature 0 --disable-log-stats -tp 2"));
+  ASSERT_EQ(whole.status, 0) << whole.output;
+  ASSERT_EQ(split.status, 0) << split.output;
+  EXPECT_NE(split.output.find("split over 2 ranks"), std::string::npos) << split.output;
+  // The continuation is the line before generate's closing "finish_reason=..." line.
+  auto continuation = [](const std::string& out) {
+    const size_t end = out.rfind("\nfinish_reason=");
+    if (end == std::string::npos) return std::string("(no finish line)");
+    const size_t begin = out.rfind('\n', end - 1);
+    return out.substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1));
+  };
+  EXPECT_EQ(continuation(split.output), continuation(whole.output)) << split.output << "\n---\n" << whole.output;
+}
+
 TEST_F(VllmFlags, WhatCannotBeDoneIsRefusedInOneLine) {
   struct Case {
     const char* flags;
     const char* says;
   };
-  for (const Case& c : {Case{"-tp 2", "tensor parallelism is not supported yet"},
+  for (const Case& c : {Case{"-tp 3", "num_attention_heads (8) is not divisible by 3"},
                         Case{"--pipeline-parallel-size 2", "pipeline parallelism is not supported"},
                         Case{"--dtype float16", "computes in F32"},
                         Case{"--kv-cache-dtype fp8", "--kv-cache-dtype fp8: not supported yet"},

@@ -1,0 +1,104 @@
+// -tp through LLMEngine::create on the embedded target (CPU, the real checkpoint and tokenizer):
+// split over 2 and 4 ranks (4 ranks share its 2 kv heads), greedy output is transformers'
+// continuation, without speculation and with draft_model, ngram and eagle3 drafting for the
+// split target (the draft and the head run on rank 0's backend), with async scheduling too.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "app/create_engine.h"
+#include "core/error.h"
+#include "engine/llm_engine.h"
+#include "mtp_test_util.h"
+#include "test_paths.h"
+#include "unit/spec_decode/reference_fixture.h"
+
+namespace specula {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path tiny() { return testing::models_dir() / "specula-tiny"; }
+fs::path tiny_draft() { return testing::models_dir() / "specula-tiny-draft"; }
+fs::path eagle3_head() { return testing::models_dir() / "specula-tiny-eagle3"; }
+fs::path reference_file() { return testing::fixtures_dir() / "embedded" / "specula-tiny" / "reference.safetensors"; }
+
+bool have_models() {
+  return fs::exists(tiny() / "model.safetensors") && fs::exists(tiny_draft() / "model.safetensors") &&
+         fs::exists(eagle3_head() / "model.safetensors") && fs::exists(reference_file());
+}
+
+EngineConfig engine_config(int tp, const std::string& spec, bool async = false) {
+  EngineConfig ec;
+  ec.model = tiny().string();
+  ec.device = "cpu";
+  ec.cpu_threads = 1;
+  ec.tensor_parallel_size = tp;
+  ec.max_num_seqs = 8;
+  ec.max_model_len = 512;
+  ec.max_num_batched_tokens = 64;  // chunked prefill beside decodes
+  ec.speculative_config = spec;
+  ec.async_scheduling = async;
+  return ec;
+}
+
+// Both reference prompts twice at once (the copies hit the prefix cache), greedy.
+void expect_transformers_greedy(const EngineConfig& config, const std::string& what) {
+  const testing::GreedyReference ref = testing::read_greedy_reference(reference_file());
+  auto engine = create_engine(config);
+  engine->start();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int copy = 0; copy < 2; ++copy)
+    for (size_t i = 0; i < ref.prompts.size(); ++i) {
+      SamplingParams p;
+      p.temperature = 0.0f;
+      p.ignore_eos = true;
+      p.max_tokens = static_cast<int>(ref.greedy[i].size());
+      streams.push_back(engine->add_request(NewRequest{"r" + std::to_string(copy) + std::to_string(i), ref.prompts[i], p}));
+    }
+  for (size_t k = 0; k < streams.size(); ++k)
+    EXPECT_EQ(testing::collect_tokens(*streams[k]), ref.greedy[k % ref.prompts.size()]) << what << " request " << k;
+  const EngineMetrics m = testing::settled(*engine);
+  if (!config.speculative_config.empty()) EXPECT_GT(m.spec_num_accepted_tokens, 0) << what;
+  EXPECT_GT(m.prefix_cache_hits, 0) << what;
+  engine->shutdown();
+}
+
+TEST(TensorParallelEngine, SplitTargetKeepsTransformersGreedyOutput) {
+  ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
+  for (int tp : {2, 4}) expect_transformers_greedy(engine_config(tp, ""), "tp " + std::to_string(tp));
+  expect_transformers_greedy(engine_config(2, "", /*async=*/true), "tp 2, async scheduling");
+}
+
+TEST(TensorParallelEngine, SpeculationDraftsForTheSplitTarget) {
+  ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
+  const std::vector<std::string> specs = {
+      R"({"method": "draft_model", "model": ")" + tiny_draft().string() +
+          R"(", "num_speculative_tokens": 3, "adaptive": false})",
+      R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "adaptive": false})",
+      R"({"method": "eagle3", "model": ")" + eagle3_head().string() + R"(", "num_speculative_tokens": 3, "adaptive": false})",
+  };
+  for (const std::string& spec : specs) expect_transformers_greedy(engine_config(2, spec), "tp 2 " + spec);
+  expect_transformers_greedy(engine_config(4, specs[0], /*async=*/true), "tp 4, async, " + specs[0]);
+}
+
+TEST(TensorParallelEngine, WhatCannotBeSplitIsAnErrorAtCreate) {
+  ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
+  auto error_of = [](const EngineConfig& c) -> std::string {
+    try {
+      create_engine(c);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // specula-tiny: 8 query heads, 2 kv heads, vocabulary 8192.
+  EXPECT_NE(error_of(engine_config(3, "")).find("num_attention_heads (8) is not divisible by 3"), std::string::npos);
+  EXPECT_NE(error_of(engine_config(0, "")).find("--tensor-parallel-size must be positive"), std::string::npos);
+  EXPECT_NE(error_of(engine_config(16, "")).find("num_attention_heads (8) is not divisible by 16"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace specula
