@@ -4,3 +4,8 @@ if [ ! -d .gpu/bin ] && [ -f .gpu/bin.tar.xz ]; then xz -dc .gpu/bin.tar.xz | ta
 export LD_LIBRARY_PATH="$(pwd)/.gpu/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export SPECULA_SOURCE_DIR="$(pwd)"
 export PATH="$(pwd)/.gpu/bin:$PATH"
+# Tensor parallelism opens libnccl.so.2 at run time: the system's, else PyTorch's copy.
+if ! ldconfig -p 2>/dev/null | grep -q "libnccl.so.2 "; then
+  nccl=$(find /opt /usr/local /usr/lib -name 'libnccl.so.2' 2>/dev/null | head -1)
+  [ -n "$nccl" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$nccl")"
+fi
