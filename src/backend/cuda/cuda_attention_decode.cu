@@ -30,6 +30,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/cuda_kernel_attributes.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_utils.cuh"
@@ -368,7 +369,7 @@ cudaError_t launch_lg(const PagedAttentionParams& p, int group, int num_splits, 
   if (num_splits > 1 && partial_out == nullptr) {
     shape.cluster = dim3(1, 1, num_splits);
     if (num_splits > 8) {  // 8 is the portable cluster size; Hopper takes 16
-      static const cudaError_t allowed = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      const cudaError_t allowed = raise_kernel_attribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
       if (allowed != cudaSuccess) return allowed;
     }
   }

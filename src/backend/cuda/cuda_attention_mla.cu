@@ -23,6 +23,7 @@
 //    length, so a captured launch stays correct for any seq_lens.
 #include <algorithm>
 
+#include "backend/cuda/cuda_kernel_attributes.h"
 #include "backend/cuda/cuda_deepseek_kernels.h"
 #include "backend/cuda/cuda_utils.cuh"
 
@@ -331,9 +332,9 @@ cudaError_t launch_mla_attention(const PagedAttentionParams& p, int num_splits, 
       (num_splits > 1 && (partial_out == nullptr || partial_stats == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  // More than 48 KiB of dynamic shared memory needs an explicit opt-in, once.
-  static const cudaError_t opt_in = cudaFuncSetAttribute(
-      mla_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmemBytes));
+  // More than 48 KiB of dynamic shared memory needs an explicit opt-in, once per GPU.
+  const cudaError_t opt_in = raise_kernel_attribute(mla_attention_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                    static_cast<int>(kSmemBytes));
   if (opt_in != cudaSuccess) return opt_in;
   const int group = p.num_q_heads / p.num_kv_heads;
   const dim3 grid(row_tiles(p), p.num_seqs, p.num_kv_heads * num_splits);

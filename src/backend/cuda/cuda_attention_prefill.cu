@@ -24,6 +24,7 @@
 //    row of the block sees skip the causal mask.
 #include <algorithm>
 
+#include "backend/cuda/cuda_kernel_attributes.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_utils.cuh"
 
@@ -268,9 +269,9 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
 template <int DMAX, int BC, int ATOMS>
 cudaError_t launch_typed(const PagedAttentionParams& p, cudaStream_t stream) {
   constexpr size_t kSmem = prefill_smem_bytes<DMAX, BC, ATOMS>();
-  // More than 48 KiB of dynamic shared memory needs an explicit opt-in, once per kernel.
-  static const cudaError_t opt_in = cudaFuncSetAttribute(
-      prefill_attention_kernel<DMAX, BC, ATOMS>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  // More than 48 KiB of dynamic shared memory needs an explicit opt-in, once per kernel and GPU.
+  const cudaError_t opt_in = raise_kernel_attribute(prefill_attention_kernel<DMAX, BC, ATOMS>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   if (opt_in != cudaSuccess) return opt_in;
   const int group = p.num_q_heads / p.num_kv_heads;
   const dim3 grid(ceil_div(p.max_query_len * group, rows_per_block<DMAX, BC, ATOMS>()), p.num_seqs, p.num_kv_heads);

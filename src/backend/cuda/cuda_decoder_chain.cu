@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <climits>
 
+#include "backend/cuda/cuda_kernel_attributes.h"
 #include "backend/cuda/cuda_decoder_chain.h"
 #include "backend/cuda/cuda_utils.cuh"
 
@@ -836,20 +837,11 @@ cudaLaunchConfig_t chain_config(const DecoderChainParams& p, int64_t smem, cudaS
 }
 
 // Cluster sizes above 8 are non-portable (the H100 has them), and shared memory above 48 KB must
-// be asked for; each instance keeps the largest size asked so far.
-cudaError_t configure_kernel(ChainKernel kernel, int index, int64_t smem) {
-  static int64_t configured[4] = {0, 0, 0, 0};
-  if (configured[index] == 0) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e != cudaSuccess) return e;
-    configured[index] = 48 * 1024;
-  }
-  if (smem > configured[index]) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-    if (e != cudaSuccess) return e;
-    configured[index] = smem;
-  }
-  return cudaSuccess;
+// be asked for; each instance keeps the largest size asked so far, per GPU.
+cudaError_t configure_kernel(ChainKernel kernel, int64_t smem) {
+  const cudaError_t e = raise_kernel_attribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  if (e != cudaSuccess || smem <= 48 * 1024) return e;
+  return raise_kernel_attribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
 }
 
 }  // namespace
@@ -857,7 +849,7 @@ cudaError_t configure_kernel(ChainKernel kernel, int index, int64_t smem) {
 int decoder_chain_max_clusters(const DecoderChainParams& p, int64_t smem) {
   int index = 0;
   const ChainKernel kernel = kernel_for(p.rows, index);
-  if (configure_kernel(kernel, index, smem) != cudaSuccess) {
+  if (configure_kernel(kernel, smem) != cudaSuccess) {
     cudaGetLastError();
     return 0;
   }
@@ -874,7 +866,7 @@ int decoder_chain_max_clusters(const DecoderChainParams& p, int64_t smem) {
 cudaError_t launch_decoder_chain(const DecoderChainParams& p, int64_t smem, cudaStream_t stream) {
   int index = 0;
   const ChainKernel kernel = kernel_for(p.rows, index);
-  const cudaError_t e = configure_kernel(kernel, index, smem);
+  const cudaError_t e = configure_kernel(kernel, smem);
   if (e != cudaSuccess) return e;
   cudaLaunchAttribute attr;
   const cudaLaunchConfig_t cfg = chain_config(p, smem, stream, &attr);

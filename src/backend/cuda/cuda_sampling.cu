@@ -18,6 +18,7 @@
 #include <cfloat>
 #include <climits>
 
+#include "backend/cuda/cuda_kernel_attributes.h"
 #include "backend/cuda/cuda_engine_kernels.h"
 #include "backend/cuda/cuda_utils.cuh"
 
@@ -748,8 +749,8 @@ cudaError_t launch_sample_plain_rows(const float* logits, int64_t vocab, const S
                                      SamplingRowResult* results, cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
   if (vocab <= 0 || vocab > INT_MAX) return cudaErrorInvalidValue;
-  static const cudaError_t allowed =
-      cudaFuncSetAttribute(sample_plain_rows_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  const cudaError_t allowed =
+      raise_kernel_attribute(sample_plain_rows_kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
   if (allowed != cudaSuccess) return allowed;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeClusterDimension;
