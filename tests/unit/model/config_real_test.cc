@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "model/config.h"
+#include "model/tensor_parallel_plan.h"
 #include "test_paths.h"
 
 namespace specula {
@@ -31,6 +32,21 @@ TEST(RealConfigs, Llama31_8B_Instruct) {
   EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>({128001, 128008, 128009}));
   EXPECT_FALSE(c.tie_word_embeddings);
   EXPECT_EQ(c.torch_dtype, "bfloat16");
+}
+
+TEST(RealConfigs, Llama31_70B_Instruct) {
+  ModelConfig c = load_model_config(bench("Llama-3.1-70B-Instruct"));
+  EXPECT_EQ(c.arch, Architecture::kLlama);
+  EXPECT_EQ(c.hidden_size, 8192);
+  EXPECT_EQ(c.intermediate_size, 28672);
+  EXPECT_EQ(c.num_hidden_layers, 80);
+  EXPECT_EQ(c.num_attention_heads, 64);
+  EXPECT_EQ(c.num_key_value_heads, 8);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.vocab_size, 128256);
+  EXPECT_EQ(c.rope.type, RopeConfig::Type::kLlama3);
+  // Splits over 2, 4 and 8 ranks (tensor_parallel_plan.h).
+  for (int tp : {2, 4, 8}) EXPECT_NO_THROW(check_tensor_parallel(c, tp)) << tp;
 }
 
 TEST(RealConfigs, Qwen3Family) {
