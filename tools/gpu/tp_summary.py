@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""The table of tools/gpu/tp_bench.sh: batch-1 TPOT of each tensor-parallel size against the
+roofline of the bytes ONE GPU must read a step (its 1/N of every linear weight and of the lm_head,
+bf16) at the copy bandwidth cuda_roofline measured in the same call, and batch-64 throughput.
+Usage: tp_summary.py WORK_DIR"""
+import glob
+import json
+import os
+import re
+import statistics
+import sys
+
+work = sys.argv[1]
+configs = {"8b": "bench/configs/Llama-3.1-8B-Instruct/config.json",
+           "70b": "bench/configs/Llama-3.1-70B-Instruct/config.json"}
+
+
+def weight_bytes(path):
+    c = json.load(open(path))
+    h, inter, layers, vocab = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    hq, hk = c["num_attention_heads"], c["num_key_value_heads"]
+    d = c.get("head_dim") or h // hq
+    return 2 * (layers * (h * (hq + 2 * hk) * d + hq * d * h + 3 * inter * h) + vocab * h)
+
+
+roof = None
+log = os.path.join(work, "roofline.log")
+if os.path.exists(log):
+    m = re.search(r"= ([\d.]+) TB/s read\+write", open(log).read())
+    roof = float(m.group(1)) if m else None
+print(f"copy roofline (GPU 0): {roof} TB/s (cuda_roofline, this call)" if roof else "copy roofline: not measured")
+
+runs = {}
+for path in sorted(glob.glob(os.path.join(work, "*.json"))):
+    m = re.match(r"(b1|b64)_(8b|70b)_(tp\d+(?:_eager)?)(?:_r(\d+))?\.json", os.path.basename(path))
+    if m:
+        runs.setdefault((m.group(1), m.group(2), m.group(3)), []).append((int(m.group(4) or 1), json.load(open(path))))
+
+print("\nbatch 1, input 128, output 128, 20 requests a run: TPOT ms p10 / median / p90 (runs in call order)")
+medians = {}
+for (kind, model, variant), rs in sorted(runs.items()):
+    if kind != "b1":
+        continue
+    n = int(re.match(r"tp(\d+)", variant).group(1))
+    per_gpu = weight_bytes(configs[model]) / n
+    for rep, j in sorted(rs):
+        t = j["tpot_ms"]
+        medians.setdefault((model, variant), []).append(t["median"])
+        r = per_gpu / (roof * 1e12) * 1e3 if roof else None
+        extra = f"   per-GPU roofline {r:.3f} ms -> {100 * r / t['median']:.0f}%" if r else ""
+        print(f"  {model:4s} {variant:9s} r{rep}: {t['p10']:.3f} / {t['median']:.3f} / {t['p90']:.3f}{extra}")
+for model in ("8b", "70b"):
+    base = medians.get((model, "tp1"))
+    for (m, variant), v in sorted(medians.items()):
+        if m == model and base and variant != "tp1":
+            print(f"  {model}: {variant} / tp1 TPOT {statistics.median(v) / statistics.median(base):.3f} "
+                  f"(medians {min(v):.3f}-{max(v):.3f} vs {min(base):.3f}-{max(base):.3f} ms)")
+
+for (kind, model, variant), rs in sorted(runs.items()):
+    if kind == "b64":
+        for rep, j in rs:
+            print(f"\nbatch 64 {model} {variant}: {j.get('output_tokens_per_second', 0):,.0f} output tok/s, "
+                  f"TPOT median {j['tpot_ms']['median']:.3f} ms")
+for path in sorted(glob.glob(os.path.join(work, "*.log"))):
+    m = re.search(r"Model loading took ([\d.]+) seconds", open(path, errors="replace").read())
+    if m and "70b" in os.path.basename(path):
+        print(f"{os.path.basename(path)[:-4]}: model loading took {m.group(1)} s")
