@@ -5,8 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 int main(int argc, char** argv) {
+  // The tensor-parallel tests run NCCL kernels that spin until their peers arrive: kernels must not
+  // load lazily at their first launch (see cli/vllm_flags.cc), so load them all when CUDA starts.
+  setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   ::testing::InitGoogleTest(&argc, argv);
   const int status = RUN_ALL_TESTS();
   const ::testing::UnitTest& run = *::testing::UnitTest::GetInstance();

@@ -1,5 +1,7 @@
 #include "cli/vllm_flags.h"
 
+#include <cstdlib>
+
 #include <cstdio>
 #include <utility>
 #include <string_view>
@@ -42,6 +44,11 @@ void apply_vllm_flags(const VllmFlags& f, EngineConfig& c) {
   c.kv_cache_dtype = f.kv_cache_dtype;
   c.quantization = f.quantization;
   c.tensor_parallel_size = f.tensor_parallel_size;
+  // Ranks on several GPUs spin in NCCL kernels until their peers arrive; loading a kernel lazily at
+  // its first launch (CUDA's default) may wait for its GPU to go idle, and then both wait for ever.
+  // Every kernel loads when CUDA starts instead (this runs before the engine touches CUDA; a value
+  // the user set wins).
+  if (f.tensor_parallel_size > 1) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
   c.pipeline_parallel_size = f.pipeline_parallel_size;
   c.enable_chunked_prefill = f.enable_chunked_prefill;
   c.log_stats = !f.disable_log_stats;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -114,6 +115,22 @@ class BoundTo {
 // A rank's copies of the step's inputs on its own device (persistent buffers that grow).
 class RankInputs {
  public:
+  // Grows the buffers for `in` (on the calling thread, with the rank's device bound: never while
+  // the ranks' collectives run, where an allocation could wait for a GPU that waits for a peer).
+  void reserve(Backend& backend, const ForwardInput& in) {
+    for (auto [storage, src] : {std::pair{&token_ids_, &in.token_ids}, std::pair{&positions_, &in.positions},
+                                std::pair{&logits_indices_, &in.logits_indices},
+                                std::pair{&query_start_loc_, &in.attn.query_start_loc},
+                                std::pair{&seq_lens_, &in.attn.seq_lens}, std::pair{&block_tables_, &in.attn.block_tables},
+                                std::pair{&slot_mapping_, &in.attn.slot_mapping}}) {
+      if (!src->defined() || src->numel() == 0) continue;
+      if (!storage->defined() || storage->dtype() != src->dtype() || storage->numel() < src->numel())
+        *storage = backend.empty({std::max<int64_t>(src->numel(), 2 * (storage->defined() ? storage->numel() : 0))},
+                                 src->dtype());
+    }
+  }
+
+  // Copies the step's inputs into the buffers reserve() sized, on the rank's stream.
   ForwardInput stage(Backend& backend, const ForwardInput& in) {
     ForwardInput mine = in;
     mine.token_ids = stage(backend, token_ids_, in.token_ids);
@@ -129,9 +146,7 @@ class RankInputs {
  private:
   static Tensor stage(Backend& backend, Tensor& storage, const Tensor& src) {
     if (!src.defined() || src.numel() == 0) return src;
-    if (!storage.defined() || storage.dtype() != src.dtype() || storage.numel() < src.numel())
-      storage = backend.empty({std::max<int64_t>(src.numel(), 2 * (storage.defined() ? storage.numel() : 0))},
-                              src.dtype());
+    SPECULA_CHECK(storage.defined() && storage.numel() >= src.numel(), "tensor parallel: inputs staged unreserved");
     Tensor view = storage.slice(0, src.numel()).reshape(src.shape());
     backend.copy(src, view);
     return view;
@@ -155,6 +170,11 @@ class TensorParallelModel final : public Model {
       backends_.push_back(owned_backends_.back().get());
     }
     communicators_ = make_communicators(backends_);
+    const char* loading = std::getenv("CUDA_MODULE_LOADING");
+    if (rank0_backend.device() == Device::kCUDA && !(loading && std::string(loading) == "EAGER"))
+      LOG_WARN("Tensor parallel on CUDA with lazy kernel loading: a kernel's first launch may wait for its GPU while "
+               "NCCL kernels wait for each other, a hang; set CUDA_MODULE_LOADING=EAGER before CUDA starts "
+               "(specula's -tp flag does)");
     for (int rank = 0; rank < size; ++rank) {
       Backend& backend = *backends_[static_cast<size_t>(rank)];
       BoundTo device(backend, rank0_backend);
@@ -184,8 +204,13 @@ class TensorParallelModel final : public Model {
     match_rank_caches(kv);
     Backend& home = *backends_.front();
     const bool host_memory = home.device() == Device::kCPU;
-    if (!host_memory)
+    if (!host_memory) {
+      for (size_t rank = 1; rank < backends_.size(); ++rank) {
+        BoundTo device(*backends_[rank], home);
+        rank_inputs_[rank].reserve(*backends_[rank], input);
+      }
       for (size_t rank = 1; rank < backends_.size(); ++rank) backends_[rank]->wait_for(home);
+    }
     ForwardOutput out;
     threads_->run([&](int rank) {
       const size_t r = static_cast<size_t>(rank);

@@ -20,7 +20,7 @@ source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 
 { nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader; nvidia-smi topo -m; } > "$WORK/gpus.txt" 2>&1
 if ! skipped tests; then
-  stage tp_tests 240 test_app_cuda --gtest_brief=1 --gtest_filter='CudaTensorParallel.*'
+  stage tp_tests "${TP_TESTS_LIMIT:-240}" test_app_cuda --gtest_brief=1 --gtest_filter='CudaTensorParallel.*'
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\] .* ran|Failure|error" "$WORK/tp_tests.log" | head -20
 fi
 
