@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/communicator.h"
 #include "core/logging.h"
 #include "model/deepseek_layer.h"
 
@@ -18,7 +19,8 @@ namespace {
 
 class DeepseekModel final : public Model {
  public:
-  DeepseekModel(const ModelConfig& config, WeightSource& weights, Backend& backend, const ModelOptions& options);
+  DeepseekModel(const ModelConfig& config, WeightSource& weights, Backend& backend, const ModelOptions& options,
+                const TensorParallelRank& tp);
 
   const ModelConfig& config() const override { return config_; }
   KVCacheSpec kv_cache_spec() const override {
@@ -28,7 +30,7 @@ class DeepseekModel final : public Model {
   // Lent to the MTP layers (deepseek_mtp.h), whose checkpoint copies are usually identical.
   Tensor shared_weight(const std::string& name) const override {
     if (name == "model.embed_tokens.weight") return embed_tokens_;
-    if (name == "lm_head.weight") return lm_head_;
+    if (name == "lm_head.weight" && tp_.size == 1) return lm_head_;  // a rank holds only its rows
     return Tensor();
   }
 
@@ -36,31 +38,41 @@ class DeepseekModel final : public Model {
   void check_input(const ForwardInput& input, const std::vector<KVCacheLayer>& kv) const;
 
   ModelConfig config_;
+  TensorParallelRank tp_;
+  ModelConfig layer_config_;  // the rank's heads and channels (config_ itself at size 1)
   Backend& backend_;
   DeepseekDecoder decoder_;
   int64_t hidden_, vocab_;
+  int64_t vocab_rows_;  // lm_head rows this rank holds (vocab_ / tp.size)
   float eps_;
 
   Tensor embed_tokens_;  // [V, H]
   std::vector<DeepseekLayerWeights> layers_;
   Tensor norm_;          // [H]
-  Tensor lm_head_;       // [V, H]; the embedding itself when tie_word_embeddings
+  Tensor lm_head_;       // [V / N, H]: the rank's rows; of the embedding itself when tie_word_embeddings
 };
 
 DeepseekModel::DeepseekModel(const ModelConfig& config, WeightSource& weights, Backend& backend,
-                             const ModelOptions& options)
+                             const ModelOptions& options, const TensorParallelRank& tp)
     : config_(config),
+      tp_(tp),
+      layer_config_(rank_config(config, tp.size)),
       backend_(backend),
-      decoder_(config_, backend, options),
+      decoder_(layer_config_, backend, options, tp.communicator),
       hidden_(config.hidden_size),
       vocab_(config.vocab_size),
+      vocab_rows_(config.vocab_size / tp.size),
       eps_(static_cast<float>(config.rms_norm_eps)) {
-  DeepseekWeightLoader w(config_, weights, backend);
+  SPECULA_CHECK(tp.size == 1 || tp.communicator != nullptr, "{}: tensor-parallel rank {} of {} has no communicator",
+                architecture_name(config.arch), tp.rank, tp.size);
+  DeepseekWeightLoader w(layer_config_, weights, backend);
   embed_tokens_ = w.load("model.embed_tokens.weight", {vocab_, hidden_});
   layers_.reserve(config.num_hidden_layers);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers_.push_back(decoder_.load_layer(w, i));
   norm_ = w.load("model.norm.weight", {hidden_});
-  lm_head_ = config.tie_word_embeddings ? embed_tokens_ : w.load("lm_head.weight", {vocab_, hidden_});
+  // The embedding is replicated; a tied lm_head is the rank's rows of it (a view).
+  lm_head_ = config.tie_word_embeddings ? embed_tokens_.slice(tp.rank * vocab_rows_, (tp.rank + 1) * vocab_rows_)
+                                        : w.load("lm_head.weight", {vocab_rows_, hidden_});
 }
 
 void DeepseekModel::check_input(const ForwardInput& in, const std::vector<KVCacheLayer>& kv) const {
@@ -97,21 +109,25 @@ ForwardOutput DeepseekModel::forward(const ForwardInput& in, std::vector<KVCache
   ForwardOutput out;
   out.hidden_states = x;
   out.logits = backend_.scratch({l, vocab_}, DType::kF32);
+  // This rank's vocabulary columns (all of them without tensor parallelism), in F32.
+  Tensor part = tp_.size == 1 ? out.logits : backend_.scratch({l, vocab_rows_}, DType::kF32);
   if (dt == DType::kF32) {
-    backend_.linear(selected, lm_head_, nullptr, out.logits);
+    backend_.linear(selected, lm_head_, nullptr, part);
   } else {
-    Tensor logits = backend_.scratch({l, vocab_}, dt);
+    Tensor logits = backend_.scratch({l, vocab_rows_}, dt);
     backend_.linear(selected, lm_head_, nullptr, logits);
-    backend_.cast(logits, out.logits);
+    backend_.cast(logits, part);
   }
+  if (tp_.size > 1) tp_.communicator->all_gather_columns(part, out.logits);
   return out;
 }
 
 }  // namespace
 
 std::unique_ptr<Model> create_deepseek_model(const ModelConfig& config, WeightSource& weights, Backend& backend,
-                                             const ModelOptions& options) {
-  auto model = std::make_unique<DeepseekModel>(config, weights, backend, options);
+                                             const ModelOptions& options, const TensorParallelRank& tp) {
+  check_tensor_parallel(config, tp.size);
+  auto model = std::make_unique<DeepseekModel>(config, weights, backend, options, tp);
   const int fusion = config.n_shared_experts > 0 ? options.shared_expert_fusion : 0;
   LOG_INFO("Loaded {} ({} layers, hidden {}, {} MLA heads, latent {} + rope {}, {} routed experts top-{}, {} shared{}, "
            "vocab {}) from {} onto {}",

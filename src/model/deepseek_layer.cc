@@ -79,9 +79,11 @@ MoeRouting routing_for(const ModelConfig& c, int shared_expert_fusion) {
 
 }  // namespace
 
-DeepseekDecoder::DeepseekDecoder(const ModelConfig& c, Backend& backend, const ModelOptions& options)
+DeepseekDecoder::DeepseekDecoder(const ModelConfig& c, Backend& backend, const ModelOptions& options,
+                                 Communicator* communicator)
     : config_(c),
       backend_(backend),
+      communicator_(communicator),
       shared_expert_fusion_(options.shared_expert_fusion),
       hidden_(c.hidden_size),
       heads_(c.num_attention_heads),
@@ -130,8 +132,15 @@ Tensor DeepseekDecoder::forward(const DeepseekLayerWeights& w, Tensor& x, Tensor
                                 KVCacheLayer& cache) {
   backend_.add_rms_norm(x, residual, w.input_layernorm, eps_);
   Tensor a = attention(w.attn, x, in, cache);
+  all_reduce(a);
   backend_.add_rms_norm(a, residual, w.post_attention_layernorm, eps_);
-  return w.is_moe ? moe(w.moe, a) : mlp(w.mlp, a);
+  Tensor out = w.is_moe ? moe(w.moe, a) : mlp(w.mlp, a);
+  all_reduce(out);  // routed and shared experts' partial sums together
+  return out;
+}
+
+void DeepseekDecoder::all_reduce(Tensor& partial) {
+  if (communicator_ != nullptr && communicator_->size() > 1) communicator_->all_reduce_sum(partial);
 }
 
 }  // namespace specula

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "model/deepseek_weights.h"
 #include "model/model.h"
 
@@ -56,7 +57,10 @@ struct DeepseekLayerWeights {
 // attention scale and the routing, all fixed by the config (and ModelOptions) at load time.
 class DeepseekDecoder {
  public:
-  DeepseekDecoder(const ModelConfig& config, Backend& backend, const ModelOptions& options);
+  // A tensor-parallel rank passes its rank_config (its heads and channels) and its communicator:
+  // each block's output is then all-reduced over the ranks before it joins the residual stream.
+  DeepseekDecoder(const ModelConfig& config, Backend& backend, const ModelOptions& options,
+                  Communicator* communicator = nullptr);
 
   // Loads model.layers.{index}.* (index may be past num_hidden_layers: the MTP layers).
   DeepseekLayerWeights load_layer(DeepseekWeightLoader& loader, int64_t index) const;
@@ -80,8 +84,12 @@ class DeepseekDecoder {
   Tensor moe(const MoeWeights& w, const Tensor& x);
   Tensor mlp(const DenseMlpWeights& w, const Tensor& x);
 
+  // Sums a row-parallel block's partial output over the ranks (nothing without tensor parallelism).
+  void all_reduce(Tensor& partial);
+
   const ModelConfig& config_;
   Backend& backend_;
+  Communicator* communicator_;
   int shared_expert_fusion_;
   int64_t hidden_, heads_, nope_, rope_dim_, v_dim_, latent_;
   float eps_, attn_scale_;

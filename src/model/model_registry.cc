@@ -16,11 +16,8 @@ std::unique_ptr<Model> create_model(const ModelConfig& config, WeightSource& wei
                                     const ModelOptions& options) {
   check_tensor_parallel(config, options.tensor_parallel_size);
   if (options.tensor_parallel_size > 1) {
-    SPECULA_CHECK(static_cast<bool>(options.make_rank_backend),
-                  "--tensor-parallel-size {}: no backend factory for the ranks beyond the first",
-                  options.tensor_parallel_size);
-    return create_tensor_parallel_model(config, weights, backend, resolve_weight_quantization(config, options.quantization),
-                                        options.tensor_parallel_size, options.make_rank_backend);
+    if (config.is_deepseek()) resolve_weight_quantization(config, options.quantization);  // what DeepSeek cannot load
+    return create_tensor_parallel_model(config, weights, backend, options);
   }
   switch (config.arch) {
     case Architecture::kLlama:

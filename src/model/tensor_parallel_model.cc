@@ -12,9 +12,11 @@
 #include "backend/communicator.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "model/deepseek.h"
 #include "model/llama.h"
 #include "model/sharded_weight_source.h"
 #include "model/tensor_parallel_plan.h"
+#include "model/weight_quantization.h"
 
 namespace specula {
 namespace {
@@ -155,10 +157,15 @@ class RankInputs {
   Tensor token_ids_, positions_, logits_indices_, query_start_loc_, seq_lens_, block_tables_, slot_mapping_;
 };
 
+// One rank's model from its shard of the weights, and the shard plan of its architecture.
+using RankModelFactory =
+    std::function<std::unique_ptr<Model>(WeightSource& shard, Backend& backend, const TensorParallelRank& tp)>;
+using ShardPlan = WeightShard (*)(const std::string& name, const ModelConfig& config, int rank, int size);
+
 class TensorParallelModel final : public Model {
  public:
-  TensorParallelModel(const ModelConfig& config, WeightSource& weights, Backend& rank0_backend,
-                      const WeightQuantization& quantization, int size, const RankBackendFactory& make_backend)
+  TensorParallelModel(const ModelConfig& config, WeightSource& weights, Backend& rank0_backend, int size,
+                      const RankBackendFactory& make_backend, ShardPlan plan, const RankModelFactory& make_model)
       : config_(config) {
     backends_.push_back(&rank0_backend);
     for (int rank = 1; rank < size; ++rank) {
@@ -178,11 +185,11 @@ class TensorParallelModel final : public Model {
     for (int rank = 0; rank < size; ++rank) {
       Backend& backend = *backends_[static_cast<size_t>(rank)];
       BoundTo device(backend, rank0_backend);
-      ShardedWeightSource shard(weights, rank, size, [&config, rank, size](const std::string& name) {
-        return llama_weight_shard(name, config, rank, size);
+      ShardedWeightSource shard(weights, rank, size, [&config, plan, rank, size](const std::string& name) {
+        return plan(name, config, rank, size);
       });
-      models_.push_back(create_llama_model(config, shard, backend, quantization,
-                                           TensorParallelRank{rank, size, communicators_[static_cast<size_t>(rank)].get()}));
+      models_.push_back(make_model(shard, backend,
+                                   TensorParallelRank{rank, size, communicators_[static_cast<size_t>(rank)].get()}));
       backend.synchronize();  // the rank's uploads are done before its staging buffers go
     }
     rank_kv_.resize(static_cast<size_t>(size));
@@ -272,13 +279,32 @@ class TensorParallelModel final : public Model {
 }  // namespace
 
 std::unique_ptr<Model> create_tensor_parallel_model(const ModelConfig& config, WeightSource& weights,
-                                                    Backend& rank0_backend, const WeightQuantization& quantization,
-                                                    int size, const RankBackendFactory& make_backend) {
+                                                    Backend& rank0_backend, const ModelOptions& options) {
+  const int size = options.tensor_parallel_size;
   check_tensor_parallel(config, size);
-  auto model = std::make_unique<TensorParallelModel>(config, weights, rank0_backend, quantization, size, make_backend);
-  LOG_INFO("Tensor parallel: {} split over {} ranks ({} q / {} kv heads and {} of {} vocabulary rows per rank)",
-           architecture_name(config.arch), size, config.num_attention_heads / size,
-           rank_config(config, size).num_key_value_heads, config.vocab_size / size, config.vocab_size);
+  SPECULA_CHECK(static_cast<bool>(options.make_rank_backend),
+                "--tensor-parallel-size {}: no backend factory for the ranks beyond the first", size);
+  std::unique_ptr<Model> model;
+  if (config.is_deepseek()) {
+    model = std::make_unique<TensorParallelModel>(
+        config, weights, rank0_backend, size, options.make_rank_backend, deepseek_weight_shard,
+        [&](WeightSource& shard, Backend& backend, const TensorParallelRank& tp) {
+          return create_deepseek_model(config, shard, backend, options, tp);
+        });
+  } else {
+    const WeightQuantization quantization = resolve_weight_quantization(config, options.quantization);
+    model = std::make_unique<TensorParallelModel>(
+        config, weights, rank0_backend, size, options.make_rank_backend, llama_weight_shard,
+        [&](WeightSource& shard, Backend& backend, const TensorParallelRank& tp) {
+          return create_llama_model(config, shard, backend, quantization, tp);
+        });
+  }
+  const ModelConfig mine = rank_config(config, size);
+  LOG_INFO("Tensor parallel: {} split over {} ranks ({} heads{}, {} of {} vocabulary rows per rank)",
+           architecture_name(config.arch), size, mine.num_attention_heads,
+           config.is_deepseek() ? fmt::format(", experts of {} channels", mine.moe_intermediate_size)
+                                : fmt::format(" / {} kv heads", mine.num_key_value_heads),
+           config.vocab_size / size, config.vocab_size);
   return model;
 }
 

@@ -14,16 +14,16 @@
 #include <memory>
 
 #include "model/model.h"
-#include "model/weight_quantization.h"
 
 namespace specula {
 
 using RankBackendFactory = std::function<std::unique_ptr<Backend>(int rank)>;
 
-// `size` > 1 ranks of a Llama-family model (check_tensor_parallel's constraints); `make_backend`
-// gives the backend of each rank from 1 on. Throws specula::Error naming what cannot be split.
+// `size` > 1 ranks of a Llama-family or DeepSeek model (check_tensor_parallel's constraints), each
+// made by create_model's per-architecture factory from its ShardedWeightSource; `options`'
+// make_rank_backend gives the backend of each rank from 1 on. Throws specula::Error naming what
+// cannot be split.
 std::unique_ptr<Model> create_tensor_parallel_model(const ModelConfig& config, WeightSource& weights,
-                                                    Backend& rank0_backend, const WeightQuantization& quantization,
-                                                    int size, const RankBackendFactory& make_backend);
+                                                    Backend& rank0_backend, const ModelOptions& options);
 
 }  // namespace specula

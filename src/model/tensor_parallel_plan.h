@@ -25,11 +25,12 @@ struct TensorParallelRank {
   Communicator* communicator = nullptr;
 };
 
-// Throws specula::Error naming the constraint that fails: an architecture that cannot be split
-// yet, or a head count, kv head count, intermediate size or vocabulary that `size` does not divide.
+// Throws specula::Error naming the constraint that fails: a head count, kv head count (Llama
+// family), intermediate size (DeepSeek: dense and MoE) or vocabulary that `size` does not divide.
 void check_tensor_parallel(const ModelConfig& config, int size);
 
-// The config one rank's layers compute with: its query heads, kv heads and intermediate channels.
+// The config one rank's layers compute with: its query heads, kv heads and intermediate channels
+// (DeepSeek: also each expert's).
 // Hidden size, head_dim, vocabulary and everything else stay the model's.
 ModelConfig rank_config(const ModelConfig& config, int size);
 
@@ -47,5 +48,14 @@ struct WeightShard {
 
 // Rank `rank` of `size`'s shard of the Llama-family weight `name` (HF names).
 WeightShard llama_weight_shard(const std::string& name, const ModelConfig& config, int rank, int size);
+
+// DeepSeek-V2/V3 (HF names): MLA by heads (q_proj / q_b_proj and kv_b_proj rows, o_proj columns;
+// q_a, kv_a and their norms, which make the latent every head reads, replicated, so each rank
+// keeps the whole latent cache); the dense MLP, every routed expert and the shared experts by
+// intermediate channels (gate/up rows, down columns), the router replicated; lm_head by
+// vocabulary rows; FP8 block scales (_scale_inv) with their weight's blocks. Transformers 5's
+// fused expert tensors (experts.gate_up_proj: gate and up rows in one) cannot be split by one
+// slice: such a checkpoint fails to load with a shape error naming the tensor.
+WeightShard deepseek_weight_shard(const std::string& name, const ModelConfig& config, int rank, int size);
 
 }  // namespace specula

@@ -1,7 +1,8 @@
 // -tp through LLMEngine::create on the embedded target (CPU, the real checkpoint and tokenizer):
 // split over 2 and 4 ranks (4 ranks share its 2 kv heads), greedy output is transformers'
 // continuation, without speculation and with draft_model, ngram and eagle3 drafting for the
-// split target (the draft and the head run on rank 0's backend), with async scheduling too.
+// split target (the draft and the head run on rank 0's backend), with async scheduling too; and
+// the embedded DeepSeek-V3 target split likewise, with MTP.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -82,6 +83,33 @@ TEST(TensorParallelEngine, SpeculationDraftsForTheSplitTarget) {
   };
   for (const std::string& spec : specs) expect_transformers_greedy(engine_config(2, spec), "tp 2 " + spec);
   expect_transformers_greedy(engine_config(4, specs[0], /*async=*/true), "tp 4, async, " + specs[0]);
+}
+
+// specula-tiny-moe (DeepSeek-V3: MLA, 8 routed experts + 1 shared, one MTP layer) split over 2
+// and 4 ranks: transformers' greedy continuations, with shared-expert fusion, and with its MTP
+// layer drafting on rank 0 (its own copy of the lm_head: the split target lends none).
+TEST(TensorParallelEngine, SplitDeepseekKeepsTransformersGreedyOutput) {
+  ASSERT_TRUE(testing::have_moe()) << "committed specula-tiny-moe or its reference missing";
+  const testing::GreedyReference ref = testing::read_greedy_reference(testing::moe_reference_file());
+  for (int tp : {2, 4}) {
+    for (const std::string& spec : {std::string(), testing::mtp_spec(2)}) {
+      for (int fusion : {0, 1}) {
+        EngineConfig c = testing::moe_engine_config(spec);
+        c.tensor_parallel_size = tp;
+        c.cpu_threads = 1;
+        c.shared_expert_fusion = fusion;
+        auto engine = create_engine(c);
+        engine->start();
+        const std::vector<SamplingParams> params(ref.prompts.size(),
+                                                 testing::greedy_params(static_cast<int>(ref.greedy[0].size())));
+        const auto got = testing::run_all(*engine, ref.prompts, params, "tp");
+        const std::string what = "tp " + std::to_string(tp) + " fusion " + std::to_string(fusion) + " " + spec;
+        for (size_t i = 0; i < ref.prompts.size(); ++i) EXPECT_EQ(got[i], ref.greedy[i]) << what << " prompt " << i;
+        if (!spec.empty()) EXPECT_GT(testing::settled(*engine).spec_num_accepted_tokens, 0) << what;
+        engine->shutdown();
+      }
+    }
+  }
 }
 
 TEST(TensorParallelEngine, WhatCannotBeSplitIsAnErrorAtCreate) {

@@ -3,7 +3,7 @@
 // and decode through the paged cache, for every variant of the family (biases on o/down, tied
 // embeddings, Qwen3's q/k norms, fewer kv heads than ranks); each rank loads only its slice of
 // each weight, from dummy weights and from a safetensors checkpoint; what cannot be split is a
-// one-line error.
+// one-line error. DeepSeek too: MLA by heads, experts by channels.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,10 +11,12 @@
 #include <random>
 
 #include "forward_runner.h"
+#include "model/config.h"
 #include "model/model.h"
 #include "model/sharded_weight_source.h"
 #include "model/tensor_parallel_plan.h"
 #include "model/weight_source.h"
+#include "test_paths.h"
 #include "weights_test_util.h"
 
 namespace specula {
@@ -158,6 +160,55 @@ TEST_P(TensorParallelForward, RanksTogetherGiveTheWholeModelsLogits) {
 INSTANTIATE_TEST_SUITE_P(Variants, TensorParallelForward, ::testing::ValuesIn(variants()),
                          [](const auto& info) { return std::string(info.param.name); });
 
+// DeepSeek's real configs made small (MLA with and without q LoRA, softmax and sigmoid routing,
+// a dense first layer, several shared experts): heads, every expert and the shared experts split
+// over 2 and 4 ranks give the whole model's logits, with shared-expert fusion off and on.
+ModelConfig small_deepseek(const std::string& name, int64_t shared) {
+  ModelConfig c = load_model_config(testing::source_dir() / "bench" / "configs" / name / "config.json");
+  c.num_hidden_layers = c.first_k_dense_replace + 2;
+  c.hidden_size = 96;
+  c.intermediate_size = 160;
+  c.moe_intermediate_size = 24;
+  c.num_attention_heads = c.num_key_value_heads = 4;
+  if (c.q_lora_rank) c.q_lora_rank = 48;
+  c.kv_lora_rank = 40;
+  c.qk_nope_head_dim = 16;
+  c.qk_rope_head_dim = 8;
+  c.head_dim = 8;
+  c.v_head_dim = 20;
+  c.n_routed_experts = c.n_group * 4;
+  c.num_experts_per_tok = std::min<int64_t>(c.num_experts_per_tok, c.topk_group * 4);
+  c.n_shared_experts = shared;
+  c.vocab_size = 400;
+  c.max_position_embeddings = 512;
+  c.raw = nlohmann::json::object();  // no FP8 block quantisation on dummy weights
+  return c;
+}
+
+TEST(TensorParallelDeepseek, RanksTogetherGiveTheWholeModelsLogits) {
+  auto be = make_cpu_backend(1);
+  for (const auto& [name, shared] : {std::pair<std::string, int64_t>{"DeepSeek-V2-Lite", 2}, {"DeepSeek-V3", 3}}) {
+    const ModelConfig c = small_deepseek(name, shared);
+    for (int fusion : {0, 1}) {
+      ModelOptions whole_options;
+      whole_options.shared_expert_fusion = fusion;
+      auto weights = make_dummy_weight_source(c, 9);
+      auto whole = create_model(c, *weights, *be, whole_options);
+      std::vector<std::vector<int32_t>> decoded;
+      const auto want = run_schedule(*whole, *be, c, &decoded);
+      for (int size : {2, 4}) {
+        ModelOptions options = tp_options(size);
+        options.shared_expert_fusion = fusion;
+        auto split_weights = make_dummy_weight_source(c, 9);
+        auto split = create_model(c, *split_weights, *be, options);
+        EXPECT_EQ(split->kv_cache_spec().head_dim, c.kv_lora_rank + c.qk_rope_head_dim);  // the whole latent
+        expect_close(run_schedule(*split, *be, c, &decoded), want,
+                     name + " fusion " + std::to_string(fusion) + " tp " + std::to_string(size));
+      }
+    }
+  }
+}
+
 // Rank r's part of each weight is the matching block of the whole tensor: q/k/v and gate/up rows,
 // o/down columns, o/down biases on rank 0 only, lm_head rows; norms and the embedding whole.
 TEST(TensorParallelWeights, EachRankLoadsItsBlockOfTheWholeTensor) {
@@ -244,9 +295,9 @@ TEST(TensorParallelErrors, WhatCannotBeSplitIsNamed) {
   ModelConfig inter = c;
   inter.intermediate_size = 81;
   testing::expect_error_mentions([&] { make(inter, 2); }, {"intermediate_size (81)"});
-  ModelConfig deepseek = c;
-  deepseek.arch = Architecture::kDeepseekV3;
-  testing::expect_error_mentions([&] { check_tensor_parallel(deepseek, 2); }, {"cannot be split across ranks yet"});
+  ModelConfig deepseek = small_deepseek("DeepSeek-V3", 1);
+  deepseek.moe_intermediate_size = 22;
+  testing::expect_error_mentions([&] { check_tensor_parallel(deepseek, 4); }, {"moe_intermediate_size (22)"});
 }
 
 }  // namespace
