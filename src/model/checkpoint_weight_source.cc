@@ -1,6 +1,7 @@
 // WeightSource over a Hugging Face safetensors checkpoint: model.safetensors, or
 // model.safetensors.index.json whose weight_map names the shard holding each tensor.
 #include <algorithm>
+#include <mutex>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -105,6 +106,7 @@ class SafetensorsCheckpoint : public WeightSource {
       convert_elements(src + begin * in_size, stored, out, dtype, count);
     };
     fill_backend_tensor(backend, dst, slice ? slice_filler(expected, *slice, dtype_size(dtype), whole) : whole);
+    std::lock_guard<std::mutex> lock(progress_mu_);  // tensor-parallel ranks load at once
     ++loaded_;
     bytes_ += dst.nbytes();
     if (on_progress) on_progress(loaded_, bytes_);
@@ -169,6 +171,7 @@ class SafetensorsCheckpoint : public WeightSource {
   fs::path dir_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::unordered_map<std::string, Located> tensors_;
+  std::mutex progress_mu_;
   size_t loaded_ = 0;
   size_t bytes_ = 0;
 };

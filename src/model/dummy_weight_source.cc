@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <set>
 #include <string_view>
 
@@ -62,7 +63,10 @@ class DummyWeightSource : public WeightSource {
     return true;
   }
 
-  std::vector<std::string> names() const override { return {loaded_names_.begin(), loaded_names_.end()}; }
+  std::vector<std::string> names() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return {loaded_names_.begin(), loaded_names_.end()};
+  }
 
   std::string describe() const override { return fmt::format("dummy weights (seed {})", seed_); }
 
@@ -90,6 +94,7 @@ class DummyWeightSource : public WeightSource {
       fill_dummy_values(init, base, dtype, out, begin, count);
     };
     fill_backend_tensor(backend, dst, slice ? slice_filler(expected, *slice, dtype_size(dtype), whole) : whole);
+    std::lock_guard<std::mutex> lock(mu_);  // tensor-parallel ranks load at once
     loaded_names_.insert(name);
     bytes_ += dst.nbytes();
     if (on_progress) on_progress(loaded_names_.size(), bytes_);
@@ -98,6 +103,7 @@ class DummyWeightSource : public WeightSource {
 
   ModelConfig config_;
   uint64_t seed_;
+  mutable std::mutex mu_;
   std::set<std::string> loaded_names_;
   size_t bytes_ = 0;
 };

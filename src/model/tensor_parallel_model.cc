@@ -182,21 +182,24 @@ class TensorParallelModel final : public Model {
       LOG_WARN("Tensor parallel on CUDA with lazy kernel loading: a kernel's first launch may wait for its GPU while "
                "NCCL kernels wait for each other, a hang; set CUDA_MODULE_LOADING=EAGER before CUDA starts "
                "(specula's -tp flag does)");
-    for (int rank = 0; rank < size; ++rank) {
-      Backend& backend = *backends_[static_cast<size_t>(rank)];
-      BoundTo device(backend, rank0_backend);
-      ShardedWeightSource shard(weights, rank, size, [&config, plan, rank, size](const std::string& name) {
-        return plan(name, config, rank, size);
-      });
-      models_.push_back(make_model(shard, backend,
-                                   TensorParallelRank{rank, size, communicators_[static_cast<size_t>(rank)].get()}));
-      backend.synchronize();  // the rank's uploads are done before its staging buffers go
-    }
-    rank_kv_.resize(static_cast<size_t>(size));
-    rank_inputs_.resize(static_cast<size_t>(size));
     threads_ = std::make_unique<RankThreads>(size, [this] {
       for (auto& c : communicators_) c->abort();
     });
+    // The ranks load their shards at once, each on its thread with its device bound.
+    models_.resize(static_cast<size_t>(size));
+    threads_->run([&](int rank) {
+      Backend& backend = *backends_[static_cast<size_t>(rank)];
+      backend.bind_thread();
+      ShardedWeightSource shard(weights, rank, size, [&config, plan, rank, size](const std::string& name) {
+        return plan(name, config, rank, size);
+      });
+      models_[static_cast<size_t>(rank)] =
+          make_model(shard, backend, TensorParallelRank{rank, size, communicators_[static_cast<size_t>(rank)].get()});
+      backend.synchronize();  // the rank's uploads are done before its staging buffers go
+    });
+    rank0_backend.bind_thread();
+    rank_kv_.resize(static_cast<size_t>(size));
+    rank_inputs_.resize(static_cast<size_t>(size));
   }
 
   const ModelConfig& config() const override { return config_; }

@@ -27,6 +27,8 @@ struct TensorSlice {
 // The shape of `slice` of a tensor of shape `full`; throws specula::Error when it does not fit.
 Shape slice_shape(const Shape& full, const TensorSlice& slice);
 
+// load() and load_slice() may run on several threads at once (the ranks of a tensor-parallel
+// model load their shards together); the sources keep their bookkeeping under a lock.
 class WeightSource {
  public:
   virtual ~WeightSource() = default;
