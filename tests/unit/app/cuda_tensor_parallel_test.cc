@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "engine/llm_engine.h"
 #include "mtp_test_util.h"
+#include "tensor_parallel_workload.h"
 #include "test_paths.h"
 #include "unit/backend/cuda/cuda_test_util.h"
 #include "unit/spec_decode/reference_fixture.h"
@@ -38,26 +39,7 @@ EngineConfig engine_config(int tp, const std::string& spec, bool async = false) 
   return ec;
 }
 
-void expect_transformers_greedy(const EngineConfig& config, const std::string& what) {
-  const testing::GreedyReference ref = testing::read_greedy_reference(
-      testing::fixtures_dir() / "embedded" / "specula-tiny" / "reference.safetensors");
-  auto engine = create_engine(config);
-  engine->start();
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (int copy = 0; copy < 2; ++copy)
-    for (size_t i = 0; i < ref.prompts.size(); ++i) {
-      SamplingParams p;
-      p.temperature = 0.0f;
-      p.ignore_eos = true;
-      p.max_tokens = static_cast<int>(ref.greedy[i].size());
-      streams.push_back(engine->add_request(NewRequest{"r" + std::to_string(copy) + std::to_string(i), ref.prompts[i], p}));
-    }
-  for (size_t k = 0; k < streams.size(); ++k)
-    EXPECT_EQ(testing::collect_tokens(*streams[k]), ref.greedy[k % ref.prompts.size()]) << what << " request " << k;
-  const EngineMetrics m = testing::settled(*engine);
-  if (!config.speculative_config.empty()) EXPECT_GT(m.spec_num_accepted_tokens, 0) << what;
-  engine->shutdown();
-}
+using testing::expect_tiny_greedy_reference;
 
 TEST(CudaTensorParallel, SplitTargetServesTransformersGreedyOutput) {
   SKIP_WITHOUT_GPU();
@@ -71,10 +53,10 @@ TEST(CudaTensorParallel, SplitTargetServesTransformersGreedyOutput) {
   for (int tp : {2, 4}) {
     if (tp > cuda_device_count()) continue;
     const std::string t = "tp " + std::to_string(tp);
-    expect_transformers_greedy(engine_config(tp, ""), t);
-    expect_transformers_greedy(engine_config(tp, "", /*async=*/true), t + ", async");
-    expect_transformers_greedy(engine_config(tp, draft), t + ", draft_model");
-    expect_transformers_greedy(engine_config(tp, eagle3, /*async=*/true), t + ", eagle3, async");
+    expect_tiny_greedy_reference(engine_config(tp, ""), t);
+    expect_tiny_greedy_reference(engine_config(tp, "", /*async=*/true), t + ", async");
+    expect_tiny_greedy_reference(engine_config(tp, draft), t + ", draft_model");
+    expect_tiny_greedy_reference(engine_config(tp, eagle3, /*async=*/true), t + ", eagle3, async");
   }
 }
 

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "engine/llm_engine.h"
 #include "mtp_test_util.h"
+#include "tensor_parallel_workload.h"
 #include "test_paths.h"
 #include "unit/spec_decode/reference_fixture.h"
 
@@ -45,32 +46,12 @@ EngineConfig engine_config(int tp, const std::string& spec, bool async = false) 
   return ec;
 }
 
-// Both reference prompts twice at once (the copies hit the prefix cache), greedy.
-void expect_transformers_greedy(const EngineConfig& config, const std::string& what) {
-  const testing::GreedyReference ref = testing::read_greedy_reference(reference_file());
-  auto engine = create_engine(config);
-  engine->start();
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (int copy = 0; copy < 2; ++copy)
-    for (size_t i = 0; i < ref.prompts.size(); ++i) {
-      SamplingParams p;
-      p.temperature = 0.0f;
-      p.ignore_eos = true;
-      p.max_tokens = static_cast<int>(ref.greedy[i].size());
-      streams.push_back(engine->add_request(NewRequest{"r" + std::to_string(copy) + std::to_string(i), ref.prompts[i], p}));
-    }
-  for (size_t k = 0; k < streams.size(); ++k)
-    EXPECT_EQ(testing::collect_tokens(*streams[k]), ref.greedy[k % ref.prompts.size()]) << what << " request " << k;
-  const EngineMetrics m = testing::settled(*engine);
-  if (!config.speculative_config.empty()) EXPECT_GT(m.spec_num_accepted_tokens, 0) << what;
-  EXPECT_GT(m.prefix_cache_hits, 0) << what;
-  engine->shutdown();
-}
+using testing::expect_tiny_greedy_reference;
 
 TEST(TensorParallelEngine, SplitTargetKeepsTransformersGreedyOutput) {
   ASSERT_TRUE(have_models()) << "committed embedded models or reference missing";
-  for (int tp : {2, 4}) expect_transformers_greedy(engine_config(tp, ""), "tp " + std::to_string(tp));
-  expect_transformers_greedy(engine_config(2, "", /*async=*/true), "tp 2, async scheduling");
+  for (int tp : {2, 4}) expect_tiny_greedy_reference(engine_config(tp, ""), "tp " + std::to_string(tp));
+  expect_tiny_greedy_reference(engine_config(2, "", /*async=*/true), "tp 2, async scheduling");
 }
 
 TEST(TensorParallelEngine, SpeculationDraftsForTheSplitTarget) {
@@ -81,8 +62,8 @@ TEST(TensorParallelEngine, SpeculationDraftsForTheSplitTarget) {
       R"({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "adaptive": false})",
       R"({"method": "eagle3", "model": ")" + eagle3_head().string() + R"(", "num_speculative_tokens": 3, "adaptive": false})",
   };
-  for (const std::string& spec : specs) expect_transformers_greedy(engine_config(2, spec), "tp 2 " + spec);
-  expect_transformers_greedy(engine_config(4, specs[0], /*async=*/true), "tp 4, async, " + specs[0]);
+  for (const std::string& spec : specs) expect_tiny_greedy_reference(engine_config(2, spec), "tp 2 " + spec);
+  expect_tiny_greedy_reference(engine_config(4, specs[0], /*async=*/true), "tp 4, async, " + specs[0]);
 }
 
 // specula-tiny-moe (DeepSeek-V3: MLA, 8 routed experts + 1 shared, one MTP layer) split over 2

@@ -9,6 +9,7 @@
 
 #include "deepseek_test_util.h"
 #include "model/config.h"
+#include "small_configs.h"
 #include "test_paths.h"
 
 namespace specula {
@@ -44,26 +45,6 @@ TEST(DeepseekDummy, V2LiteAtRealWidthTwoLayersRuns) {
   for (int32_t t : run.greedy) EXPECT_LT(t, c.vocab_size);
 }
 
-// A real config made small: same structure (MLA with or without q LoRA, yarn, routing), small dims.
-ModelConfig shrink(ModelConfig c, int64_t shared) {
-  c.num_hidden_layers = std::min<int64_t>(c.first_k_dense_replace + 2, 4);
-  c.hidden_size = 96;
-  c.intermediate_size = 160;
-  c.moe_intermediate_size = 24;
-  c.num_attention_heads = c.num_key_value_heads = 3;
-  if (c.q_lora_rank) c.q_lora_rank = 48;
-  c.kv_lora_rank = 40;
-  c.qk_nope_head_dim = 16;
-  c.qk_rope_head_dim = 8;
-  c.head_dim = 8;
-  c.v_head_dim = 20;
-  c.n_routed_experts = c.n_group * 4;
-  c.num_experts_per_tok = std::min<int64_t>(c.num_experts_per_tok, c.topk_group * 4);
-  c.n_shared_experts = shared;
-  c.vocab_size = 400;
-  c.max_position_embeddings = 512;
-  return c;
-}
 
 void expect_fusion_lossless(const ModelConfig& c) {
   auto backend = make_cpu_backend(2);
@@ -86,12 +67,12 @@ void expect_fusion_lossless(const ModelConfig& c) {
 }
 
 TEST(DeepseekDummy, SplitSharedExpertFusionIsLosslessForV2Lite) {
-  ModelConfig c = shrink(bench_config("DeepSeek-V2-Lite"), /*shared=*/2);  // V2-Lite's own count
+  ModelConfig c = testing::shrink_deepseek_config(bench_config("DeepSeek-V2-Lite"), /*shared=*/2);  // V2-Lite's own count
   expect_fusion_lossless(c);
 }
 
 TEST(DeepseekDummy, SplitSharedExpertFusionIsLosslessForV3) {
-  ModelConfig c = shrink(bench_config("DeepSeek-V3"), /*shared=*/3);
+  ModelConfig c = testing::shrink_deepseek_config(bench_config("DeepSeek-V3"), /*shared=*/3);
   ASSERT_EQ(c.arch, Architecture::kDeepseekV3);
   ASSERT_TRUE(c.q_lora_rank.has_value());
   expect_fusion_lossless(c);

@@ -14,6 +14,7 @@
 #include "forward_runner.h"
 #include "model/llama.h"
 #include "model/model.h"
+#include "small_configs.h"
 #include "test_paths.h"
 
 namespace specula {
@@ -97,21 +98,7 @@ class RandomLlamaWeights : public WeightSource {
   std::set<std::string> loaded_;
 };
 
-ModelConfig small_config(Architecture arch) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 97;
-  c.hidden_size = 48;
-  c.intermediate_size = 80;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 12;
-  c.rms_norm_eps = 1e-6;
-  c.max_position_embeddings = 128;
-  c.rope.theta = 10000.0;
-  return c;
-}
+ModelConfig small_config(Architecture arch) { return testing::small_llama_config(arch); }
 
 struct Variant {
   const char* name;

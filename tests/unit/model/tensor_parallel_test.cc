@@ -17,6 +17,7 @@
 #include "model/tensor_parallel_plan.h"
 #include "model/weight_source.h"
 #include "test_paths.h"
+#include "small_configs.h"
 #include "weights_test_util.h"
 
 namespace specula {
@@ -24,21 +25,7 @@ namespace {
 
 using testing::PagedRunner;
 
-ModelConfig small_config(Architecture arch) {
-  ModelConfig c;
-  c.arch = arch;
-  c.vocab_size = 96;
-  c.hidden_size = 48;
-  c.intermediate_size = 80;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 12;
-  c.rms_norm_eps = 1e-6;
-  c.max_position_embeddings = 128;
-  c.rope.theta = 10000.0;
-  return c;
-}
+ModelConfig small_config(Architecture arch) { return testing::small_llama_config(arch, /*vocab=*/96); }
 
 struct Variant {
   const char* name;
@@ -164,25 +151,8 @@ INSTANTIATE_TEST_SUITE_P(Variants, TensorParallelForward, ::testing::ValuesIn(va
 // a dense first layer, several shared experts): heads, every expert and the shared experts split
 // over 2 and 4 ranks give the whole model's logits, with shared-expert fusion off and on.
 ModelConfig small_deepseek(const std::string& name, int64_t shared) {
-  ModelConfig c = load_model_config(testing::source_dir() / "bench" / "configs" / name / "config.json");
-  c.num_hidden_layers = c.first_k_dense_replace + 2;
-  c.hidden_size = 96;
-  c.intermediate_size = 160;
-  c.moe_intermediate_size = 24;
-  c.num_attention_heads = c.num_key_value_heads = 4;
-  if (c.q_lora_rank) c.q_lora_rank = 48;
-  c.kv_lora_rank = 40;
-  c.qk_nope_head_dim = 16;
-  c.qk_rope_head_dim = 8;
-  c.head_dim = 8;
-  c.v_head_dim = 20;
-  c.n_routed_experts = c.n_group * 4;
-  c.num_experts_per_tok = std::min<int64_t>(c.num_experts_per_tok, c.topk_group * 4);
-  c.n_shared_experts = shared;
-  c.vocab_size = 400;
-  c.max_position_embeddings = 512;
-  c.raw = nlohmann::json::object();  // no FP8 block quantisation on dummy weights
-  return c;
+  return testing::shrink_deepseek_config(
+      load_model_config(testing::source_dir() / "bench" / "configs" / name / "config.json"), shared, /*heads=*/4);
 }
 
 TEST(TensorParallelDeepseek, RanksTogetherGiveTheWholeModelsLogits) {

@@ -1,0 +1,38 @@
+// The tensor-parallel engine tests' workload (CPU and CUDA): both reference prompts of the
+// embedded target twice at once (the copies hit the prefix cache), greedy, against transformers'
+// continuations; with speculation, some drafts must be accepted.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/create_engine.h"
+#include "engine/llm_engine.h"
+#include "mtp_test_util.h"
+#include "test_paths.h"
+#include "unit/spec_decode/reference_fixture.h"
+
+namespace specula::testing {
+
+inline void expect_tiny_greedy_reference(const EngineConfig& config, const std::string& what) {
+  const GreedyReference ref =
+      read_greedy_reference(fixtures_dir() / "embedded" / "specula-tiny" / "reference.safetensors");
+  auto engine = create_engine(config);
+  engine->start();
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (int copy = 0; copy < 2; ++copy)
+    for (size_t i = 0; i < ref.prompts.size(); ++i)
+      streams.push_back(engine->add_request(NewRequest{"r" + std::to_string(copy) + std::to_string(i), ref.prompts[i],
+                                                       greedy_params(static_cast<int>(ref.greedy[i].size()))}));
+  for (size_t k = 0; k < streams.size(); ++k)
+    EXPECT_EQ(collect_tokens(*streams[k]), ref.greedy[k % ref.prompts.size()]) << what << " request " << k;
+  const EngineMetrics m = settled(*engine);
+  if (!config.speculative_config.empty()) EXPECT_GT(m.spec_num_accepted_tokens, 0) << what;
+  EXPECT_GT(m.prefix_cache_hits, 0) << what;
+  engine->shutdown();
+}
+
+}  // namespace specula::testing
