@@ -5,7 +5,8 @@
 # runs twice: without speculation, then with the embedded draft (models/specula-tiny-draft,
 # k = 3); both times tests/reference.test.mjs compares the greedy text with transformers'
 # (tests/fixtures/embedded/specula-tiny/reference.safetensors). A third server, with ngram
-# speculation, runs only tests/structured.test.mjs (grammar masks on drafted tokens). Every server
+# speculation, runs only tests/structured.test.mjs (grammar masks on drafted tokens); a fourth,
+# split with -tp 2, runs the reference and API tests. Every server
 # has --enable-auto-tool-choice --tool-call-parser hermes, so that tool_choice "auto" works.
 #   tests/e2e/run.sh path/to/specula
 # Environment: SPECULA_E2E_MODEL (model folder; default models/specula-tiny: another model runs
@@ -118,6 +119,9 @@ if [ "$MODEL" -ef "$DEFAULT_MODEL" ]; then
   SPECULA_E2E_SPECULATIVE=1 SUITE_TESTS=tests/structured.test.mjs run_suite "ngram, k=3, structured outputs only" \
     --speculative-config \
     '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "adaptive": false}'
+  # The model split over two tensor-parallel ranks (threads on the CPU) answers the client alike.
+  SPECULA_E2E_SPECULATIVE=0 SUITE_TESTS="tests/reference.test.mjs tests/api.test.mjs" \
+    run_suite "tensor parallel, -tp 2, reference and API tests only" -tp 2
 else
   SPECULA_E2E_SPECULATIVE=0 run_suite "$(basename "$MODEL")"
 fi
