@@ -30,7 +30,7 @@ class DeepseekModel final : public Model {
   // Lent to the MTP layers (deepseek_mtp.h), whose checkpoint copies are usually identical.
   Tensor shared_weight(const std::string& name) const override {
     if (name == "model.embed_tokens.weight") return embed_tokens_;
-    if (name == "lm_head.weight" && tp_.size == 1) return lm_head_;  // a rank holds only its rows
+    if (name == "lm_head.weight") return lm_head_;  // a tensor-parallel rank's: its rows (Model::shared_weight)
     return Tensor();
   }
 

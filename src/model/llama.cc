@@ -96,7 +96,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend
 
 Tensor LlamaModel::shared_weight(const std::string& name) const {
   if (name == "model.embed_tokens.weight") return embed_tokens_;
-  if (name == "lm_head.weight") return tp_.size == 1 ? lm_head_ : Tensor();  // a rank holds only its rows
+  if (name == "lm_head.weight") return lm_head_;  // a tensor-parallel rank's: its rows (Model::shared_weight)
   return Tensor();
 }
 

@@ -53,7 +53,9 @@ class Model {
   virtual ForwardOutput forward(const ForwardInput& input, std::vector<KVCacheLayer>& kv) = 0;
   // A weight the model holds, by its checkpoint name, lent to a proposer that would otherwise load
   // an identical copy (DeepSeek MTP: "model.embed_tokens.weight", "lm_head.weight" — the
-  // embedding itself when tied). Undefined when the model lends nothing by that name.
+  // embedding itself when tied). Undefined when the model lends nothing by that name. A
+  // tensor-parallel rank lends its rows of a split weight; the tensor-parallel model lends them
+  // put together.
   virtual Tensor shared_weight(const std::string& name) const { return Tensor(); }
   // From now on every forward also returns ForwardOutput::aux_hidden_states for these layers (an
   // EAGLE-3 head's features; layer i's entry is the input of decoder layer i, i.e. transformers'

@@ -235,8 +235,14 @@ class TensorParallelModel final : public Model {
     return out;
   }
 
-  // Rank 0 holds the replicated embedding; the lm_head is split, so it lends none.
-  Tensor shared_weight(const std::string& name) const override { return models_.front()->shared_weight(name); }
+  // The embedding is replicated: rank 0's. The lm_head is split: each rank lends its rows, put
+  // together once (on rank 0's device) for the proposer that asks for it (an EAGLE-1 head).
+  Tensor shared_weight(const std::string& name) const override {
+    if (name != "lm_head.weight") return models_.front()->shared_weight(name);
+    std::lock_guard<std::mutex> lock(lm_head_mu_);
+    if (!lm_head_.defined()) lm_head_ = assemble_rows(name);
+    return lm_head_;
+  }
 
   // The residual stream is replicated: rank 0's copy of the features is the model's.
   void set_aux_hidden_state_layers(const std::vector<int>& layers) override {
@@ -268,6 +274,27 @@ class TensorParallelModel final : public Model {
     kv_key_ = std::move(key);
   }
 
+  // The whole of a weight split by rows: every rank's rows, copied into one tensor of rank 0's.
+  Tensor assemble_rows(const std::string& name) const {
+    std::vector<Tensor> parts;
+    int64_t rows = 0;
+    for (const auto& model : models_) {
+      parts.push_back(model->shared_weight(name));
+      if (!parts.back().defined() || parts.back().ndim() != 2) return Tensor();
+      rows += parts.back().size(0);
+    }
+    Backend& home = *backends_.front();
+    Tensor whole = home.empty({rows, parts.front().size(1)}, parts.front().dtype());
+    int64_t at = 0;
+    for (const Tensor& part : parts) {
+      Tensor dst = whole.slice(at, at + part.size(0));
+      home.copy(part, dst);
+      at += part.size(0);
+    }
+    home.synchronize();
+    return whole;
+  }
+
   ModelConfig config_;
   std::vector<std::unique_ptr<Backend>> owned_backends_;  // ranks 1..size-1
   std::vector<Backend*> backends_;                        // by rank
@@ -276,6 +303,8 @@ class TensorParallelModel final : public Model {
   std::vector<std::vector<KVCacheLayer>> rank_kv_;        // by rank (rank 0's is the engine's)
   std::vector<const void*> kv_key_;                       // the engine cache rank_kv_ matches
   std::vector<RankInputs> rank_inputs_;                   // by rank (rank 0 reads the engine's)
+  mutable std::mutex lm_head_mu_;
+  mutable Tensor lm_head_;                                // assembled when a proposer asks
   std::unique_ptr<RankThreads> threads_;                  // last: joined before the models go
 };
 

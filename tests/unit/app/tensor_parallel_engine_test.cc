@@ -1,7 +1,8 @@
 // -tp through LLMEngine::create on the embedded target (CPU, the real checkpoint and tokenizer):
 // split over 2 and 4 ranks (4 ranks share its 2 kv heads), greedy output is transformers'
 // continuation, without speculation and with draft_model, ngram and eagle3 drafting for the
-// split target (the draft and the head run on rank 0's backend), with async scheduling too; and
+// split target (the draft and the head run on rank 0's backend; a random EAGLE-1 head reads the
+// split target's lm_head put together), with async scheduling too; and
 // the embedded DeepSeek-V3 target split likewise, with MTP.
 #include <gtest/gtest.h>
 
@@ -9,9 +10,13 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>
+
 #include "app/create_engine.h"
 #include "core/error.h"
+#include "eagle_head_files.h"
 #include "engine/llm_engine.h"
+#include "model/config.h"
 #include "mtp_test_util.h"
 #include "tensor_parallel_workload.h"
 #include "test_paths.h"
@@ -63,6 +68,17 @@ TEST(TensorParallelEngine, SpeculationDraftsForTheSplitTarget) {
       R"({"method": "eagle3", "model": ")" + eagle3_head().string() + R"(", "num_speculative_tokens": 3, "adaptive": false})",
   };
   for (const std::string& spec : specs) expect_tiny_greedy_reference(engine_config(2, spec), "tp 2 " + spec);
+  // EAGLE-1 drafts through the target's lm_head: the split target lends its ranks' rows put together.
+  testing::RandomEagleHead eagle1;
+  eagle1.eagle3 = false;
+  const fs::path head = fs::temp_directory_path() / ("specula_tp_eagle1_" + std::to_string(::getpid()));
+  fs::remove_all(head);
+  testing::write_random_eagle_head(head, load_model_config(tiny()), eagle1);
+  expect_tiny_greedy_reference(
+      engine_config(4, R"({"method": "eagle", "model": ")" + head.string() +
+                           R"(", "num_speculative_tokens": 2, "adaptive": false})"),
+      "tp 4, random EAGLE-1 head", /*drafts_accepted=*/false);
+  fs::remove_all(head);
   expect_tiny_greedy_reference(engine_config(4, specs[0], /*async=*/true), "tp 4, async, " + specs[0]);
 }
 
