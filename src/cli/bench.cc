@@ -212,9 +212,11 @@ int run_latency(BenchArgs& a) {
   const double avg = latencies.empty() ? 0.0 : total / static_cast<double>(latencies.size());
   const double tok_s = total > 0 ? static_cast<double>(output_tokens) / total : 0.0;
   const std::vector<double> ttft_ms = ms(ttfts), tpot_ms = ms(tpots);
-  std::printf("\n== specula bench latency: %s, batch %d, input %d, output %d, %d iterations (%d warm-up)%s%s\n",
+  const std::string tp = a.engine.tensor_parallel_size > 1 ? fmt::format(", -tp {}", a.engine.tensor_parallel_size) : "";
+  std::printf("\n== specula bench latency: %s, batch %d, input %d, output %d, %d iterations (%d warm-up)%s%s%s\n",
               a.engine.model.c_str(), a.batch_size, a.input_len, a.output_len, a.num_iters, a.num_iters_warmup,
-              a.engine.enforce_eager ? ", eager" : "", a.engine.async_scheduling.value_or(false) ? ", async scheduling" : "");
+              a.engine.enforce_eager ? ", eager" : "", a.engine.async_scheduling.value_or(false) ? ", async scheduling" : "",
+              tp.c_str());
   // The spread, not only the median: which prompts a run draws moves the median (PERFORMANCE.md).
   std::printf("%-28s %12s %12s %12s\n", "metric", "p10", "median", "p90");
   std::printf("%-28s %12.2f %12.2f %12.2f\n", "TTFT (ms)", percentile(ttft_ms, 10), percentile(ttft_ms, 50),
@@ -235,6 +237,7 @@ int run_latency(BenchArgs& a) {
   j["output_len"] = a.output_len;
   j["num_iters"] = a.num_iters;
   j["enforce_eager"] = a.engine.enforce_eager;
+  j["tensor_parallel_size"] = a.engine.tensor_parallel_size;
   j["async_scheduling"] = a.engine.async_scheduling.value_or(false);
   j["quantization"] = a.engine.quantization;
   if (!a.structured_outputs.empty()) j["structured_outputs"] = nlohmann::json::parse(a.structured_outputs);

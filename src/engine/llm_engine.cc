@@ -272,8 +272,9 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
              runner->num_verify_graphs(), n_draft);
   }
   parts.executor = std::move(runner);
-  LOG_INFO("Engine ready: max_model_len={}, max_num_seqs={}, max_num_batched_tokens={}, prefix caching {}",
-           max_model_len, cc.max_num_seqs, batched, cc.enable_prefix_caching ? "on" : "off");
+  LOG_INFO("Engine ready: max_model_len={}, max_num_seqs={}, max_num_batched_tokens={}, prefix caching {}, "
+           "tensor_parallel_size={}",
+           max_model_len, cc.max_num_seqs, batched, cc.enable_prefix_caching ? "on" : "off", config.tensor_parallel_size);
   return make_threaded_engine(std::move(parts));
 }
 
