@@ -157,7 +157,8 @@ bool cuda_available() { return cuda_factory().available && cuda_factory().availa
 
 int cuda_device_count() { return cuda_available() && cuda_factory().device_count ? cuda_factory().device_count() : 0; }
 
-std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<Backend*>& ranks) {
+std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<Backend*>& ranks,
+                                                              bool custom_all_reduce) {
   SPECULA_CHECK(!ranks.empty(), "tensor parallel: no ranks");
   const Device device = ranks.front()->device();
   for (const Backend* b : ranks)
@@ -165,7 +166,7 @@ std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<
                   b->name());
   if (device == Device::kCPU) return make_thread_communicators(static_cast<int>(ranks.size()));
   SPECULA_CHECK(cuda_factory().make_communicators, "tensor parallel: this specula was built without CUDA");
-  return cuda_factory().make_communicators(ranks);
+  return cuda_factory().make_communicators(ranks, custom_all_reduce);
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int device_index) {

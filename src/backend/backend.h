@@ -14,6 +14,7 @@
 
 #include "backend/attention_metadata.h"
 #include "backend/decoder_chain.h"
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace specula {
@@ -132,6 +133,13 @@ class Backend {
   // ---- the forward pass ----
   // out[t, :] = table[ids[t], :].  ids I32 [T], table [V, H], out [T, H].
   virtual void embedding(const Tensor& ids, const Tensor& table, Tensor& out) = 0;
+  // A tensor-parallel rank's share of the embedding (rows first_id .. first_id + V' - 1 of the whole
+  // table): out[t, :] = table[ids[t] - first_id, :] for ids in that range, zeros for the others,
+  // which the other ranks' shares fill when the ranks' outputs are summed. table [V', H]. The
+  // default throws: only backends that run tensor-parallel ranks have it.
+  virtual void vocab_parallel_embedding(const Tensor& ids, const Tensor& table, int64_t first_id, Tensor& out) {
+    throw Error(fmt::format("{}: no vocab-parallel embedding", name()));
+  }
   // out = x / sqrt(mean(x^2) + eps) * weight, row by row over the last dim (computed in fp32).
   // x and out are [rows, H] (any leading shape), weight [H].
   virtual void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) = 0;

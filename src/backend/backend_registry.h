@@ -16,7 +16,8 @@ struct CudaBackendFactory {
   std::function<int()> device_count;
   std::function<std::unique_ptr<Backend>(int device_index)> make;
   // NCCL communicators over CUDA backends, one per rank (backend/communicator.h).
-  std::function<std::vector<std::unique_ptr<Communicator>>(const std::vector<Backend*>& ranks)> make_communicators;
+  std::function<std::vector<std::unique_ptr<Communicator>>(const std::vector<Backend*>& ranks, bool custom_all_reduce)>
+      make_communicators;
 };
 void register_cuda_backend_factory(CudaBackendFactory factory);
 

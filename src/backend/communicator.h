@@ -38,8 +38,10 @@ class Backend;  // backend/backend.h
 std::vector<std::unique_ptr<Communicator>> make_thread_communicators(int size);
 
 // One communicator per rank for the ranks' backends (index = rank): threads for CPU backends,
-// NCCL for CUDA backends of distinct GPUs (collectives enqueued on each rank's stream). Throws
-// specula::Error for mixed devices or a build without what the device needs.
-std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<Backend*>& ranks);
+// NCCL for CUDA backends of distinct GPUs (collectives enqueued on each rank's stream; with
+// `custom_all_reduce`, small all-reduces as one peer-to-peer kernel where the GPUs allow it).
+// Throws specula::Error for mixed devices or a build without what the device needs.
+std::vector<std::unique_ptr<Communicator>> make_communicators(const std::vector<Backend*>& ranks,
+                                                              bool custom_all_reduce = true);
 
 }  // namespace specula

@@ -19,7 +19,8 @@ void PaddedGraphs::capture(const std::vector<int>& sizes, const std::function<vo
     work(size);              // warm-up, eagerly
     backend_.reset_scratch();  // lets the arena grow to this step's size before capture
     try {
-      std::unique_ptr<DeviceGraph> graph = backend_.capture_graph([&] { work(size); });
+      const auto once = [&] { work(size); };
+      std::unique_ptr<DeviceGraph> graph = record_ ? record_(once) : backend_.capture_graph(once);
       if (!graph) return;  // the backend has no graphs
       graphs_[size] = std::move(graph);
     } catch (const Error& e) {

@@ -23,7 +23,11 @@ namespace specula {
 
 class PaddedGraphs {
  public:
-  explicit PaddedGraphs(Backend& backend) : backend_(backend) {}
+  // How one size's work becomes a graph; by default the backend's capture_graph (a model spread
+  // over several devices records through Model::capture_graph instead).
+  using Recorder = std::function<std::unique_ptr<DeviceGraph>(const std::function<void()>& work)>;
+
+  explicit PaddedGraphs(Backend& backend, Recorder record = nullptr) : backend_(backend), record_(std::move(record)) {}
 
   // vLLM's capture sizes: 1, 2, 4, then multiples of 8 up to max_size (and max_size itself).
   static std::vector<int> default_sizes(int max_size);
@@ -45,6 +49,7 @@ class PaddedGraphs {
 
  private:
   Backend& backend_;
+  Recorder record_;
   std::map<int, std::unique_ptr<DeviceGraph>> graphs_;
 };
 

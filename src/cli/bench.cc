@@ -212,7 +212,10 @@ int run_latency(BenchArgs& a) {
   const double avg = latencies.empty() ? 0.0 : total / static_cast<double>(latencies.size());
   const double tok_s = total > 0 ? static_cast<double>(output_tokens) / total : 0.0;
   const std::vector<double> ttft_ms = ms(ttfts), tpot_ms = ms(tpots);
-  const std::string tp = a.engine.tensor_parallel_size > 1 ? fmt::format(", -tp {}", a.engine.tensor_parallel_size) : "";
+  const std::string tp = a.engine.tensor_parallel_size > 1
+                             ? fmt::format(", -tp {}{}", a.engine.tensor_parallel_size,
+                                           a.engine.custom_all_reduce ? "" : ", NCCL all-reduce only")
+                             : "";
   std::printf("\n== specula bench latency: %s, batch %d, input %d, output %d, %d iterations (%d warm-up)%s%s%s\n",
               a.engine.model.c_str(), a.batch_size, a.input_len, a.output_len, a.num_iters, a.num_iters_warmup,
               a.engine.enforce_eager ? ", eager" : "", a.engine.async_scheduling.value_or(false) ? ", async scheduling" : "",
@@ -238,6 +241,7 @@ int run_latency(BenchArgs& a) {
   j["num_iters"] = a.num_iters;
   j["enforce_eager"] = a.engine.enforce_eager;
   j["tensor_parallel_size"] = a.engine.tensor_parallel_size;
+  j["custom_all_reduce"] = a.engine.custom_all_reduce;
   j["async_scheduling"] = a.engine.async_scheduling.value_or(false);
   j["quantization"] = a.engine.quantization;
   if (!a.structured_outputs.empty()) j["structured_outputs"] = nlohmann::json::parse(a.structured_outputs);

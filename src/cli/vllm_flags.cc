@@ -26,6 +26,9 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
   cmd->add_option("--tensor-parallel-size", f.tensor_parallel_size, "Ranks to split the model over, Megatron-style (also -tp): one GPU each on CUDA (NCCL), "
                   "threads on the CPU")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_flag("--disable-custom-all-reduce", f.disable_custom_all_reduce,
+                "Tensor parallel on GPUs: all-reduce through NCCL only (default: small all-reduces run as one "
+                "peer-to-peer kernel where the GPUs map each other's memory)");
   cmd->add_option("--pipeline-parallel-size", f.pipeline_parallel_size, "Pipeline stages (also -pp; 1)")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_flag("--enable-chunked-prefill,!--no-enable-chunked-prefill", f.enable_chunked_prefill,
@@ -49,6 +52,7 @@ void apply_vllm_flags(const VllmFlags& f, EngineConfig& c) {
   // Every kernel loads when CUDA starts instead (this runs before the engine touches CUDA; a value
   // the user set wins).
   if (f.tensor_parallel_size > 1) setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0);
+  c.custom_all_reduce = !f.disable_custom_all_reduce;
   c.pipeline_parallel_size = f.pipeline_parallel_size;
   c.enable_chunked_prefill = f.enable_chunked_prefill;
   c.log_stats = !f.disable_log_stats;

@@ -23,6 +23,7 @@ struct VllmFlags {
   bool disable_log_stats = false;
   bool disable_log_requests = false;
   bool trust_remote_code = false;
+  bool disable_custom_all_reduce = false;
   std::optional<bool> async_scheduling;
 };
 

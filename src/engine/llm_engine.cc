@@ -115,6 +115,12 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   const std::optional<DeviceMemoryInfo> memory_before_weights = parts.backend->memory_info();
 
   // ---- weights -> model ----
+  // Rank r of a CUDA model (the target, and a draft split like it) runs on GPU r; CPU ranks are
+  // more CPU backends.
+  const std::function<std::unique_ptr<Backend>(int)> make_rank_backend =
+      [&config, on_gpu = parts.backend->device() == Device::kCUDA](int rank) {
+        return on_gpu ? make_cuda_backend(rank) : make_backend(config);
+      };
   {
     std::unique_ptr<WeightSource> weights = open_weights(config, mc);
     LOG_INFO("Loading {} ({}) on {}", weights->describe(), architecture_name(mc.arch), parts.backend->name());
@@ -123,10 +129,8 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
     weights->on_progress = [&](size_t tensors, size_t bytes) { progress.update(tensors, bytes); };
     ModelOptions options{parts.config.shared_expert_fusion, config.quantization};
     options.tensor_parallel_size = config.tensor_parallel_size;
-    // Rank r of a CUDA model runs on GPU r; CPU ranks are more CPU backends.
-    options.make_rank_backend = [&config, on_gpu = parts.backend->device() == Device::kCUDA](int rank) {
-      return on_gpu ? make_cuda_backend(rank) : make_backend(config);
-    };
+    options.custom_all_reduce = config.custom_all_reduce;
+    options.make_rank_backend = make_rank_backend;
     parts.model = create_model(mc, *weights, *parts.backend, options);
     progress.finish();
     LOG_INFO("Model loading took {:.2f} seconds",
@@ -163,7 +167,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   if (make_speculator) {
     SpeculatorContext ctx{config.model, config.load_format, config.seed, parts.config.shared_expert_fusion,
                           mc, *parts.model, *parts.tokenizer, *parts.backend, max_model_len, config.max_num_seqs,
-                          batched};
+                          batched, config.tensor_parallel_size, make_rank_backend};
     speculator = make_speculator(ctx);
     SPECULA_CHECK(speculator->num_speculative_tokens() >= 1, "--speculative-config: num_speculative_tokens must be "
                   "at least 1, got {}", speculator->num_speculative_tokens());
@@ -252,10 +256,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
     if (verifier) runner->set_rejection_sampler(std::move(verifier));
     LOG_INFO("Speculative decoding: {}", parts.speculator->describe());
   }
-  if (on_cuda && !config.enforce_eager && config.tensor_parallel_size > 1) {
-    LOG_INFO("CUDA graphs: off with --tensor-parallel-size {} (the ranks' steps run eagerly; graphs of several "
-             "GPUs' NCCL collectives are not built yet)", config.tensor_parallel_size);
-  } else if (on_cuda && !config.enforce_eager) {
+  if (on_cuda && !config.enforce_eager) {
     // CUDA graphs for decode steps of up to max_num_seqs sequences (vLLM caps captures at 512).
     const auto g0 = std::chrono::steady_clock::now();
     const std::optional<DeviceMemoryInfo> before = parts.backend->memory_info();

@@ -49,6 +49,8 @@ struct EngineConfig {
   // --quantization: "" (as the checkpoint says) or "fp8" (model/weight_quantization.h).
   std::string quantization;
   int tensor_parallel_size = 1;
+  // Small all-reduces between GPUs as one peer-to-peer kernel (off: vLLM's --disable-custom-all-reduce).
+  bool custom_all_reduce = true;
   int pipeline_parallel_size = 1;
   bool enable_chunked_prefill = true;
   bool log_stats = true;

@@ -143,7 +143,8 @@ size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
   backend_.reset_scratch();
 
   for (const auto& [rows, sizes] : plan) {
-    auto graphs = std::make_unique<PaddedGraphs>(backend_);
+    auto graphs = std::make_unique<PaddedGraphs>(
+        backend_, [this](const std::function<void()>& work) { return model_.capture_graph(backend_, work); });
     try {
       graphs->capture(sizes, [&, r = rows](int size) {
         // Only outside capture (the warm-up run): fill the static buffers with an all-padding

@@ -126,6 +126,8 @@ struct SpeculatorContext {
   int max_model_len = 0;              // the target's
   int max_num_seqs = 0;
   int max_num_batched_tokens = 0;
+  int tensor_parallel_size = 1;       // the target's ranks (a draft model may be split over them too)
+  std::function<std::unique_ptr<Backend>(int rank)> make_rank_backend{};  // the target's, for rank >= 1
 };
 
 using SpeculatorFactory = std::function<std::unique_ptr<Speculator>(const SpeculatorContext&)>;

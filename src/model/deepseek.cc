@@ -13,6 +13,7 @@
 #include "backend/communicator.h"
 #include "core/logging.h"
 #include "model/deepseek_layer.h"
+#include "model/vocab_parallel_embedding.h"
 
 namespace specula {
 namespace {
@@ -46,7 +47,7 @@ class DeepseekModel final : public Model {
   int64_t vocab_rows_;  // lm_head rows this rank holds (vocab_ / tp.size)
   float eps_;
 
-  Tensor embed_tokens_;  // [V, H]
+  Tensor embed_tokens_;  // [V / N, H]: the rank's rows
   std::vector<DeepseekLayerWeights> layers_;
   Tensor norm_;          // [H]
   Tensor lm_head_;       // [V / N, H]: the rank's rows; of the embedding itself when tie_word_embeddings
@@ -66,13 +67,12 @@ DeepseekModel::DeepseekModel(const ModelConfig& config, WeightSource& weights, B
   SPECULA_CHECK(tp.size == 1 || tp.communicator != nullptr, "{}: tensor-parallel rank {} of {} has no communicator",
                 architecture_name(config.arch), tp.rank, tp.size);
   DeepseekWeightLoader w(layer_config_, weights, backend);
-  embed_tokens_ = w.load("model.embed_tokens.weight", {vocab_, hidden_});
+  embed_tokens_ = w.load("model.embed_tokens.weight", {vocab_rows_, hidden_});  // vocab-parallel
   layers_.reserve(config.num_hidden_layers);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers_.push_back(decoder_.load_layer(w, i));
   norm_ = w.load("model.norm.weight", {hidden_});
-  // The embedding is replicated; a tied lm_head is the rank's rows of it (a view).
-  lm_head_ = config.tie_word_embeddings ? embed_tokens_.slice(tp.rank * vocab_rows_, (tp.rank + 1) * vocab_rows_)
-                                        : w.load("lm_head.weight", {vocab_rows_, hidden_});
+  // A tied lm_head is the embedding: both hold the rank's vocabulary rows.
+  lm_head_ = config.tie_word_embeddings ? embed_tokens_ : w.load("lm_head.weight", {vocab_rows_, hidden_});
 }
 
 void DeepseekModel::check_input(const ForwardInput& in, const std::vector<KVCacheLayer>& kv) const {
@@ -97,7 +97,7 @@ ForwardOutput DeepseekModel::forward(const ForwardInput& in, std::vector<KVCache
 
   Tensor x = backend_.scratch({t, hidden_}, dt);         // the current block's input / output
   Tensor residual = backend_.scratch({t, hidden_}, dt);  // the residual stream
-  backend_.embedding(in.token_ids, embed_tokens_, x);
+  embed_tokens(backend_, tp_, in.token_ids, embed_tokens_, x);
   backend_.zero(residual);  // so that the first add_rms_norm makes residual = embeddings
   for (size_t i = 0; i < layers_.size(); ++i) x = decoder_.forward(layers_[i], x, residual, in, kv[i]);
   backend_.add_rms_norm(x, residual, norm_, eps_);  // final norm: x = RMSNorm(h)

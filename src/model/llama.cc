@@ -23,6 +23,7 @@
 #include "core/logging.h"
 #include "core/phase_profile.h"
 #include "model/llama_layer.h"
+#include "model/vocab_parallel_embedding.h"
 
 namespace specula {
 namespace {
@@ -51,9 +52,9 @@ class LlamaModel final : public Model {
   ModelConfig layer_config_;  // the rank's heads and channels (config_ itself at size 1)
   Backend& backend_;
   int64_t hidden_, num_heads_, num_kv_heads_, head_dim_, vocab_;
-  int64_t vocab_rows_;  // lm_head rows this rank holds (vocab_ / tp.size)
+  int64_t vocab_rows_;  // embedding and lm_head rows this rank holds (vocab_ / tp.size)
 
-  Tensor embed_tokens_;  // [V, H]
+  Tensor embed_tokens_;  // [V / N, H]: the rank's rows
   std::vector<LlamaLayerWeights> layers_;
   Tensor norm_;          // [H]
   Tensor lm_head_;       // [V / N, H]: the rank's rows; of the embedding itself when tie_word_embeddings
@@ -84,14 +85,13 @@ LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend
              "sequences of at most {} tokens", *config.sliding_window, *config.sliding_window);
   }
   LlamaWeightLoader w(weights, backend, quantization);
-  embed_tokens_ = w.load("model.embed_tokens.weight", {vocab_, hidden_});
+  embed_tokens_ = w.load("model.embed_tokens.weight", {vocab_rows_, hidden_});  // vocab-parallel
   layers_.resize(config.num_hidden_layers);
   for (int64_t i = 0; i < config.num_hidden_layers; ++i)
     layers_[i] = layer_.load(w, "model.layers." + std::to_string(i) + ".", hidden_, true);
   norm_ = w.load("model.norm.weight", {hidden_});
-  // The embedding is replicated; a tied lm_head is the rank's rows of it (a view).
-  lm_head_ = config.tie_word_embeddings ? embed_tokens_.slice(tp.rank * vocab_rows_, (tp.rank + 1) * vocab_rows_)
-                                        : w.load("lm_head.weight", {vocab_rows_, hidden_});
+  // A tied lm_head is the embedding: both hold the rank's vocabulary rows.
+  lm_head_ = config.tie_word_embeddings ? embed_tokens_ : w.load("lm_head.weight", {vocab_rows_, hidden_});
 }
 
 Tensor LlamaModel::shared_weight(const std::string& name) const {
@@ -133,7 +133,7 @@ ForwardOutput LlamaModel::forward(const ForwardInput& in, std::vector<KVCacheLay
   const float eps = layer_.eps();
 
   Tensor residual = backend_.scratch({t, hidden_}, dt);  // the residual stream h
-  backend_.embedding(in.token_ids, embed_tokens_, residual);
+  embed_tokens(backend_, tp_, in.token_ids, embed_tokens_, residual);
   // EAGLE-3's features: the residual stream entering each chosen layer, side by side.
   const int64_t num_aux = static_cast<int64_t>(aux_layers_.size());
   Tensor aux = num_aux > 0 ? backend_.scratch({t, num_aux * hidden_}, dt) : Tensor();

@@ -70,6 +70,13 @@ class Model {
   // model its weights and dims. False when the model or its backend has no fused form for it (the
   // caller then runs forward() step by step); nothing has run then.
   virtual bool greedy_chain(DecoderChain& chain) { return false; }
+  // Records the device work `work` enqueues on `backend` (this model's forwards among it) as one
+  // graph for replay (Backend::capture_graph, whose rules apply). A model spread over several
+  // devices records each device's share and replays them together. nullptr where the backend has
+  // no graphs.
+  virtual std::unique_ptr<DeviceGraph> capture_graph(Backend& backend, const std::function<void()>& work) {
+    return backend.capture_graph(work);
+  }
 };
 
 // Load-time choices that are not facts of the checkpoint.
@@ -86,6 +93,8 @@ struct ModelOptions {
   // beyond rank 0 on the backend this gives it. 1: the whole model on the one backend.
   int tensor_parallel_size = 1;
   std::function<std::unique_ptr<Backend>(int rank)> make_rank_backend{};
+  // Small all-reduces of CUDA ranks as one peer-to-peer kernel (make_communicators).
+  bool custom_all_reduce = true;
 };
 
 // Builds the model for config.arch, loading every weight through `weights` onto `backend`.

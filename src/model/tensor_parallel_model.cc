@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -114,21 +115,25 @@ class BoundTo {
   Backend& home_;
 };
 
-// A rank's copies of the step's inputs on its own device (persistent buffers that grow).
+// A rank's copies of the step's inputs on its own device (persistent buffers that grow). A buffer
+// outgrown is kept, not freed: a graph recorded earlier copies into it at every replay.
 class RankInputs {
  public:
-  // Grows the buffers for `in` (on the calling thread, with the rank's device bound: never while
-  // the ranks' collectives run, where an allocation could wait for a GPU that waits for a peer).
-  void reserve(Backend& backend, const ForwardInput& in) {
+  // Grows the buffers for `in` (on the calling thread, binding the rank's device only to
+  // allocate: never while the ranks' collectives run, where an allocation could wait for a GPU
+  // that waits for a peer).
+  void reserve(Backend& backend, Backend& home, const ForwardInput& in) {
     for (auto [storage, src] : {std::pair{&token_ids_, &in.token_ids}, std::pair{&positions_, &in.positions},
                                 std::pair{&logits_indices_, &in.logits_indices},
                                 std::pair{&query_start_loc_, &in.attn.query_start_loc},
                                 std::pair{&seq_lens_, &in.attn.seq_lens}, std::pair{&block_tables_, &in.attn.block_tables},
                                 std::pair{&slot_mapping_, &in.attn.slot_mapping}}) {
       if (!src->defined() || src->numel() == 0) continue;
-      if (!storage->defined() || storage->dtype() != src->dtype() || storage->numel() < src->numel())
-        *storage = backend.empty({std::max<int64_t>(src->numel(), 2 * (storage->defined() ? storage->numel() : 0))},
-                                 src->dtype());
+      if (storage->defined() && storage->dtype() == src->dtype() && storage->numel() >= src->numel()) continue;
+      BoundTo device(backend, home);
+      if (storage->defined()) outgrown_.push_back(*storage);
+      *storage = backend.empty({std::max<int64_t>(src->numel(), 2 * (storage->defined() ? storage->numel() : 0))},
+                               src->dtype());
     }
   }
 
@@ -155,6 +160,51 @@ class RankInputs {
   }
 
   Tensor token_ids_, positions_, logits_indices_, query_start_loc_, seq_lens_, block_tables_, slot_mapping_;
+  std::vector<Tensor> outgrown_;
+};
+
+// What the ranks beyond rank 0 record while rank 0's stream records a graph (by rank; rank 0's
+// entries stay empty): each rank's graph of its forward, the forward's outputs (which keep the
+// rank's scratch chunk, and so the graph's activations, alive) and the failure of a rank.
+struct RankCapture {
+  explicit RankCapture(size_t size) : graphs(size), outputs(size), errors(size) {}
+  int forwards = 0;
+  std::vector<std::unique_ptr<DeviceGraph>> graphs;
+  std::vector<ForwardOutput> outputs;
+  std::vector<std::string> errors;
+};
+
+// A graph of the split model: rank 0's recording of the caller's work, with the other ranks'
+// recordings of their share of its forward. A replay launches them all, each rank's once the work
+// issued so far on rank 0's stream (the step's inputs) has run: the rank's graph starts by copying
+// those inputs to its device.
+class TensorParallelGraph final : public DeviceGraph {
+ public:
+  TensorParallelGraph(std::unique_ptr<DeviceGraph> rank0, RankCapture capture, const std::vector<Backend*>& backends)
+      : rank0_(std::move(rank0)), capture_(std::move(capture)), backends_(backends) {}
+
+  ~TensorParallelGraph() override {
+    Backend& home = *backends_.front();
+    for (size_t r = 1; r < backends_.size(); ++r) {
+      BoundTo device(*backends_[r], home);
+      capture_.graphs[r].reset();
+    }
+  }
+
+  void replay() override {
+    Backend& home = *backends_.front();
+    for (size_t r = 1; r < backends_.size(); ++r) {
+      backends_[r]->wait_for(home);
+      BoundTo device(*backends_[r], home);
+      capture_.graphs[r]->replay();
+    }
+    rank0_->replay();
+  }
+
+ private:
+  std::unique_ptr<DeviceGraph> rank0_;
+  RankCapture capture_;
+  std::vector<Backend*> backends_;
 };
 
 // One rank's model from its shard of the weights, and the shard plan of its architecture.
@@ -165,7 +215,8 @@ using ShardPlan = WeightShard (*)(const std::string& name, const ModelConfig& co
 class TensorParallelModel final : public Model {
  public:
   TensorParallelModel(const ModelConfig& config, WeightSource& weights, Backend& rank0_backend, int size,
-                      const RankBackendFactory& make_backend, ShardPlan plan, const RankModelFactory& make_model)
+                      const RankBackendFactory& make_backend, bool custom_all_reduce, ShardPlan plan,
+                      const RankModelFactory& make_model)
       : config_(config) {
     backends_.push_back(&rank0_backend);
     for (int rank = 1; rank < size; ++rank) {
@@ -176,7 +227,7 @@ class TensorParallelModel final : public Model {
                     device_name(rank0_backend.device()));
       backends_.push_back(owned_backends_.back().get());
     }
-    communicators_ = make_communicators(backends_);
+    communicators_ = make_communicators(backends_, custom_all_reduce);
     const char* loading = std::getenv("CUDA_MODULE_LOADING");
     if (rank0_backend.device() == Device::kCUDA && !(loading && std::string(loading) == "EAGER"))
       LOG_WARN("Tensor parallel on CUDA with lazy kernel loading: a kernel's first launch may wait for its GPU while "
@@ -214,13 +265,11 @@ class TensorParallelModel final : public Model {
     match_rank_caches(kv);
     Backend& home = *backends_.front();
     const bool host_memory = home.device() == Device::kCPU;
-    if (!host_memory) {
-      for (size_t rank = 1; rank < backends_.size(); ++rank) {
-        BoundTo device(*backends_[rank], home);
-        rank_inputs_[rank].reserve(*backends_[rank], input);
-      }
+    if (!host_memory)
+      for (size_t rank = 1; rank < backends_.size(); ++rank) rank_inputs_[rank].reserve(*backends_[rank], home, input);
+    if (capture_) return capture_forward(input, kv);
+    if (!host_memory)
       for (size_t rank = 1; rank < backends_.size(); ++rank) backends_[rank]->wait_for(home);
-    }
     ForwardOutput out;
     threads_->run([&](int rank) {
       const size_t r = static_cast<size_t>(rank);
@@ -235,13 +284,31 @@ class TensorParallelModel final : public Model {
     return out;
   }
 
-  // The embedding is replicated: rank 0's. The lm_head is split: each rank lends its rows, put
-  // together once (on rank 0's device) for the proposer that asks for it (an EAGLE-1 head).
+  // Rank 0's stream records `work`; every forward of this model in it has the other ranks record
+  // their share on their streams at the same time (capture_forward), each on its own thread.
+  std::unique_ptr<DeviceGraph> capture_graph(Backend& backend, const std::function<void()>& work) override {
+    Backend& home = *backends_.front();
+    SPECULA_CHECK(&backend == &home, "tensor parallel: a graph of the split model is recorded on rank 0's backend");
+    RankCapture capture(backends_.size());
+    capture_ = &capture;
+    std::unique_ptr<DeviceGraph> rank0;
+    try {
+      rank0 = home.capture_graph(work);
+    } catch (...) {
+      capture_ = nullptr;
+      throw;
+    }
+    capture_ = nullptr;
+    if (!rank0 || capture.forwards == 0) return rank0;  // no graphs on this backend, or no forward in the work
+    return std::make_unique<TensorParallelGraph>(std::move(rank0), std::move(capture), backends_);
+  }
+
+  // The embedding and the lm_head are split by vocabulary rows: each rank lends its rows, put
+  // together (on rank 0's device) for the proposer that asks for them (MTP, EAGLE heads that share
+  // the target's), which holds the copy as long as it needs it.
   Tensor shared_weight(const std::string& name) const override {
-    if (name != "lm_head.weight") return models_.front()->shared_weight(name);
-    std::lock_guard<std::mutex> lock(lm_head_mu_);
-    if (!lm_head_.defined()) lm_head_ = assemble_rows(name);
-    return lm_head_;
+    if (name != "lm_head.weight" && name != "model.embed_tokens.weight") return models_.front()->shared_weight(name);
+    return assemble_rows(name);
   }
 
   // The residual stream is replicated: rank 0's copy of the features is the model's.
@@ -274,6 +341,38 @@ class TensorParallelModel final : public Model {
     kv_key_ = std::move(key);
   }
 
+  // A forward inside capture_graph: rank 0 records on the caller's thread, rank r on its own into
+  // a graph of its device that first copies the step's inputs from rank 0's device (at replay,
+  // after TensorParallelGraph's wait). Nothing runs, so a failure here aborts no collective: it
+  // fails the recording instead.
+  ForwardOutput capture_forward(const ForwardInput& input, std::vector<KVCacheLayer>& kv) {
+    RankCapture& capture = *capture_;
+    SPECULA_CHECK(capture.forwards == 0, "tensor parallel: a graph may record one forward of the split model");
+    ++capture.forwards;
+    ForwardOutput out;
+    threads_->run([&](int rank) {
+      const size_t r = static_cast<size_t>(rank);
+      try {
+        if (rank == 0) {
+          out = models_.front()->forward(input, kv);
+          return;
+        }
+        Backend& backend = *backends_[r];
+        backend.bind_thread();
+        backend.reset_scratch();  // before recording: the arena grows to the warm-up's peak
+        capture.graphs[r] = backend.capture_graph([&] {
+          capture.outputs[r] = models_[r]->forward(rank_inputs_[r].stage(backend, input), rank_kv_[r]);
+        });
+        SPECULA_CHECK(capture.graphs[r] != nullptr, "rank {}'s backend records no graphs", rank);
+      } catch (const std::exception& e) {
+        capture.errors[r] = e.what();
+      }
+    });
+    for (size_t r = 0; r < capture.errors.size(); ++r)
+      SPECULA_CHECK(capture.errors[r].empty(), "tensor parallel rank {}: {}", r, capture.errors[r]);
+    return out;
+  }
+
   // The whole of a weight split by rows: every rank's rows, copied into one tensor of rank 0's.
   Tensor assemble_rows(const std::string& name) const {
     std::vector<Tensor> parts;
@@ -303,8 +402,7 @@ class TensorParallelModel final : public Model {
   std::vector<std::vector<KVCacheLayer>> rank_kv_;        // by rank (rank 0's is the engine's)
   std::vector<const void*> kv_key_;                       // the engine cache rank_kv_ matches
   std::vector<RankInputs> rank_inputs_;                   // by rank (rank 0 reads the engine's)
-  mutable std::mutex lm_head_mu_;
-  mutable Tensor lm_head_;                                // assembled when a proposer asks
+  RankCapture* capture_ = nullptr;                        // while capture_graph records
   std::unique_ptr<RankThreads> threads_;                  // last: joined before the models go
 };
 
@@ -319,14 +417,14 @@ std::unique_ptr<Model> create_tensor_parallel_model(const ModelConfig& config, W
   std::unique_ptr<Model> model;
   if (config.is_deepseek()) {
     model = std::make_unique<TensorParallelModel>(
-        config, weights, rank0_backend, size, options.make_rank_backend, deepseek_weight_shard,
+        config, weights, rank0_backend, size, options.make_rank_backend, options.custom_all_reduce, deepseek_weight_shard,
         [&](WeightSource& shard, Backend& backend, const TensorParallelRank& tp) {
           return create_deepseek_model(config, shard, backend, options, tp);
         });
   } else {
     const WeightQuantization quantization = resolve_weight_quantization(config, options.quantization);
     model = std::make_unique<TensorParallelModel>(
-        config, weights, rank0_backend, size, options.make_rank_backend, llama_weight_shard,
+        config, weights, rank0_backend, size, options.make_rank_backend, options.custom_all_reduce, llama_weight_shard,
         [&](WeightSource& shard, Backend& backend, const TensorParallelRank& tp) {
           return create_llama_model(config, shard, backend, quantization, tp);
         });

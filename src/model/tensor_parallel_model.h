@@ -7,7 +7,8 @@
 //
 // On the CPU the ranks share the step's inputs and meet through the thread communicator; on CUDA
 // each rank is a GPU (rank r: device r), copies the inputs to its device, and meets the others in
-// NCCL collectives on its stream. The ranks' work is not captured into CUDA graphs.
+// NCCL collectives on its stream. A CUDA graph of the split model is one graph per GPU, each
+// recorded by its rank's thread and launched together (capture_graph).
 #pragma once
 
 #include <functional>

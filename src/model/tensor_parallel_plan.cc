@@ -69,7 +69,8 @@ WeightShard llama_weight_shard(const std::string& name, const ModelConfig& confi
   if (ends_with(module, "mlp.down_proj"))
     return weight ? sliced(1, rank * (inter / size), inter / size, inter)
                   : WeightShard{WeightShard::Kind::kRankZeroOnly};
-  if (name == "lm_head.weight") return sliced(0, rank * (vocab / size), vocab / size, vocab);
+  if (name == "lm_head.weight" || name == "model.embed_tokens.weight")
+    return sliced(0, rank * (vocab / size), vocab / size, vocab);
   return {};
 }
 
@@ -121,7 +122,7 @@ WeightShard deepseek_weight_shard(const std::string& name, const ModelConfig& co
     if (ends_with(module, "gate_proj") || ends_with(module, "up_proj")) return sliced(0, rank * part, part, width);
     if (ends_with(module, "down_proj")) return sliced(1, rank * part, part, width);
   }
-  if (name == "lm_head.weight") {
+  if (name == "lm_head.weight" || name == "model.embed_tokens.weight") {
     const int64_t rows = config.vocab_size / size;
     return sliced(0, rank * rows, rows, config.vocab_size);
   }

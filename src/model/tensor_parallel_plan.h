@@ -4,8 +4,8 @@
 // Llama family: q/k/v and gate/up are column-parallel (a rank holds its heads' and its
 // intermediate channels' rows), o_proj and down_proj row-parallel (the matching columns; the
 // ranks' partial sums are all-reduced, and their biases live on rank 0 only so that the sum adds
-// them once), lm_head vocab-parallel (a rank's rows of the vocabulary; the logits are gathered),
-// norms and the embedding replicated. With fewer kv heads than ranks, each rank holds one kv
+// them once), the embedding and lm_head vocab-parallel (a rank's rows of the vocabulary; the
+// embeddings are summed, the logits gathered), the norms replicated. With fewer kv heads than ranks, each rank holds one kv
 // head, replicated over the ranks whose query heads share it (rank r: kv head r * Hk / N).
 #pragma once
 
@@ -52,8 +52,8 @@ WeightShard llama_weight_shard(const std::string& name, const ModelConfig& confi
 // DeepSeek-V2/V3 (HF names): MLA by heads (q_proj / q_b_proj and kv_b_proj rows, o_proj columns;
 // q_a, kv_a and their norms, which make the latent every head reads, replicated, so each rank
 // keeps the whole latent cache); the dense MLP, every routed expert and the shared experts by
-// intermediate channels (gate/up rows, down columns), the router replicated; lm_head by
-// vocabulary rows; FP8 block scales (_scale_inv) with their weight's blocks. Transformers 5's
+// intermediate channels (gate/up rows, down columns), the router replicated; the embedding and
+// lm_head by vocabulary rows; FP8 block scales (_scale_inv) with their weight's blocks. Transformers 5's
 // fused expert tensors (experts.gate_up_proj: gate and up rows in one) cannot be split by one
 // slice: such a checkpoint fails to load with a shape error naming the tensor.
 WeightShard deepseek_weight_shard(const std::string& name, const ModelConfig& config, int rank, int size);

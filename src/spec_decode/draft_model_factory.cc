@@ -47,10 +47,18 @@ std::unique_ptr<Proposer> make_draft_model_proposer(const ProposerContext& ctx) 
   std::unique_ptr<WeightSource> weights = ctx.engine.load_format == "dummy"
                                               ? make_dummy_weight_source(draft_config, ctx.engine.seed + 1)
                                               : open_safetensors_checkpoint(spec.model);
-  LOG_INFO("Loading draft model {} ({}) on {}", weights->describe(), architecture_name(draft_config.arch),
-           ctx.engine.backend.name());
+  // vLLM's rule: the draft on the first GPU, or split like the target.
+  const int ranks = spec.draft_tensor_parallel_size;
+  SPECULA_CHECK(ranks == 1 || ranks == ctx.engine.tensor_parallel_size,
+                "--speculative-config: draft_tensor_parallel_size={} must be 1 or the target's --tensor-parallel-size "
+                "({})", ranks, ctx.engine.tensor_parallel_size);
+  LOG_INFO("Loading draft model {} ({}) on {}{}", weights->describe(), architecture_name(draft_config.arch),
+           ctx.engine.backend.name(), ranks > 1 ? fmt::format(", split over {} ranks", ranks) : std::string());
   const auto t0 = std::chrono::steady_clock::now();
-  std::unique_ptr<Model> draft = create_model(draft_config, *weights, ctx.engine.backend);
+  ModelOptions options;
+  options.tensor_parallel_size = ranks;
+  options.make_rank_backend = ctx.engine.make_rank_backend;
+  std::unique_ptr<Model> draft = create_model(draft_config, *weights, ctx.engine.backend, options);
   LOG_INFO("Draft model loading took {:.2f} seconds",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 

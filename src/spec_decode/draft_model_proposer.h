@@ -65,6 +65,9 @@ class DraftModelProposer : public ModelProposer {
   int longest_sequence() const override;
   std::unique_ptr<RequestState> new_request_state() const override { return std::make_unique<DraftState>(); }
   GreedyDraftChain::FusedChain fused_chain() override;
+  std::unique_ptr<DeviceGraph> record_graph(const std::function<void()>& work) override {
+    return draft_->capture_graph(backend_, work);
+  }
 
   // The last proposal's drafts whose K/V the target's acceptance made the draft's real K/V.
   void confirm_accepted_drafts(DraftState& st, const ProposerRequest& r) const;

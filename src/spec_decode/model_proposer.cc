@@ -722,6 +722,7 @@ size_t ModelProposer::capture_graphs(const std::vector<int>& batch_sizes) {
   // Catch-up graphs: r rows per request (tokens only: 1..kCatchUpGraphRows; hidden states:
   // 1..1+k, steady state being 1 + the accepted drafts), for sizes up to kMaxCatchUpGraphBatch
   // whose r * size rows fit the catch-up buffers. Captured over an all-padding batch.
+  const PaddedGraphs::Recorder record = [this](const std::function<void()>& work) { return record_graph(work); };
   const bool hidden = reads_target_hidden();
   if (!hidden) {
     every_row_logits_idx_ =
@@ -739,7 +740,7 @@ size_t ModelProposer::capture_graphs(const std::vector<int>& batch_sizes) {
     backend_.synchronize();
     stage_catch_up_capture(fit.back(), rows);
     backend_.synchronize();
-    auto graphs = std::make_unique<PaddedGraphs>(backend_);
+    auto graphs = std::make_unique<PaddedGraphs>(backend_, record);
     try {
       graphs->capture(fit, [&](int size) {
         catch_up_graph_logits_[{rows, size}] = uniform_catch_up_forward(size, rows, /*for_capture=*/true);
@@ -766,7 +767,7 @@ size_t ModelProposer::capture_graphs(const std::vector<int>& batch_sizes) {
   if (variants.empty()) return num_catch_up_graphs();
   step_.fill_padding(sizes.back());
   for (int variant : variants) {
-    auto graphs = std::make_unique<PaddedGraphs>(backend_);
+    auto graphs = std::make_unique<PaddedGraphs>(backend_, record);
     try {
       graphs->capture(sizes, [&](int size) {
         step_graph_logits_[{variant, size}] = step_forward(size, variant, /*for_capture=*/true);

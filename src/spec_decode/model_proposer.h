@@ -182,6 +182,11 @@ class ModelProposer : public Proposer {
   // Drafts 2..k of a greedy chain as one op, where the model has one (Model::greedy_chain); empty
   // when none.
   virtual GreedyDraftChain::FusedChain fused_chain() { return nullptr; }
+  // Records one catch-up or draft step (`work`) as a graph; a proposer whose model spans several
+  // devices records through it (Model::capture_graph). Default: the backend's capture.
+  virtual std::unique_ptr<DeviceGraph> record_graph(const std::function<void()>& work) {
+    return backend_.capture_graph(work);
+  }
 
   // --- For the methods ---
   bool reads_target_hidden() const { return target_hidden_size_ > 0; }

@@ -128,10 +128,12 @@ SpeculativeConfig parse_speculative_config(std::string_view text) {
   }
   c.method = std::string(m->canonical);
 
-  SPECULA_CHECK(c.draft_tensor_parallel_size == 1,
-                "--speculative-config: draft_tensor_parallel_size={} is not supported: the draft runs on one GPU "
-                "(draft_tensor_parallel_size must be 1)",
-                c.draft_tensor_parallel_size);
+  SPECULA_CHECK(c.draft_tensor_parallel_size >= 1, "--speculative-config: draft_tensor_parallel_size={} must be at "
+                "least 1", c.draft_tensor_parallel_size);
+  SPECULA_CHECK(c.draft_tensor_parallel_size == 1 || c.method == "draft_model",
+                "--speculative-config: draft_tensor_parallel_size={} is for method draft_model only: a {} proposer runs "
+                "on the first GPU (draft_tensor_parallel_size must be 1)",
+                c.draft_tensor_parallel_size, c.method);
   if (have_k) {
     SPECULA_CHECK(c.num_speculative_tokens >= 1, "--speculative-config: num_speculative_tokens={} must be at least 1",
                   c.num_speculative_tokens);

@@ -25,7 +25,7 @@ struct SpeculativeConfig {
   std::string method;
   std::string model;                    // the draft checkpoint folder (draft_model)
   int num_speculative_tokens = 0;       // k, the most drafts per step; 0 = not given (MTP may default it)
-  int draft_tensor_parallel_size = 1;   // only 1 is supported
+  int draft_tensor_parallel_size = 1;   // draft_model: 1 (the first GPU) or the target's; others: 1
   int prompt_lookup_min = 0;            // ngram: shortest n-gram to match (vLLM default 5)
   int prompt_lookup_max = 0;            // ngram: longest n-gram to match (vLLM default 5)
   int max_model_len = 0;                // the draft's; 0 = min(draft's max_position_embeddings, target's)

@@ -46,6 +46,30 @@ void CpuBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out) 
   for (int64_t i = 0; i < t; ++i) std::memcpy(o + i * h, tab + static_cast<int64_t>(id[i]) * h, h * sizeof(float));
 }
 
+void CpuBackend::vocab_parallel_embedding(const Tensor& ids, const Tensor& table, int64_t first_id, Tensor& out) {
+  cpu_check::index_vector(ids, DType::kI32, "vocab_parallel_embedding", "ids");
+  cpu_check::f32(table, "vocab_parallel_embedding", "table");
+  cpu_check::f32(out, "vocab_parallel_embedding", "out");
+  SPECULA_CHECK(table.ndim() == 2 && first_id >= 0, "vocab_parallel_embedding: table must be [V', H] from id >= 0, got {} "
+                "from {}", table.describe(), first_id);
+  const int64_t t = ids.size(0), v = table.size(0), h = table.size(1);
+  SPECULA_CHECK(out.numel() == t * h && out.size(-1) == h, "vocab_parallel_embedding: out {} must be [{}, {}]",
+                out.describe(), t, h);
+  const int32_t* id = ids.data_as<int32_t>();
+  for (int64_t i = 0; i < t; ++i)
+    SPECULA_CHECK(id[i] >= 0, "vocab_parallel_embedding: token id {} at row {} is negative", id[i], i);
+  const float* tab = table.data_as<float>();
+  float* o = out.data_as<float>();
+#pragma omp parallel for num_threads(threads_) schedule(static) if (t * h > kMinParallelElements)
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t row = id[i] - first_id;
+    if (row >= 0 && row < v)
+      std::memcpy(o + i * h, tab + row * h, h * sizeof(float));
+    else
+      std::memset(o + i * h, 0, h * sizeof(float));
+  }
+}
+
 void CpuBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   cpu_check::f32(x, "rms_norm", "x");
   cpu_check::f32(weight, "rms_norm", "weight");

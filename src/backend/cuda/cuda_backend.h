@@ -63,6 +63,7 @@ class CudaBackend final : public Backend {
   void synchronize() override;
 
   void embedding(const Tensor& ids, const Tensor& table, Tensor& out) override;
+  void vocab_parallel_embedding(const Tensor& ids, const Tensor& table, int64_t first_id, Tensor& out) override;
   void rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) override;
   void add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, float eps) override;
   using Backend::linear;

@@ -17,10 +17,11 @@ namespace specula::cuda {
 // dst[i] = convert(src[i]) between F32, F16 and BF16 (round to nearest even).
 cudaError_t launch_cast(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t stream);
 
-// dst row i = src row idx[i] (row_bytes each); an index outside [0, src_rows) yields a zero row
-// (the host cannot check device-resident indices without a sync). Used by embedding too.
+// dst row i = src row idx[i] - first_index (row_bytes each); an index outside [first_index,
+// first_index + src_rows) yields a zero row (the host cannot check device-resident indices without
+// a sync; a vocab-parallel embedding relies on it). Used by embedding too.
 cudaError_t launch_gather_rows(const void* src, int64_t src_rows, size_t row_bytes, const int32_t* idx, int64_t n,
-                               void* dst, cudaStream_t stream);
+                               void* dst, cudaStream_t stream, int64_t first_index = 0);
 
 // out[i] = first argmax of row rows[i] (rows null: row i) of x F32 [x_rows, vocab], i < n; a row
 // index outside [0, x_rows) gives 0 (as gather_rows, the host cannot check device indices).

@@ -24,6 +24,21 @@ void CudaBackend::embedding(const Tensor& ids, const Tensor& table, Tensor& out)
              "embedding");
 }
 
+void CudaBackend::vocab_parallel_embedding(const Tensor& ids, const Tensor& table, int64_t first_id, Tensor& out) {
+  cuda_check::index_vector(ids, DType::kI32, "vocab_parallel_embedding", "ids");
+  cuda_check::on_gpu(table, "vocab_parallel_embedding", "table");
+  cuda_check::on_gpu(out, "vocab_parallel_embedding", "out");
+  cuda_check::same_dtype(table, out, "vocab_parallel_embedding", "table", "out");
+  SPECULA_CHECK(table.ndim() == 2 && first_id >= 0, "vocab_parallel_embedding: table must be [V', H] from id >= 0, got {} "
+                "from {}", table.describe(), first_id);
+  const int64_t t = ids.size(0), h = table.size(1);
+  SPECULA_CHECK(out.numel() == t * h && (t == 0 || out.size(-1) == h),
+                "vocab_parallel_embedding: out {} must be [{}, {}]", out.describe(), t, h);
+  check_cuda(cuda::launch_gather_rows(table.data(), table.size(0), table.row_bytes(), ids.data_as<int32_t>(), t,
+                                      out.data(), stream_, first_id),
+             "vocab_parallel_embedding");
+}
+
 void CudaBackend::gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) {
   cuda_check::index_vector(indices, DType::kI32, "gather_rows", "indices");
   cuda_check::on_gpu(x, "gather_rows", "x");

@@ -21,9 +21,9 @@ int grid_for(int64_t work_items) {
 // One block per output row: a row is a contiguous run of bytes, copied in units of U.
 template <class U>
 __global__ void gather_rows_kernel(const U* __restrict__ src, int64_t src_rows, int64_t row_units,
-                                   const int32_t* __restrict__ idx, U* __restrict__ dst) {
+                                   const int32_t* __restrict__ idx, int64_t first_index, U* __restrict__ dst) {
   const int64_t row = blockIdx.x;
-  const int32_t from = idx[row];
+  const int64_t from = idx[row] - first_index;
   U* out = dst + row * row_units;
   if (from < 0 || from >= src_rows) {  // invalid index: a zero row (documented in cuda_kernels.h)
     for (int64_t i = threadIdx.x; i < row_units; i += blockDim.x) out[i] = U{};
@@ -120,22 +120,22 @@ cudaError_t add_bias_typed(void* out, const void* bias, DType bias_dtype, int64_
 }  // namespace
 
 cudaError_t launch_gather_rows(const void* src, int64_t src_rows, size_t row_bytes, const int32_t* idx, int64_t n,
-                               void* dst, cudaStream_t stream) {
+                               void* dst, cudaStream_t stream, int64_t first_index) {
   if (n == 0 || row_bytes == 0) return cudaSuccess;
   const int64_t grid = n;
   if (row_bytes % 16 == 0 && aligned16(src) && aligned16(dst)) {
     const int64_t units = static_cast<int64_t>(row_bytes / 16);
     gather_rows_kernel<<<grid, static_cast<int>(std::min<int64_t>(kThreads, units)), 0, stream>>>(
-        static_cast<const uint4*>(src), src_rows, units, idx, static_cast<uint4*>(dst));
+        static_cast<const uint4*>(src), src_rows, units, idx, first_index, static_cast<uint4*>(dst));
   } else if (row_bytes % 4 == 0 && (reinterpret_cast<uintptr_t>(src) & 3u) == 0 &&
              (reinterpret_cast<uintptr_t>(dst) & 3u) == 0) {
     const int64_t units = static_cast<int64_t>(row_bytes / 4);
     gather_rows_kernel<<<grid, static_cast<int>(std::min<int64_t>(kThreads, units)), 0, stream>>>(
-        static_cast<const uint32_t*>(src), src_rows, units, idx, static_cast<uint32_t*>(dst));
+        static_cast<const uint32_t*>(src), src_rows, units, idx, first_index, static_cast<uint32_t*>(dst));
   } else {
     const int64_t units = static_cast<int64_t>(row_bytes);
     gather_rows_kernel<<<grid, static_cast<int>(std::min<int64_t>(kThreads, units)), 0, stream>>>(
-        static_cast<const uint8_t*>(src), src_rows, units, idx, static_cast<uint8_t*>(dst));
+        static_cast<const uint8_t*>(src), src_rows, units, idx, first_index, static_cast<uint8_t*>(dst));
   }
   return cudaGetLastError();
 }

@@ -9,10 +9,16 @@
 #include <set>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/peer_all_reduce.h"
+#include "core/logging.h"
 #include "core/error.h"
 
 namespace specula {
 namespace {
+
+// All-reduces up to this size take the one-shot peer kernel (a batch-64 row block of a 4096-wide
+// model in bf16); larger ones NCCL's ring, which moves fewer bytes per GPU.
+constexpr size_t kPeerAllReduceMaxBytes = size_t{512} << 10;
 
 // The few NCCL entry points specula calls, from libnccl.so.2 opened at run time.
 struct NcclLibrary {
@@ -64,8 +70,8 @@ ncclDataType_t nccl_type(DType t) {
 
 class NcclCommunicator final : public Communicator {
  public:
-  NcclCommunicator(ncclComm_t comm, int rank, int size, CudaBackend& backend)
-      : comm_(comm), rank_(rank), size_(size), backend_(backend) {}
+  NcclCommunicator(ncclComm_t comm, int rank, int size, CudaBackend& backend, std::shared_ptr<PeerAllReduceGroup> peer)
+      : comm_(comm), rank_(rank), size_(size), backend_(backend), peer_(std::move(peer)) {}
   ~NcclCommunicator() override {
     const NcclLibrary& nccl = NcclLibrary::get();
     if (aborted_) return;  // ncclCommAbort freed it
@@ -81,6 +87,10 @@ class NcclCommunicator final : public Communicator {
 
   void all_reduce_sum(Tensor& t) override {
     cuda_check::on_gpu(t, "all_reduce_sum", "t");
+    if (peer_ && peer_->fits(t)) {
+      peer_->all_reduce_sum(rank_, t, backend_.stream());
+      return;
+    }
     NcclLibrary::get().check(NcclLibrary::get().all_reduce(t.data(), t.data(), static_cast<size_t>(t.numel()),
                                                            nccl_type(t.dtype()), ncclSum, comm_, backend_.stream()),
                              "tensor parallel all_reduce_sum");
@@ -121,6 +131,7 @@ class NcclCommunicator final : public Communicator {
   void abort() override {
     if (aborted_) return;
     aborted_ = true;
+    if (peer_) peer_->abort();
     NcclLibrary::get().comm_abort(comm_);
   }
 
@@ -128,12 +139,14 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;
   int rank_, size_;
   CudaBackend& backend_;
+  std::shared_ptr<PeerAllReduceGroup> peer_;  // small all-reduces; null: NCCL for all
   bool aborted_ = false;
 };
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<Backend*>& ranks) {
+std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::vector<Backend*>& ranks,
+                                                                   bool custom_all_reduce) {
   std::vector<CudaBackend*> cuda;
   std::vector<int> devices;
   for (Backend* b : ranks) {
@@ -149,10 +162,32 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
   int current = 0;
   cudaGetDevice(&current);
   nccl.check(nccl.comm_init_all(comms.data(), static_cast<int>(comms.size()), devices.data()), "ncclCommInitAll");
+  // A graph of the split model starts each rank's share with a copy of the step's inputs from rank
+  // 0's GPU; peer access makes that one direct copy over NVLink / PCIe (where the GPUs allow it).
+  for (int from : devices)
+    for (int to : devices) {
+      int can = 0;
+      if (from == to || cudaDeviceCanAccessPeer(&can, from, to) != cudaSuccess || !can) continue;
+      cudaSetDevice(from);
+      const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled)
+        throw Error(fmt::format("tensor parallel: GPU {} cannot map GPU {}'s memory ({})", from, to, cudaGetErrorString(e)));
+      (void)cudaGetLastError();
+    }
   cudaSetDevice(current);
+  std::shared_ptr<PeerAllReduceGroup> peer =
+      custom_all_reduce ? PeerAllReduceGroup::create(devices, kPeerAllReduceMaxBytes) : nullptr;
+  if (custom_all_reduce && !peer)
+    LOG_WARN("Custom all-reduce: off (the GPUs do not all map each other's memory); NCCL all-reduces everything");
+  else if (peer)
+    LOG_INFO("Custom all-reduce: one peer-to-peer kernel for all-reduces up to {} KiB, NCCL beyond",
+             kPeerAllReduceMaxBytes >> 10);
+  else
+    LOG_INFO("Custom all-reduce: off (--disable-custom-all-reduce); NCCL all-reduces everything");
   std::vector<std::unique_ptr<Communicator>> out;
   for (size_t r = 0; r < ranks.size(); ++r)
-    out.push_back(std::make_unique<NcclCommunicator>(comms[r], static_cast<int>(r), static_cast<int>(ranks.size()), *cuda[r]));
+    out.push_back(std::make_unique<NcclCommunicator>(comms[r], static_cast<int>(r), static_cast<int>(ranks.size()),
+                                                     *cuda[r], peer));
   return out;
 }
 

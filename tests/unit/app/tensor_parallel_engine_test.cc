@@ -37,6 +37,12 @@ bool have_models() {
          fs::exists(eagle3_head() / "model.safetensors") && fs::exists(reference_file());
 }
 
+std::string split_draft_spec(int ranks) {
+  return R"({"method": "draft_model", "model": ")" + tiny_draft().string() +
+         R"(", "num_speculative_tokens": 3, "adaptive": false, "draft_tensor_parallel_size": )" +
+         std::to_string(ranks) + "}";
+}
+
 EngineConfig engine_config(int tp, const std::string& spec, bool async = false) {
   EngineConfig ec;
   ec.model = tiny().string();
@@ -68,6 +74,10 @@ TEST(TensorParallelEngine, SpeculationDraftsForTheSplitTarget) {
       R"({"method": "eagle3", "model": ")" + eagle3_head().string() + R"(", "num_speculative_tokens": 3, "adaptive": false})",
   };
   for (const std::string& spec : specs) expect_tiny_greedy_reference(engine_config(2, spec), "tp 2 " + spec);
+  // The draft model split like the target (draft_tensor_parallel_size = the target's size).
+  for (int tp : {2, 4})
+    expect_tiny_greedy_reference(engine_config(tp, split_draft_spec(tp), /*async=*/tp == 4),
+                                 "tp " + std::to_string(tp) + ", draft split over as many ranks");
   // EAGLE-1 drafts through the target's lm_head: the split target lends its ranks' rows put together.
   testing::RandomEagleHead eagle1;
   eagle1.eagle3 = false;
@@ -84,7 +94,7 @@ TEST(TensorParallelEngine, SpeculationDraftsForTheSplitTarget) {
 
 // specula-tiny-moe (DeepSeek-V3: MLA, 8 routed experts + 1 shared, one MTP layer) split over 2
 // and 4 ranks: transformers' greedy continuations, with shared-expert fusion, and with its MTP
-// layer drafting on rank 0 (its own copy of the lm_head: the split target lends none).
+// layer drafting on rank 0 (the split target lends its embedding and lm_head put together).
 TEST(TensorParallelEngine, SplitDeepseekKeepsTransformersGreedyOutput) {
   ASSERT_TRUE(testing::have_moe()) << "committed specula-tiny-moe or its reference missing";
   const testing::GreedyReference ref = testing::read_greedy_reference(testing::moe_reference_file());
@@ -123,6 +133,9 @@ TEST(TensorParallelEngine, WhatCannotBeSplitIsAnErrorAtCreate) {
   EXPECT_NE(error_of(engine_config(3, "")).find("num_attention_heads (8) is not divisible by 3"), std::string::npos);
   EXPECT_NE(error_of(engine_config(0, "")).find("--tensor-parallel-size must be positive"), std::string::npos);
   EXPECT_NE(error_of(engine_config(16, "")).find("num_attention_heads (8) is not divisible by 16"), std::string::npos);
+  EXPECT_NE(error_of(engine_config(2, split_draft_spec(4)))
+                .find("draft_tensor_parallel_size=4 must be 1 or the target's --tensor-parallel-size (2)"),
+            std::string::npos);
 }
 
 }  // namespace

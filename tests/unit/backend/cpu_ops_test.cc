@@ -47,6 +47,35 @@ TEST_P(CpuOps, Embedding) {
   EXPECT_THROW(be->embedding(bad, table, two_rows), Error);
 }
 
+// Two ranks' shares of a 50-row table (rows 0..24 and 25..49): each writes the rows of its ids and
+// zeros for the rest, so that their sum is the whole table's embedding.
+TEST_P(CpuOps, VocabParallelEmbeddingSharesSumToTheEmbedding) {
+  const int64_t v = 50, h = 24;
+  Tensor table = random_tensor({v, h}, rng);
+  Tensor ids = Tensor::from_i32({3, 0, 49, 25, 24, 8, 30});
+  Tensor whole = be->empty({7, h}, DType::kF32);
+  be->embedding(ids, table, whole);
+  std::vector<float> sum(static_cast<size_t>(7 * h), 0.0f);
+  for (int64_t first : {0, 25}) {
+    Tensor share = table.slice(first, first + v / 2);
+    Tensor out = be->empty({7, h}, DType::kF32);
+    be->vocab_parallel_embedding(ids, share, first, out);
+    const auto ov = values(out);
+    const auto id = ids.to_i32_vector();
+    for (size_t t = 0; t < id.size(); ++t) {
+      const bool mine = id[t] >= first && id[t] < first + v / 2;
+      for (int64_t i = 0; i < h; ++i) {
+        if (!mine) ASSERT_EQ(ov[t * h + i], 0.0f) << "id " << id[t] << " is not in rows " << first << "..";
+        sum[t * h + i] += ov[t * h + i];
+      }
+    }
+  }
+  EXPECT_EQ(sum, values(whole));
+  Tensor negative = Tensor::from_i32({-1});
+  Tensor one_row = whole.slice(0, 1);
+  EXPECT_THROW(be->vocab_parallel_embedding(negative, table, 0, one_row), Error);
+}
+
 TEST_P(CpuOps, RmsNorm) {
   const int64_t rows = 37, h = 96;  // 37*96 > the threading threshold only for larger rows; test both
   for (int64_t r : {int64_t{3}, rows, int64_t{300}}) {

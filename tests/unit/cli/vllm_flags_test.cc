@@ -53,7 +53,7 @@ class VllmFlags : public ::testing::Test {
 TEST_F(VllmFlags, EverydayFlagsAreAcceptedWithTheirMeaning) {
   CliRun r = run_cli(generate("--dtype auto --dtype float32 --kv-cache-dtype auto -tp 1 --tensor-parallel-size 1 -pp 1 "
                        "--enable-chunked-prefill --no-enable-chunked-prefill --disable-log-stats "
-                       "--disable-log-requests --trust-remote-code"));
+                       "--disable-log-requests --trust-remote-code --disable-custom-all-reduce"));
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("4 generated tokens"), std::string::npos) << r.output;
 }

@@ -4,7 +4,8 @@
 //    buffers;
 //  - the ModelRunner through the EngineCore: greedy continuations of several batches (sizes that
 //    pad up to a captured size and ones that match one) are the same with decode graphs as
-//    without, on the embedded specula-tiny model, with the device sampler.
+//    without, on the embedded specula-tiny model, with the device sampler; and on 2 GPUs with the
+//    model split over them (tensor parallelism: one graph per GPU, replayed together).
 #include <gtest/gtest.h>
 
 #include <numeric>
@@ -137,7 +138,7 @@ TEST(PaddedGraphs, ReplayEqualsEagerBitForBit) {
 // Greedy continuations through EngineCore + ModelRunner on the GPU, with or without graphs.
 std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& gpu, const Tokenizer& tok,
                                              const std::vector<std::vector<int32_t>>& prompts, bool graphs,
-                                             size_t* num_graphs) {
+                                             size_t* num_graphs, int64_t* decode_replays = nullptr) {
   EngineCoreConfig c;
   c.max_model_len = 256;
   c.max_num_seqs = 8;
@@ -166,6 +167,7 @@ std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& gpu, const T
   }
   while (core.step()) {
   }
+  if (decode_replays) *decode_replays = runner.num_graph_replays(1);
   std::vector<std::vector<int32_t>> out(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     RequestOutput o;
@@ -198,6 +200,35 @@ TEST(DecodeGraphs, GreedyContinuationsEqualEagerOnes) {
       EXPECT_EQ(eager[i].size(), 32u);
       EXPECT_EQ(graphed[i], eager[i]) << "batch " << batch << " prompt " << i;
     }
+  }
+}
+
+// The embedded model split over 2 GPUs: a decode graph is one graph per GPU, each rank's recorded
+// on its own thread with its NCCL collectives and the copy of the step's inputs from GPU 0; the
+// replayed steps give the eager steps' tokens.
+TEST(DecodeGraphs, TensorParallelGraphsEqualEagerSteps) {
+  SKIP_WITHOUT_GPU();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  const fs::path dir = testing::models_dir() / "specula-tiny";
+  auto gpu = make_cuda_backend(0);
+  auto weights = open_safetensors_checkpoint(dir);
+  ModelOptions options;
+  options.tensor_parallel_size = 2;
+  options.make_rank_backend = [](int rank) { return make_cuda_backend(rank); };
+  auto model = create_model(load_model_config(dir), *weights, *gpu, options);
+  gpu->bind_thread();
+  auto tok = Tokenizer::from_dir(dir);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* text : {"The quick brown fox", "def fibonacci(n):", "1, 2, 3, 4,"}) prompts.push_back(tok->encode(text));
+  size_t num_graphs = 0;
+  int64_t replays = 0;
+  const auto eager = run_greedy(*model, *gpu, *tok, prompts, false, nullptr);
+  const auto graphed = run_greedy(*model, *gpu, *tok, prompts, true, &num_graphs, &replays);
+  EXPECT_EQ(num_graphs, 4u) << "sizes 1, 2, 4, 8";
+  EXPECT_GT(replays, 0) << "no decode step replayed a graph";
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(eager[i].size(), 32u);
+    EXPECT_EQ(graphed[i], eager[i]) << "prompt " << i;
   }
 }
 

@@ -42,6 +42,21 @@ TEST(EagleHeadConfig, ThePublicLlama31Eagle3HeadFitsItsTarget) {
                Error);
 }
 
+TEST(EagleHeadConfig, ThePublicLlama3_70BEagle3HeadFitsItsTarget) {
+  const ModelConfig target = load_model_config(bench("Llama-3.1-70B-Instruct"));
+  const EagleHeadConfig c = load_eagle_head_config(bench("EAGLE3-Llama-3.1-70B"), EagleVersion::kEagle3, target);
+  EXPECT_EQ(c.layer.hidden_size, 8192);
+  EXPECT_EQ(c.layer.num_attention_heads, 64);
+  EXPECT_EQ(c.layer.num_key_value_heads, 8);
+  EXPECT_EQ(c.layer.intermediate_size, 28672);
+  EXPECT_EQ(c.draft_vocab_size, 32000);
+  EXPECT_EQ(c.target_hidden_size, 8192);
+  EXPECT_EQ(c.aux_layers, (std::vector<int>{2, 40, 77}));  // vLLM's low / middle / high layers of 80
+  EXPECT_THROW(load_eagle_head_config(bench("EAGLE3-Llama-3.1-70B"), EagleVersion::kEagle3,
+                                      load_model_config(bench("Llama-3.1-8B-Instruct"))),
+               Error);
+}
+
 // One sequence's rows [first, first + n) in blocks 0, 1, 2, ... (block size 16), every row a
 // logits row; the caller's host vectors stay alive while the input is used.
 struct SequenceRows {

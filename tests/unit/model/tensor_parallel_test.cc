@@ -180,7 +180,7 @@ TEST(TensorParallelDeepseek, RanksTogetherGiveTheWholeModelsLogits) {
 }
 
 // Rank r's part of each weight is the matching block of the whole tensor: q/k/v and gate/up rows,
-// o/down columns, o/down biases on rank 0 only, lm_head rows; norms and the embedding whole.
+// o/down columns, o/down biases on rank 0 only, lm_head and embedding rows; norms whole.
 TEST(TensorParallelWeights, EachRankLoadsItsBlockOfTheWholeTensor) {
   ModelConfig c = small_config(Architecture::kLlama);
   c.o_proj_bias = c.mlp_bias = true;
@@ -216,12 +216,14 @@ TEST(TensorParallelWeights, EachRankLoadsItsBlockOfTheWholeTensor) {
     // row-parallel biases: added once, by rank 0
     Tensor ob = whole(p + "self_attn.o_proj.bias", {h}), ob_r = part(p + "self_attn.o_proj.bias", {h});
     EXPECT_EQ(ob_r.to_f32_vector(), rank == 0 ? ob.to_f32_vector() : std::vector<float>(h, 0.0f));
-    // lm_head rows; the embedding and norms whole
-    Tensor head = whole("lm_head.weight", {v, h}), head_r = part("lm_head.weight", {v / size, h});
-    for (int64_t i = 0; i < v / size * h; ++i)
-      ASSERT_EQ(head_r.data_as<float>()[i], head.data_as<float>()[rank * (v / size) * h + i]);
-    EXPECT_EQ(part("model.embed_tokens.weight", {v, h}).to_f32_vector(),
-              whole("model.embed_tokens.weight", {v, h}).to_f32_vector());
+    // lm_head and embedding rows (vocab-parallel); the norms whole
+    for (const char* name : {"lm_head.weight", "model.embed_tokens.weight"}) {
+      Tensor all = whole(name, {v, h}), rows = part(name, {v / size, h});
+      for (int64_t i = 0; i < v / size * h; ++i)
+        ASSERT_EQ(rows.data_as<float>()[i], all.data_as<float>()[rank * (v / size) * h + i]) << name;
+    }
+    EXPECT_EQ(part(p + "input_layernorm.weight", {h}).to_f32_vector(),
+              whole(p + "input_layernorm.weight", {h}).to_f32_vector());
   }
 }
 

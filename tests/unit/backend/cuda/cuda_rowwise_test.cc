@@ -55,6 +55,19 @@ TEST_F(CudaRowwise, EmbeddingOfAnOutOfRangeIdIsAZeroRow) {
   expect_equal(to_host(*gpu_, out), std::vector<float>(128, 0.0f), "invalid ids");
 }
 
+TEST_F(CudaRowwise, VocabParallelEmbeddingMatchesTheCpu) {
+  Tensor table = random_bf16_values({20, 64}, rng_);
+  Tensor ids = Tensor::from_i32({3, 12, 19, 10, 9, 0, 40});
+  for (int64_t first : {0, 10}) {
+    Tensor share = table.slice(first, first + 10);
+    Tensor want = Tensor::zeros({7, 64}, DType::kF32);
+    cpu_->vocab_parallel_embedding(ids, share, first, want);
+    Tensor out = gpu_->empty({7, 64}, DType::kBF16);
+    gpu_->vocab_parallel_embedding(to_gpu(*gpu_, ids), to_gpu(*gpu_, share), first, out);
+    expect_equal(to_host(*gpu_, out), want.to_f32_vector(), "rows from " + std::to_string(first));
+  }
+}
+
 TEST_F(CudaRowwise, GatherRowsOfEveryWidth) {
   Tensor idx = Tensor::from_i32({4, 4, 0, 2, 1});
   for (int64_t h : {64, 6, 3}) {  // 128 / 12 / 6 bytes per bf16 row: 16-byte, 4-byte, 2-byte units
