@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # Issue 20's tensor-parallel figures on a machine of 2 (or more) GPUs in ONE call (binaries from
-#   PACK_NO_EXTRAS=1 tools/gpu/pack.sh specula test_app_cuda cuda_roofline):
-#   1. test_app_cuda's CudaTensorParallel.* (the split embedded target serves transformers'
-#      greedy tokens, with draft_model and eagle3, sync and async);
+#   PACK_NO_EXTRAS=1 tools/gpu/pack.sh specula test_app_cuda test_engine_cuda test_backend_cuda cuda_roofline):
+#   1. the GPU tests of the split model: test_app_cuda's CudaTensorParallel.* (the split embedded
+#      targets serve transformers' greedy tokens, with draft_model, eagle3 and MTP, sync and
+#      async), test_engine_cuda's DecodeGraphs.TensorParallel* (a graph per GPU = eager steps) and
+#      the vocab-parallel embedding kernel and the peer all-reduce against NCCL and the host;
 #   2. cuda_roofline --quick (copy bandwidth: each GPU's roofline is its 1/N of the weights), when
 #      packed;
-#   3. Llama-3.1-8B (dummy weights): batch-1 TPOT of TP 1 with graphs, TP 1 eager and TP 2
-#      (eager: the ranks' steps are not captured), alternated TP_REPS times, 20 requests each;
-#      then batch 64 throughput once each;
-#   4. with TP_70B="4" (sizes): Llama-3.1-70B's load time and batch-1 TPOT at those sizes.
+#   3. Llama-3.1-8B (dummy weights): batch-1 TPOT of TP_VARIANTS (default: TP 1, TP 2, TP 2 with
+#      NCCL all-reduces only, TP 2 eager; CUDA graphs unless eager), alternated TP_REPS times, 20
+#      requests each; then batch 64 throughput of TP 1, TP 2 and TP 2 NCCL-only once each;
+#   4. with TP_70B="4" (sizes): Llama-3.1-70B's load time and batch-1 TPOT at those sizes, with
+#      the custom all-reduce and NCCL-only, eagerly (unless TP_SKIP has eager70), and with the
+#      public EAGLE-3 head's shape drafting k = 3 (pinned; dummy heads accept nothing, so the TPOT
+#      measured is the speculative step's cost).
 # $OUT receives tp_summary.txt (tools/gpu/tp_summary.py) and tp_logs.tar.gz.
-#   TP_REPS=2 TP_SKIP="tests roofline 8b b64" TP_70B="4" TP_BUDGET=540
+#   TP_REPS=2 TP_VARIANTS="tp1 tp2" TP_SKIP="tests roofline 8b b64 eager70" TP_70B="4" TP_BUDGET=540
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -20,8 +25,12 @@ source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 
 { nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader; nvidia-smi topo -m; } > "$WORK/gpus.txt" 2>&1
 if ! skipped tests; then
+  stage tp_kernels 90 test_backend_cuda --gtest_brief=1 --gtest_filter='CudaRowwise.*:PeerAllReduce.*'
+  stage tp_graphs 120 test_engine_cuda --gtest_brief=1 --gtest_filter='DecodeGraphs.*'
   stage tp_tests "${TP_TESTS_LIMIT:-240}" test_app_cuda --gtest_brief=1 --gtest_filter='CudaTensorParallel.*'
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\] .* ran|Failure|error" "$WORK/tp_tests.log" | head -20
+  for t in tp_kernels tp_graphs tp_tests; do
+    grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\] .* ran|Failure|error" "$WORK/$t.log" | head -20
+  done
 fi
 
 if ! skipped roofline && command -v cuda_roofline >/dev/null; then
@@ -29,11 +38,13 @@ if ! skipped roofline && command -v cuda_roofline >/dev/null; then
   grep -E "^copy" "$WORK/roofline.log" | head -3
 fi
 
-variant_args() {  # tp1 | tp1_eager | tpN
+variant_args() {  # tpN | tpN_nccl (--disable-custom-all-reduce) | tpN_eager
+  local n=${1#tp}
+  n=${n%%_*}
+  echo -tp "$n"
   case $1 in
-    tp1) ;;
-    tp1_eager) echo --enforce-eager ;;
-    tp*) echo -tp "${1#tp}" ;;
+    *_nccl) echo --disable-custom-all-reduce ;;
+    *_eager) echo --enforce-eager ;;
   esac
 }
 LLAMA8=bench/configs/Llama-3.1-8B-Instruct
@@ -41,22 +52,27 @@ LLAMA70=bench/configs/Llama-3.1-70B-Instruct
 opts=(--load-format dummy --skip-tokenizer-init --max-model-len 4096)
 if ! skipped 8b; then
   for rep in $(seq 1 "${TP_REPS:-2}"); do
-    for v in tp1 tp1_eager tp2; do
+    for v in ${TP_VARIANTS:-tp1 tp2 tp2_nccl tp2_eager}; do
       bench "b1_8b_${v}_r$rep" 90 latency "$LLAMA8" "${opts[@]}" $(variant_args $v) --batch-size 1 --input-len 128 \
         --output-len 128 --num-iters 20 --num-iters-warmup 2 --max-num-seqs 8
     done
   done
   if ! skipped b64; then
-    for v in tp1 tp2; do
+    for v in tp1 tp2 tp2_nccl; do
       bench "b64_8b_${v}" 100 latency "$LLAMA8" "${opts[@]}" $(variant_args $v) --batch-size 64 --input-len 128 \
         --output-len 256 --num-iters 2 --num-iters-warmup 1 --max-num-seqs 64
     done
   fi
 fi
 # TP_70B="4": Llama-3.1-70B split over that many GPUs (load time and batch-1 TPOT).
+HEAD70=bench/configs/EAGLE3-Llama-3.1-70B
+b1=(--batch-size 1 --input-len 128 --output-len 128 --num-iters 20 --num-iters-warmup 2 --max-num-seqs 8)
 for n in ${TP_70B:-}; do
-  bench "b1_70b_tp${n}" 300 latency "$LLAMA70" "${opts[@]}" -tp "$n" --batch-size 1 --input-len 128 \
-    --output-len 128 --num-iters 20 --num-iters-warmup 2 --max-num-seqs 8
+  bench "b1_70b_tp${n}" 240 latency "$LLAMA70" "${opts[@]}" -tp "$n" "${b1[@]}"
+  bench "b1_70b_tp${n}_nccl" 240 latency "$LLAMA70" "${opts[@]}" -tp "$n" --disable-custom-all-reduce "${b1[@]}"
+  bench "b1_70b_tp${n}_eagle3_k3" 240 latency "$LLAMA70" "${opts[@]}" -tp "$n" "${b1[@]}" --temperature 0 \
+    --speculative-config "{\"method\":\"eagle3\",\"model\":\"$HEAD70\",\"num_speculative_tokens\":3,\"adaptive\":false}"
+  skipped eager70 || bench "b1_70b_tp${n}_eager" 240 latency "$LLAMA70" "${opts[@]}" -tp "$n" --enforce-eager "${b1[@]}"
 done
 
 {

@@ -32,7 +32,7 @@ print(f"copy roofline (GPU 0): {roof} TB/s (cuda_roofline, this call)" if roof e
 
 runs = {}
 for path in sorted(glob.glob(os.path.join(work, "*.json"))):
-    m = re.match(r"(b1|b64)_(8b|70b)_(tp\d+(?:_eager)?)(?:_r(\d+))?\.json", os.path.basename(path))
+    m = re.match(r"(b1|b64)_(8b|70b)_(tp\d+(?:_eager|_nccl|_eagle3_k\d+)?)(?:_r(\d+))?\.json", os.path.basename(path))
     if m:
         runs.setdefault((m.group(1), m.group(2), m.group(3)), []).append((int(m.group(4) or 1), json.load(open(path))))
 
@@ -48,13 +48,25 @@ for (kind, model, variant), rs in sorted(runs.items()):
         medians.setdefault((model, variant), []).append(t["median"])
         r = per_gpu / (roof * 1e12) * 1e3 if roof else None
         extra = f"   per-GPU roofline {r:.3f} ms -> {100 * r / t['median']:.0f}%" if r else ""
-        print(f"  {model:4s} {variant:9s} r{rep}: {t['p10']:.3f} / {t['median']:.3f} / {t['p90']:.3f}{extra}")
+        print(f"  {model:4s} {variant:14s} r{rep}: {t['p10']:.3f} / {t['median']:.3f} / {t['p90']:.3f}{extra}")
 for model in ("8b", "70b"):
     base = medians.get((model, "tp1"))
     for (m, variant), v in sorted(medians.items()):
         if m == model and base and variant != "tp1":
             print(f"  {model}: {variant} / tp1 TPOT {statistics.median(v) / statistics.median(base):.3f} "
                   f"(medians {min(v):.3f}-{max(v):.3f} vs {min(base):.3f}-{max(base):.3f} ms)")
+
+# Speculation with a dummy head: nothing is accepted, so each step emits one token and the TPOT is
+# the cost of a speculative step (k + 1 verified rows, the head's catch-up and k draft steps); at
+# acceptance length tau (tokens per step) the TPOT would be step / tau.
+for (model, variant), v in sorted(medians.items()):
+    m = re.match(r"tp(\d+)_eagle3_k(\d+)", variant)
+    plain = medians.get((model, f"tp{m.group(1)}")) if m else None
+    if m and plain:
+        step, base = statistics.median(v), statistics.median(plain)
+        for tau in (3.08, 3.5):
+            print(f"  {model} tp{m.group(1)} + EAGLE-3 k={m.group(2)}: step {step:.3f} ms -> predicted TPOT at acceptance "
+                  f"length {tau}: {step / tau:.3f} ms ({base / (step / tau):.2f}x of plain {base:.3f} ms)")
 
 for (kind, model, variant), rs in sorted(runs.items()):
     if kind == "b64":
