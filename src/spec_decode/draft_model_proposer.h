@@ -46,6 +46,7 @@ class DraftModelProposer : public ModelProposer {
  public:
   DraftModelProposer(std::unique_ptr<Model> draft, Backend& backend, std::unique_ptr<DraftSampler> sampler,
                      const DraftModelProposerConfig& config);
+  ~DraftModelProposer() override { release_graphs(); }  // before draft_ (a split draft's NCCL)
 
   std::string_view method() const override { return "draft_model"; }
   KVCacheSpec kv_cache_spec() const override { return draft_->kv_cache_spec(); }

@@ -187,6 +187,14 @@ class ModelProposer : public Proposer {
   virtual std::unique_ptr<DeviceGraph> record_graph(const std::function<void()>& work) {
     return backend_.capture_graph(work);
   }
+  // Drops every graph: a subclass whose model goes before this base calls it first (NCCL waits
+  // in ncclCommDestroy for the graphs that captured its collectives, for ever).
+  void release_graphs() {
+    catch_up_graphs_.clear();
+    catch_up_graph_logits_.clear();
+    step_graphs_.clear();
+    step_graph_logits_.clear();
+  }
 
   // --- For the methods ---
   bool reads_target_hidden() const { return target_hidden_size_ > 0; }

@@ -11,11 +11,11 @@
 #      NCCL all-reduces only, TP 2 eager; CUDA graphs unless eager), alternated TP_REPS times, 20
 #      requests each; then batch 64 throughput of TP 1, TP 2 and TP 2 NCCL-only once each;
 #   4. with TP_70B="4" (sizes): Llama-3.1-70B's load time and batch-1 TPOT at those sizes, with
-#      the custom all-reduce and NCCL-only, eagerly (unless TP_SKIP has eager70), and with the
+#      the custom all-reduce, NCCL-only and eagerly (unless TP_SKIP has nccl70 / eager70), and with the
 #      public EAGLE-3 head's shape drafting k = 3 (pinned; dummy heads accept nothing, so the TPOT
 #      measured is the speculative step's cost).
 # $OUT receives tp_summary.txt (tools/gpu/tp_summary.py) and tp_logs.tar.gz.
-#   TP_REPS=2 TP_VARIANTS="tp1 tp2" TP_SKIP="tests roofline 8b b64 eager70" TP_70B="4" TP_BUDGET=540
+#   TP_REPS=2 TP_VARIANTS="tp1 tp2" TP_SKIP="tests roofline 8b b64 nccl70 eager70" TP_70B="4" TP_BUDGET=540
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -69,7 +69,7 @@ HEAD70=bench/configs/EAGLE3-Llama-3.1-70B
 b1=(--batch-size 1 --input-len 128 --output-len 128 --num-iters 20 --num-iters-warmup 2 --max-num-seqs 8)
 for n in ${TP_70B:-}; do
   bench "b1_70b_tp${n}" 240 latency "$LLAMA70" "${opts[@]}" -tp "$n" "${b1[@]}"
-  bench "b1_70b_tp${n}_nccl" 240 latency "$LLAMA70" "${opts[@]}" -tp "$n" --disable-custom-all-reduce "${b1[@]}"
+  skipped nccl70 || bench "b1_70b_tp${n}_nccl" 240 latency "$LLAMA70" "${opts[@]}" -tp "$n" --disable-custom-all-reduce "${b1[@]}"
   bench "b1_70b_tp${n}_eagle3_k3" 240 latency "$LLAMA70" "${opts[@]}" -tp "$n" "${b1[@]}" --temperature 0 \
     --speculative-config "{\"method\":\"eagle3\",\"model\":\"$HEAD70\",\"num_speculative_tokens\":3,\"adaptive\":false}"
   skipped eager70 || bench "b1_70b_tp${n}_eager" 240 latency "$LLAMA70" "${opts[@]}" -tp "$n" --enforce-eager "${b1[@]}"
