@@ -29,6 +29,16 @@ class Communicator {
   // Ends every collective waiting now or later with specula::Error, on every rank: a rank whose
   // forward failed calls it so that the others do not wait for it forever.
   virtual void abort() = 0;
+
+  // While on, every collective returns at once and leaves its tensors as they are: a sizing pass
+  // (TensorParallelModel), whose activations are thrown away, runs each rank without waiting for
+  // the others, so that it may allocate device memory (which, between GPUs that map each other's
+  // memory, waits for the peers' kernels: a rank allocating while a peer's collective waits for
+  // it would hang both).
+  void set_sizing(bool on) { sizing_ = on; }
+
+ protected:
+  bool sizing_ = false;
 };
 
 class Backend;  // backend/backend.h

@@ -2,6 +2,7 @@
 #include "model/tensor_parallel_model.h"
 
 #include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -270,18 +271,8 @@ class TensorParallelModel final : public Model {
     if (capture_) return capture_forward(input, kv);
     if (!host_memory)
       for (size_t rank = 1; rank < backends_.size(); ++rank) backends_[rank]->wait_for(home);
-    ForwardOutput out;
-    threads_->run([&](int rank) {
-      const size_t r = static_cast<size_t>(rank);
-      backends_[r]->bind_thread();
-      if (rank == 0) {
-        out = models_.front()->forward(input, kv);
-        return;
-      }
-      const ForwardInput mine = host_memory ? input : rank_inputs_[r].stage(*backends_[r], input);
-      models_[r]->forward(mine, rank_kv_[r]);
-    });
-    return out;
+    if (grows_scratch(input)) size_scratch(input, kv);
+    return run_ranks(input, kv);
   }
 
   // Rank 0's stream records `work`; every forward of this model in it has the other ranks record
@@ -339,6 +330,61 @@ class TensorParallelModel final : public Model {
       }
     }
     kv_key_ = std::move(key);
+  }
+
+  // Every rank's forward at once, rank 0's outputs.
+  ForwardOutput run_ranks(const ForwardInput& input, std::vector<KVCacheLayer>& kv) {
+    const bool host_memory = backends_.front()->device() == Device::kCPU;
+    ForwardOutput out;
+    threads_->run([&](int rank) {
+      const size_t r = static_cast<size_t>(rank);
+      backends_[r]->bind_thread();
+      if (rank == 0) {
+        out = models_.front()->forward(input, kv);
+        return;
+      }
+      const ForwardInput mine = host_memory ? input : rank_inputs_[r].stage(*backends_[r], input);
+      models_[r]->forward(mine, rank_kv_[r]);
+    });
+    return out;
+  }
+
+  // Whether this step may need more scratch than any step before (a step's activations grow with
+  // its tokens, logits rows, sequences and their lengths), i.e. allocate inside its forward.
+  bool grows_scratch(const ForwardInput& in) {
+    const std::array<int64_t, 5> shape{in.token_ids.numel(), in.logits_indices.numel(), in.attn.num_seqs,
+                                       in.attn.max_seq_len, in.attn.max_query_len};
+    bool larger = false;
+    for (size_t i = 0; i < shape.size(); ++i)
+      if (shape[i] > largest_step_[i]) {
+        largest_step_[i] = shape[i];
+        larger = true;
+      }
+    return larger;
+  }
+
+  // A device allocation waits for the GPUs that map the allocating one's memory (NCCL maps them
+  // all), so a rank that grows its scratch in the middle of a forward, while a peer's collective
+  // already waits for that rank, would hang both. Before such a step every rank runs it once with
+  // the collectives off (their activations and K/V entries are garbage, rewritten by the real
+  // run), then grows its arena to that peak while no collective is pending; the real run then
+  // allocates nothing. On the CPU this changes nothing but runs too, so that CI covers it.
+  void size_scratch(const ForwardInput& input, std::vector<KVCacheLayer>& kv) {
+    for (auto& c : communicators_) c->set_sizing(true);
+    try {
+      run_ranks(input, kv);
+    } catch (...) {
+      for (auto& c : communicators_) c->set_sizing(false);
+      throw;
+    }
+    for (auto& c : communicators_) c->set_sizing(false);
+    threads_->run([&](int rank) {
+      Backend& backend = *backends_[static_cast<size_t>(rank)];
+      backend.bind_thread();
+      backend.synchronize();
+      backend.reset_scratch();  // grows the arena to the sizing pass's peak
+    });
+    for (size_t rank = 1; rank < backends_.size(); ++rank) backends_[rank]->wait_for(*backends_.front());
   }
 
   // A forward inside capture_graph: rank 0 records on the caller's thread, rank r on its own into
@@ -403,6 +449,7 @@ class TensorParallelModel final : public Model {
   std::vector<const void*> kv_key_;                       // the engine cache rank_kv_ matches
   std::vector<RankInputs> rank_inputs_;                   // by rank (rank 0 reads the engine's)
   RankCapture* capture_ = nullptr;                        // while capture_graph records
+  std::array<int64_t, 5> largest_step_{};                 // grows_scratch's maxima so far
   std::unique_ptr<RankThreads> threads_;                  // last: joined before the models go
 };
 
