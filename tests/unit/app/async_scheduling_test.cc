@@ -1,7 +1,8 @@
 // Async scheduling (--async-scheduling) against the synchronous engine, through LLMEngine::create
-// on the CPU: for draft_model, ngram and mtp at pinned depth, greedy and seeded temperature-1
-// workloads give the same tokens, finish reasons and speculative counts (drafts, draft tokens,
-// accepted per position) with the feature on and off. The workloads mix penalties, stop strings,
+// on the CPU: for draft_model, ngram, mtp and eagle3 at pinned depth (and a target and draft split
+// over tensor-parallel ranks), greedy and seeded temperature-1 workloads give the same tokens,
+// finish reasons and speculative counts (drafts, draft tokens, accepted per position) with the
+// feature on and off. The workloads mix penalties, stop strings,
 // n > 1, prefix-cache hits, chunked prefill, max_tokens that end inside a draft and a KV cache
 // small enough to preempt. vLLM's first async x speculation attempt silently lost acceptance
 // (seed 003): equal counts are what would catch that.
@@ -50,6 +51,24 @@ TEST(AsyncScheduling, MtpAtConcurrency1And16) {
     expect_same(ec, Workload{3, 1, sampled, 0, !sampled}, moe_prompts());
     expect_same(ec, Workload{16, 16, sampled, 0, !sampled}, moe_prompts());
   }
+}
+
+// EAGLE-3 drafts from the target's features of the step before: the step in flight must hand the
+// head the rows it verified, not a placeholder's.
+TEST(AsyncScheduling, Eagle3AtConcurrency1And16) {
+  for (bool sampled : {false, true}) {
+    SCOPED_TRACE(sampled ? "temperature 1" : "greedy");
+    expect_same(tiny_config(eagle3_spec(3)), Workload{3, 1, sampled, 0, !sampled}, tiny_prompts());
+    expect_same(tiny_config(eagle3_spec(3)), Workload{16, 16, sampled, 0, !sampled}, tiny_prompts());
+  }
+}
+
+// The target and its draft model split over 2 ranks (threads on the CPU), async against sync.
+TEST(AsyncScheduling, TensorParallelTargetAndDraft) {
+  EngineConfig ec = tiny_config(split_draft_spec(3, 2));
+  ec.tensor_parallel_size = 2;
+  ec.cpu_threads = 1;
+  expect_same(ec, Workload{16, 16, false}, tiny_prompts());
 }
 
 TEST(AsyncScheduling, PreemptionWithASmallCache) {

@@ -192,6 +192,17 @@ inline std::string draft_spec(int k) {
   return R"({"method": "draft_model", "model": ")" + tiny_draft().string() + R"(", "num_speculative_tokens": )" +
          std::to_string(k) + R"(, "adaptive": false})";
 }
+// The trained EAGLE-3 head of specula-tiny (models/specula-tiny-eagle3).
+inline std::string eagle3_spec(int k) {
+  return R"({"method": "eagle3", "model": ")" + (models_dir() / "specula-tiny-eagle3").string() +
+         R"(", "num_speculative_tokens": )" + std::to_string(k) + R"(, "adaptive": false})";
+}
+// The draft model split over `ranks` tensor-parallel ranks, as the target must be.
+inline std::string split_draft_spec(int k, int ranks) {
+  std::string spec = draft_spec(k);
+  spec.pop_back();
+  return spec + R"(, "draft_tensor_parallel_size": )" + std::to_string(ranks) + "}";
+}
 inline std::string ngram_spec(int k) {
   return R"({"method": "ngram", "num_speculative_tokens": )" + std::to_string(k) +
          R"(, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "adaptive": false})";
