@@ -40,8 +40,8 @@ std::unique_ptr<PeerAllReduceGroup> PeerAllReduceGroup::create(const std::vector
     check_cuda(cudaMalloc(&p, total), "peer all-reduce: buffers");
     g->allocations_.push_back(p);
     check_cuda(cudaMemset(p, 0, total), "peer all-reduce: zeroing");
+    check_cuda(cudaDeviceSynchronize(), "peer all-reduce: zeroing");  // flags at 0 before any kernel reads them
   }
-  check_cuda(cudaDeviceSynchronize(), "peer all-reduce: zeroing");
   for (int r = 0; r < size; ++r) {
     cuda::PeerAllReduceView& v = g->views_[static_cast<size_t>(r)];
     v.rank = r;
