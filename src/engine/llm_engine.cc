@@ -167,7 +167,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   if (make_speculator) {
     SpeculatorContext ctx{config.model, config.load_format, config.seed, parts.config.shared_expert_fusion,
                           mc, *parts.model, *parts.tokenizer, *parts.backend, max_model_len, config.max_num_seqs,
-                          batched, config.tensor_parallel_size, make_rank_backend};
+                          batched, config.tensor_parallel_size, make_rank_backend, config.custom_all_reduce};
     speculator = make_speculator(ctx);
     SPECULA_CHECK(speculator->num_speculative_tokens() >= 1, "--speculative-config: num_speculative_tokens must be "
                   "at least 1, got {}", speculator->num_speculative_tokens());

@@ -128,6 +128,7 @@ struct SpeculatorContext {
   int max_num_batched_tokens = 0;
   int tensor_parallel_size = 1;       // the target's ranks (a draft model may be split over them too)
   std::function<std::unique_ptr<Backend>(int rank)> make_rank_backend{};  // the target's, for rank >= 1
+  bool custom_all_reduce = true;      // the target's (--disable-custom-all-reduce)
 };
 
 using SpeculatorFactory = std::function<std::unique_ptr<Speculator>(const SpeculatorContext&)>;

@@ -58,6 +58,7 @@ std::unique_ptr<Proposer> make_draft_model_proposer(const ProposerContext& ctx) 
   ModelOptions options;
   options.tensor_parallel_size = ranks;
   options.make_rank_backend = ctx.engine.make_rank_backend;
+  options.custom_all_reduce = ctx.engine.custom_all_reduce;
   std::unique_ptr<Model> draft = create_model(draft_config, *weights, ctx.engine.backend, options);
   LOG_INFO("Draft model loading took {:.2f} seconds",
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
