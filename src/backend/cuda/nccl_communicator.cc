@@ -11,8 +11,8 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/peer_all_reduce.h"
-#include "core/logging.h"
 #include "core/error.h"
+#include "core/logging.h"
 
 namespace specula {
 namespace {
