@@ -350,10 +350,15 @@ class TensorParallelModel final : public Model {
   }
 
   // Whether this step may need more scratch than any step before (a step's activations grow with
-  // its tokens, logits rows, sequences and their lengths), i.e. allocate inside its forward.
+  // its tokens, logits rows, sequences, query rows and lengths), i.e. allocate inside its forward.
+  // Lengths count by the block table's width: a sizing pass claims the longest length it allows
+  // (size_scratch).
   bool grows_scratch(const ForwardInput& in) {
-    const std::array<int64_t, 5> shape{in.token_ids.numel(), in.logits_indices.numel(), in.attn.num_seqs,
-                                       in.attn.max_seq_len, in.attn.max_query_len};
+    const AttentionMetadata& md = in.attn;
+    const int64_t width = md.block_tables.defined() && md.block_tables.ndim() == 2 ? md.block_tables.size(1)
+                                                                                   : md.max_seq_len;
+    const std::array<int64_t, 5> shape{in.token_ids.numel(), in.logits_indices.numel(), md.num_seqs,
+                                       md.max_query_len, width};
     bool larger = false;
     for (size_t i = 0; i < shape.size(); ++i)
       if (shape[i] > largest_step_[i]) {
@@ -368,11 +373,22 @@ class TensorParallelModel final : public Model {
   // already waits for that rank, would hang both. Before such a step every rank runs it once with
   // the collectives off (their activations and K/V entries are garbage, rewritten by the real
   // run), then grows its arena to that peak while no collective is pending; the real run then
-  // allocates nothing. On the CPU this changes nothing but runs too, so that CI covers it.
+  // allocates nothing. On CUDA the sizing pass claims for every sequence the longest length its
+  // block-table row allows, as a graph capture does (decode attention splits longer sequences
+  // over more scratch; its kernels read the true lengths on the device), so that later, longer
+  // steps fit too until the table widens. On the CPU, where attention reads the host lengths, the
+  // pass runs as it is: it changes nothing there but runs, so that CI covers it.
   void size_scratch(const ForwardInput& input, std::vector<KVCacheLayer>& kv) {
+    ForwardInput sizing = input;
+    AttentionMetadata& md = sizing.attn;
+    if (backends_.front()->device() != Device::kCPU && md.block_tables.defined() && md.block_tables.ndim() == 2) {
+      const int32_t longest = static_cast<int32_t>(md.block_tables.size(1) * md.block_size);
+      md.seq_lens_host.assign(md.seq_lens_host.size(), longest);
+      md.max_seq_len = longest;
+    }
     for (auto& c : communicators_) c->set_sizing(true);
     try {
-      run_ranks(input, kv);
+      run_ranks(sizing, kv);
     } catch (...) {
       for (auto& c : communicators_) c->set_sizing(false);
       throw;
@@ -464,7 +480,8 @@ std::unique_ptr<Model> create_tensor_parallel_model(const ModelConfig& config, W
   std::unique_ptr<Model> model;
   if (config.is_deepseek()) {
     model = std::make_unique<TensorParallelModel>(
-        config, weights, rank0_backend, size, options.make_rank_backend, options.custom_all_reduce, deepseek_weight_shard,
+        config, weights, rank0_backend, size, options.make_rank_backend, options.custom_all_reduce,
+        deepseek_weight_shard,
         [&](WeightSource& shard, Backend& backend, const TensorParallelRank& tp) {
           return create_deepseek_model(config, shard, backend, options, tp);
         });
