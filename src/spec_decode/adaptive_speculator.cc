@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "core/logging.h"
 #include "core/phase_profile.h"
 
 namespace specula {
@@ -39,7 +40,10 @@ AdaptiveSpeculator::AdaptiveSpeculator(std::unique_ptr<Proposer> proposer, const
 }
 
 AdaptiveSpeculator::~AdaptiveSpeculator() {
-  if (!phase_profile::enabled() || !config_.adaptive) return;
+  // At exit with SPECULA_PROFILE=1 (to stderr) or SPECULA_LOGGING_LEVEL=DEBUG (to the log, which
+  // leaves the steps unsynchronised and so times them as they run).
+  const bool debug = spdlog::default_logger_raw()->should_log(spdlog::level::debug);
+  if (!(phase_profile::enabled() || debug) || !config_.adaptive) return;
   const int k = config_.num_speculative_tokens;
   std::string text = "== SPECULA_PROFILE: adaptive depth (microseconds; tok/s of one request at each depth)\n";
   text += fmt::format("acceptance per position: {:.3f}\n", fmt::join(depth_.acceptance(), ", "));
@@ -53,7 +57,15 @@ AdaptiveSpeculator::~AdaptiveSpeculator() {
                         b, k + 1, fmt::join(target, " "), k, fmt::join(draft, " "), k, fmt::join(rate, " "),
                         depth_.current(b));
   }
-  std::fputs(text.c_str(), stderr);
+  if (debug)
+    LOG_DEBUG("{}", text);
+  else
+    std::fputs(text.c_str(), stderr);
+}
+
+void AdaptiveSpeculator::record_target_step(int num_seqs, int rows, double seconds) {
+  LOG_DEBUG("adaptive depth: target step of {} x {} rows {:.1f} us", num_seqs, rows, 1e6 * seconds);
+  depth_.cost().record_target(num_seqs, rows, seconds);
 }
 
 int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
@@ -81,6 +93,7 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   const bool feed = depth_.plain_probe() || (proposer_->needs_every_step() && num_decoding <= kProbeRequests &&
                                              depth_.draft_could_pay(num_decoding));
   if (batch.depth == 0 && num_decoding > 0 && !feed) {
+    LOG_DEBUG("adaptive depth: {} decoding, depth 0, proposer not called", num_decoding);
     drafts.assign(batch.requests.size(), {});
     return 0;
   }
@@ -113,8 +126,11 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   // stretch): that is not what a draft step costs, and a draft cost learned too high keeps
   // speculation off where no steady step corrects it.
   const int64_t steady_catch_up = static_cast<int64_t>(batch.requests.size()) * (config_.num_speculative_tokens + 1);
-  if (drafting > 0 && steady && proposer_->last_catch_up_tokens() <= steady_catch_up)
-    depth_.cost().record_draft(drafting, most, seconds);
+  const bool recorded = drafting > 0 && steady && proposer_->last_catch_up_tokens() <= steady_catch_up;
+  if (recorded) depth_.cost().record_draft(drafting, most, seconds);
+  LOG_DEBUG("adaptive depth: {} decoding, depth {}{}, drafted {} x {}, proposer {:.1f} us{}, acceptance {:.2f}",
+            num_decoding, batch.depth, depth_.plain_probe() ? " (plain probe)" : depth_.draft_probe() ? " (draft probe)" : "",
+            drafting, most, 1e6 * seconds, recorded ? " (recorded)" : "", fmt::join(depth_.acceptance(), " "));
   return batch.depth;
 }
 

@@ -54,9 +54,7 @@ class AdaptiveSpeculator final : public Speculator {
   void record_verification(int num_drafts, int num_accepted) override {
     depth_.record_verification(num_drafts, num_accepted);
   }
-  void record_target_step(int num_seqs, int rows, double seconds) override {
-    depth_.cost().record_target(num_seqs, rows, seconds);
-  }
+  void record_target_step(int num_seqs, int rows, double seconds) override;
   int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
 
   static constexpr int kProbeRequests = 4;  // requests that draft in a probe from depth 0
