@@ -26,7 +26,8 @@ void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
     // Until a position has been seen, it starts from the position before it (acceptance decays
     // with depth, but the previous position is a better guess than the fixed prior).
     if (observed_[i] == 0 && i > 0) accept_[i] = accept_[i - 1];
-    const double w = std::max(config_.acceptance_weight, 1.0 / static_cast<double>(observed_[i] + 2));
+    double w = std::max(config_.acceptance_weight, 1.0 / static_cast<double>(observed_[i] + 2));
+    if (probe_bucket_ >= 0) w = std::max(w, config_.probe_weight);  // the previous step probed from depth 0
     accept_[i] += w * (x - accept_[i]);
     observed_[i] += 1;
   }
@@ -70,12 +71,25 @@ int AdaptiveDepth::best_depth(int num_seqs) const {
 
 bool AdaptiveDepth::draft_could_pay(int num_seqs) const {
   num_seqs = std::max(1, num_seqs);
-  // Depth 1 only, although with a fused draft chain five drafts may pay where one does not: asking
-  // every depth makes the probes run where speculation is off for good, and each probe's catch-up
-  // of new requests costs more than it finds (docs/PERFORMANCE.md, "the probe gate back to
-  // depth 1").
   const double t1 = cost_->target_seconds(num_seqs, 2) + cost_->draft_seconds(num_seqs, 1);
   return t1 > 0.0 && 2.0 / t1 > tokens_per_second(num_seqs, 0) * config_.min_gain;
+}
+
+int AdaptiveDepth::probe_depth(int num_seqs) const {
+  num_seqs = std::max(1, num_seqs);
+  // Every depth, not depth 1 alone: with a fused draft chain one draft may not pay where five do
+  // (the embedded pair on the H200: 2 tokens in 301 us against 1 in 162 us, 4.1 in 497 us). A
+  // probe at depth 1 would also leave positions 2..k to the estimate it is there to refresh.
+  int best = 0;
+  double best_rate = tokens_per_second(num_seqs, 0) * config_.min_gain;
+  for (int d = 1; d <= config_.num_speculative_tokens; ++d) {
+    const double t = cost_->target_seconds(num_seqs, 1 + d) + cost_->draft_seconds(num_seqs, d);
+    if (t > 0.0 && (1.0 + d) / t > best_rate) {
+      best_rate = (1.0 + d) / t;
+      best = d;
+    }
+  }
+  return best;
 }
 
 int AdaptiveDepth::current(int num_seqs) const {
@@ -105,12 +119,10 @@ int AdaptiveDepth::choose(int num_seqs) {
     if (depth > 0) {
       depth = 0;  // re-measure a plain decode step
       plain_probe_ = true;
-    } else {
-      if (draft_could_pay(num_seqs)) {
-        depth = 1;
-        probe_bucket_ = static_cast<int>(bucket);
-        probe_num_seqs_ = num_seqs;
-      }
+    } else if (const int probe = probe_depth(num_seqs); probe > 0) {
+      depth = probe;
+      probe_bucket_ = static_cast<int>(bucket);
+      probe_num_seqs_ = num_seqs;
     }
   }
   return depth;

@@ -11,9 +11,12 @@
 // no longer nearly free, or when acceptance is low, the answer is 0 and the step is a plain decode.
 //
 // Exploration: a choice only measures what it runs. Every `probe_interval` steps one step runs a
-// depth that was not chosen lately (1 when speculation is off, 0 when it is on) so acceptance and
-// costs stay fresh, but only where the probe could pay (a depth-1 probe is skipped when even
-// certain acceptance could not beat plain decoding at this batch size).
+// depth that was not chosen lately (0 when speculation is on; when it is off, the depth that
+// would pay best were every draft accepted) so acceptance and costs stay fresh, but only where
+// the probe could pay (none when even certain acceptance could not beat plain decoding at this
+// batch size). A probe from depth 0 verifies drafts at every position it asks about, and its
+// verifications weigh at least `probe_weight`: they are the fresh evidence after a stretch that
+// verified nothing.
 #pragma once
 
 #include <cstdint>
@@ -42,6 +45,11 @@ struct AdaptiveDepthConfig {
   // of every request, which every 32 steps cost 3-7 % of throughput on the H100.
   int probe_interval = 32;
   int max_probe_interval = 1024;
+  // The least weight of one verification of a probe from depth 0. At the EMA floor a probe every
+  // 32..1024 steps could never move an estimate learned from a bad start: on the H200 the embedded
+  // pair's first request left a_1 at 0.65 (0.85 over the run) and adaptive k = 5 at depth 0 for
+  // the rest of the run, where pinned k = 5 is 1.5x faster.
+  double probe_weight = 0.25;
 };
 
 class AdaptiveDepth {
@@ -60,6 +68,9 @@ class AdaptiveDepth {
   // Could one draft pay at this batch size, were it always accepted? (No: speculation is off
   // here whatever the acceptance, until the costs say otherwise.)
   bool draft_could_pay(int num_seqs) const;
+  // The depth of a probe from depth 0: the one that would pay best were every draft accepted, or
+  // 0 where none would beat plain decoding.
+  int probe_depth(int num_seqs) const;
 
   double expected_tokens(int depth) const;
   // Expected tokens per second of one request at this depth (the objective).
@@ -70,7 +81,7 @@ class AdaptiveDepth {
   // The last choice was 0 only to re-measure a plain step while speculation pays: proposers that
   // must see every step (MTP) should still be given it.
   bool plain_probe() const { return plain_probe_; }
-  // The last choice was 1 only to probe whether speculation pays again (from depth 0).
+  // The last choice was > 0 only to probe whether speculation pays again (from depth 0).
   bool draft_probe() const { return probe_bucket_ >= 0; }
   StepCostModel& cost() { return *cost_; }
 

@@ -2,6 +2,8 @@
 // online cost model itself.
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "spec_decode/adaptive_depth.h"
 #include "spec_decode/step_cost_model.h"
 
@@ -122,6 +124,47 @@ TEST(AdaptiveDepth, AProbeThatFindsHighAcceptanceTurnsSpeculationOn) {
   d.record_verification(1, 1);
   EXPECT_GT(d.acceptance()[0], 0.5);
   EXPECT_GT(d.choose(1), 0);
+}
+
+// The embedded pair's costs on the H200 (microseconds; adaptive depth trace at f40e5b7): a plain
+// step 162, a verification of 2 rows 163 and of 3..6 rows ~255; the fused draft chain 138 for one
+// draft and ~25 for each further one. One draft does not pay (2 tokens in 301 us against 1 in
+// 162) where five do at the pair's acceptance (~4.1 tokens in 497 us).
+class FusedChainCost : public StepCostModel {
+ public:
+  double target_seconds(int num_seqs, int rows) const override { return 1e-6 * (rows <= 2 ? 162.0 : 255.0); }
+  double draft_seconds(int num_seqs, int depth) const override {
+    return depth == 0 ? 0.0 : 1e-6 * (138.0 + 25.0 * (depth - 1));
+  }
+};
+
+TEST(AdaptiveDepth, ProbesAtTheBestDepthAndRecoversFromABadStart) {
+  AdaptiveDepthConfig c;
+  c.num_speculative_tokens = 5;
+  AdaptiveDepth d(c, std::make_unique<FusedChainCost>());
+  ASSERT_EQ(d.probe_depth(1), 5);  // certain acceptance pays best at full depth
+  EXPECT_FALSE(d.draft_could_pay(1));  // although one draft alone would not
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  // Verify `depth` drafts each accepted with probability `a` (given the ones before were).
+  auto verify = [&](int depth, double a) {
+    int accepted = 0;
+    while (accepted < depth && u(rng) < a) ++accepted;
+    d.record_verification(depth, accepted);
+  };
+  // Drafts accepted at 0.5 turn speculation off: 300 verifications, as from a few steps of many
+  // requests (at the EMA floor, where one probe's verification alone would move nothing)...
+  for (int i = 0; i < 300; ++i) verify(5, 0.5);
+  ASSERT_EQ(d.choose(1), 0);
+  // ...and the probes bring it back once the drafts are accepted at 0.85 (true of the embedded
+  // pair over a run): almost every later step drafts at depth 3 or more.
+  int deep = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const int depth = d.choose(1);
+    if (depth > 0) verify(depth, 0.85);
+    if (i >= 1000 && depth >= 3) ++deep;
+  }
+  EXPECT_GT(deep, 900);
 }
 
 TEST(OnlineCostModel, TheProposersFixedCostShapesUnmeasuredDepths) {

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Issue 16 point 6 on the GPU machine in ONE call (binaries from tools/gpu/pack.sh): adaptive depth
+# against pinned depths and no speculation, per method, concurrency and temperature. Methods:
+# draft (specula-tiny + specula-tiny-draft), eagle3 (specula-tiny + specula-tiny-eagle3), mtp
+# (specula-tiny-moe's own MTP layer). For each concurrency and temperature the configurations
+# (no speculation, adaptive k = ADAPTIVE_K, pinned k in ADAPTIVE_PINNED) are alternated inside each
+# of ADAPTIVE_REPS repetitions. Python prompts (as eagle_bench.sh), 128 in / 128 out; concurrency
+# 1 runs 20 requests a run (the TPOT median over them), larger ones 3 batches (output tok/s).
+# With ADAPTIVE_PROFILE=1, one more run each of no speculation and adaptive draft at concurrency
+# 1, temperature 1 under SPECULA_PROFILE=1 (phase times, synchronised).
+# $OUT receives adaptive_summary.txt (tools/gpu/adaptive_summary.py) and adaptive_logs.tar.gz.
+#   ADAPTIVE_METHODS="draft eagle3 mtp" ADAPTIVE_CONCURRENCY="1 8 64" ADAPTIVE_TEMPS="0 1"
+#   ADAPTIVE_K=5 ADAPTIVE_PINNED="3 5" ADAPTIVE_REPS=2 ADAPTIVE_BUDGET=540
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+source tools/gpu/env.sh
+BUDGET=${ADAPTIVE_BUDGET:-540}
+SKIP=" "
+source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
+DATASET="$WORK/prompts.txt"
+find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"
+K=${ADAPTIVE_K:-5}
+spec() {  # METHOD K ADAPTIVE
+  case $1 in
+    draft) echo "{\"method\":\"draft_model\",\"model\":\"models/specula-tiny-draft\",\"num_speculative_tokens\":$2,\"adaptive\":$3}" ;;
+    eagle3) echo "{\"method\":\"eagle3\",\"model\":\"models/specula-tiny-eagle3\",\"num_speculative_tokens\":$2,\"adaptive\":$3}" ;;
+    mtp) echo "{\"method\":\"mtp\",\"num_speculative_tokens\":$2,\"adaptive\":$3}" ;;
+  esac
+}
+target() { [ "$1" = mtp ] && echo models/specula-tiny-moe || echo models/specula-tiny; }
+run() {  # NAME TARGET CONCURRENCY TEMPERATURE [ARGS...]
+  local name=$1 model=$2 c=$3 temp=$4
+  shift 4
+  local iters=3
+  [ "$c" = 1 ] && iters=20
+  bench "$name" 60 latency "$model" --dataset "$DATASET" --temperature "$temp" --batch-size "$c" --input-len 128 \
+    --output-len 128 --num-iters "$iters" --num-iters-warmup 1 --max-model-len 1024 --max-num-seqs "$(( c < 8 ? 8 : c ))" "$@" \
+    > /dev/null
+}
+METHODS=${ADAPTIVE_METHODS:-draft eagle3 mtp}
+for c in ${ADAPTIVE_CONCURRENCY:-1 8 64}; do
+  for temp in ${ADAPTIVE_TEMPS:-0 1}; do
+    for rep in $(seq 1 "${ADAPTIVE_REPS:-2}"); do
+      run "c${c}_t${temp}_tiny_nospec_r$rep" models/specula-tiny "$c" "$temp"
+      [[ " $METHODS " == *" mtp "* ]] && run "c${c}_t${temp}_moe_nospec_r$rep" models/specula-tiny-moe "$c" "$temp"
+      for m in $METHODS; do
+        run "c${c}_t${temp}_${m}_k${K}adaptive_r$rep" "$(target "$m")" "$c" "$temp" --speculative-config "$(spec "$m" "$K" true)"
+        for p in ${ADAPTIVE_PINNED:-3 5}; do
+          run "c${c}_t${temp}_${m}_k${p}pinned_r$rep" "$(target "$m")" "$c" "$temp" --speculative-config "$(spec "$m" "$p" false)"
+        done
+      done
+    done
+  done
+done
+if [ "${ADAPTIVE_PROFILE:-0}" = 1 ]; then
+  SPECULA_PROFILE=1 run "profile_nospec" models/specula-tiny 1 1
+  SPECULA_PROFILE=1 run "profile_draft_k${K}adaptive" models/specula-tiny 1 1 --speculative-config "$(spec draft "$K" true)"
+fi
+{
+  echo "commit: $(head -1 .gpu/commit.txt 2>/dev/null)"
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1
+  cat "$WORK/status.txt"
+  python3 tools/gpu/adaptive_summary.py "$WORK"
+} > "$OUT/adaptive_summary.txt" 2>&1
+cat "$OUT/adaptive_summary.txt"
+tar -czf "$OUT/adaptive_logs.tar.gz" -C "$WORK" . 2>/dev/null
