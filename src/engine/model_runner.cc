@@ -560,6 +560,7 @@ void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const Fo
   if (uniform) speculator_->record_target_step(static_cast<int>(plans.size()), rows, target_seconds);
 
   ProposeBatch batch;
+  batch.target_seconds = target_seconds;
   batch.target_hidden_states = fwd.hidden_states;
   batch.target_aux_hidden_states = fwd.aux_hidden_states;
   const int k = speculator_->num_speculative_tokens();

@@ -66,6 +66,9 @@ struct ProposeBatch {
   // max_drafts. 0: no drafts, but a proposer that cannot catch up later (one that needs the
   // target's hidden states of every position) must still consume this step.
   int depth = 0;
+  // Wall seconds of this step's target forward and sampling / verification (what
+  // record_target_step reports for uniform steps, here for every step).
+  double target_seconds = 0.0;
   // F32/compute dtype [T, hidden] after the final norm, on the device. Backend scratch memory:
   // valid until the next forward on the backend, so a proposer copies the rows it needs before
   // running a model of its own. Undefined when the model did not return it.

@@ -51,7 +51,8 @@ double AdaptiveDepth::expected_tokens(int depth) const {
 }
 
 double AdaptiveDepth::tokens_per_second(int num_seqs, int depth) const {
-  const double t = cost_->target_seconds(num_seqs, 1 + depth) + cost_->draft_seconds(num_seqs, depth);
+  const double t = cost_->target_seconds(num_seqs, 1 + depth) + cost_->draft_seconds(num_seqs, depth) +
+                   cost_->host_seconds(num_seqs);
   return t > 0.0 ? expected_tokens(depth) / t : 0.0;
 }
 
@@ -69,12 +70,6 @@ int AdaptiveDepth::best_depth(int num_seqs) const {
   return best;
 }
 
-bool AdaptiveDepth::draft_could_pay(int num_seqs) const {
-  num_seqs = std::max(1, num_seqs);
-  const double t1 = cost_->target_seconds(num_seqs, 2) + cost_->draft_seconds(num_seqs, 1);
-  return t1 > 0.0 && 2.0 / t1 > tokens_per_second(num_seqs, 0) * config_.min_gain;
-}
-
 int AdaptiveDepth::probe_depth(int num_seqs) const {
   num_seqs = std::max(1, num_seqs);
   // Every depth, not depth 1 alone: with a fused draft chain one draft may not pay where five do
@@ -83,13 +78,22 @@ int AdaptiveDepth::probe_depth(int num_seqs) const {
   int best = 0;
   double best_rate = tokens_per_second(num_seqs, 0) * config_.min_gain;
   for (int d = 1; d <= config_.num_speculative_tokens; ++d) {
-    const double t = cost_->target_seconds(num_seqs, 1 + d) + cost_->draft_seconds(num_seqs, d);
+    const double t =
+        cost_->target_seconds(num_seqs, 1 + d) + cost_->draft_seconds(num_seqs, d) + cost_->host_seconds(num_seqs);
     if (t > 0.0 && (1.0 + d) / t > best_rate) {
       best_rate = (1.0 + d) / t;
       best = d;
     }
   }
   return best;
+}
+
+bool AdaptiveDepth::feeds_proposer(int num_seqs) const {
+  num_seqs = std::max(1, num_seqs);
+  if (probe_depth(num_seqs) == 0) return false;
+  const size_t bucket = static_cast<size_t>(OnlineCostModel::bucket_of(num_seqs));
+  const int every = probe_every_[bucket];
+  return every <= config_.probe_interval || since_probe_[bucket] + config_.probe_interval >= every;
 }
 
 int AdaptiveDepth::current(int num_seqs) const {

@@ -4,7 +4,7 @@
 //     E(d) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_d
 // where a_i is the measured acceptance of draft i given drafts 1..i-1 were accepted (an
 // exponential moving average per position, seeded with a prior), and a step costs
-//     T(d) = target(B, 1 + d) + draft(B, d)
+//     T(d) = target(B, 1 + d) + draft(B, d) + host(B)
 // from the MEASURED cost model (step_cost_model.h). The depth maximises E(d) / T(d), the tokens
 // per second of every request (so both throughput and TPOT), and a depth d > 0 is only taken when
 // it beats plain decoding (d = 0) by `min_gain`: under heavy load, where verifying d extra rows is
@@ -65,12 +65,16 @@ class AdaptiveDepth {
   // probe.
   int current(int num_seqs) const;
 
-  // Could one draft pay at this batch size, were it always accepted? (No: speculation is off
-  // here whatever the acceptance, until the costs say otherwise.)
-  bool draft_could_pay(int num_seqs) const;
   // The depth of a probe from depth 0: the one that would pay best were every draft accepted, or
   // 0 where none would beat plain decoding.
   int probe_depth(int num_seqs) const;
+  // Should a proposer whose cache only its every step can build (MTP, EAGLE) see this depth-0
+  // step? A probe measures nothing with a stale cache (on the H100 the embedded EAGLE-3 head and
+  // specula-tiny-moe's MTP layer accepted 0 of 25 and 0 of 40 probe drafts after unfed
+  // stretches), so: where a probe could pay, while no probe has failed since speculation was last
+  // on (a probe with a warm cache that fails is the verdict: acceptance is low, stop paying for the
+  // cache), and, after that, for the last `probe_interval` steps before each probe.
+  bool feeds_proposer(int num_seqs) const;
 
   double expected_tokens(int depth) const;
   // Expected tokens per second of one request at this depth (the objective).

@@ -53,9 +53,10 @@ AdaptiveSpeculator::~AdaptiveSpeculator() {
     for (int r = 1; r <= k + 1; ++r) target.push_back(fmt::format("{:.0f}", 1e6 * c.target_seconds(b, r)));
     for (int d = 1; d <= k; ++d) draft.push_back(fmt::format("{:.0f}", 1e6 * c.draft_seconds(b, d)));
     for (int d = 0; d <= k; ++d) rate.push_back(fmt::format("{:.0f}", depth_.tokens_per_second(b, d)));
-    text += fmt::format("batch {:>3}: target rows 1..{} [{}]  draft depth 1..{} [{}]  tok/s depth 0..{} [{}]  -> depth {}\n",
-                        b, k + 1, fmt::join(target, " "), k, fmt::join(draft, " "), k, fmt::join(rate, " "),
-                        depth_.current(b));
+    text += fmt::format(
+        "batch {:>3}: target rows 1..{} [{}]  draft depth 1..{} [{}]  host {:.0f}  tok/s depth 0..{} [{}]  -> depth {}\n", b,
+        k + 1, fmt::join(target, " "), k, fmt::join(draft, " "), 1e6 * c.host_seconds(b), k, fmt::join(rate, " "),
+        depth_.current(b));
   }
   if (debug)
     LOG_DEBUG("{}", text);
@@ -68,9 +69,21 @@ void AdaptiveSpeculator::record_target_step(int num_seqs, int rows, double secon
   depth_.cost().record_target(num_seqs, rows, seconds);
 }
 
+void AdaptiveSpeculator::measure_host(const ProposeBatch& batch, int num_decoding, double now) {
+  const bool decode_step = num_decoding > 0 && num_decoding == static_cast<int>(batch.requests.size());
+  if (decode_step && last_entry_ >= 0.0 && num_decoding == last_num_decoding_) {
+    const double host = now - last_entry_ - last_proposer_seconds_ - batch.target_seconds;
+    depth_.cost().record_host(num_decoding, std::max(0.0, host));
+  }
+  last_entry_ = decode_step ? now : -1.0;
+  last_num_decoding_ = num_decoding;
+  last_proposer_seconds_ = 0.0;
+}
+
 int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
   int num_decoding = 0;
   for (const ProposerRequest& r : batch.requests) num_decoding += r.sampled ? 1 : 0;
+  if (config_.adaptive) measure_host(batch, num_decoding, clock_());
   // Only decoding requests can draft; a step of prompt chunks alone takes the best depth for its
   // batch (no probe), so that the draft mirrors the chunks where speculation will run and stays
   // idle where it will not.
@@ -84,14 +97,16 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   // positions skipped count as inherited, their cache entries stale (mtp_proposer.h), which can
   // lower acceptance and never change the output. A plain step that only re-measures the target
   // while speculation pays (a probe) is still given to the proposer. So is every depth-0 step of
-  // a proposer that needs every step (MTP) in a batch no larger than a probe, where one draft
-  // could pay: there speculation is off only for want of acceptance, and a cache gone stale in
-  // the depth-0 stretch would be what keeps the probes' acceptance low, so that speculation never
-  // came back (on the H100, specula-tiny-moe at concurrency 1 stayed at depth 0 where k = 1 pinned
-  // gains 18 %). Such a step costs one catch-up forward of a few requests; under load the
-  // shedding stays (that forward for 64 requests cost 40 % of throughput).
+  // a proposer that needs every step (MTP, EAGLE) in a batch no larger than a probe, where
+  // speculation could pay and the adaptive depth is measuring whether it does
+  // (AdaptiveDepth::feeds_proposer): a cache gone stale in the depth-0 stretch would make every
+  // probe fail, so that speculation never came back (on the H100, specula-tiny-moe at concurrency
+  // 1 stayed at depth 0 where k = 1 pinned gains 18 %). Such a step costs one catch-up forward of
+  // a few requests; under load the shedding stays (that forward for 64 requests cost 40 % of
+  // throughput), and so it does once a probe with a warm cache found acceptance too low (fed
+  // every step, MTP at temperature 1 ran at 0.6x of no speculation).
   const bool feed = depth_.plain_probe() || (proposer_->needs_every_step() && num_decoding <= kProbeRequests &&
-                                             depth_.draft_could_pay(num_decoding));
+                                             depth_.feeds_proposer(num_decoding));
   if (batch.depth == 0 && num_decoding > 0 && !feed) {
     LOG_DEBUG("adaptive depth: {} decoding, depth 0, proposer not called", num_decoding);
     drafts.assign(batch.requests.size(), {});
@@ -116,6 +131,7 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   const double t0 = clock_();
   proposer_->propose(batch, drafts);
   const double seconds = clock_() - t0;
+  last_proposer_seconds_ = seconds;
   int drafting = 0, most = 0;
   for (const std::vector<int32_t>& d : drafts) {
     drafting += d.empty() ? 0 : 1;

@@ -60,10 +60,19 @@ class AdaptiveSpeculator final : public Speculator {
   static constexpr int kProbeRequests = 4;  // requests that draft in a probe from depth 0
 
  private:
+  // The host's share of a step (StepCostModel::host_seconds): the time from one propose() to the
+  // next, less this step's target time and the previous step's proposer time, measured between
+  // consecutive decode steps of the same batch size (a prompt's step, or an idle engine waiting
+  // for requests, is not a step's host work).
+  void measure_host(const ProposeBatch& batch, int num_decoding, double now);
+
   std::unique_ptr<Proposer> proposer_;
   AdaptiveSpeculatorConfig config_;
   AdaptiveDepth depth_;
   Clock clock_;
+  double last_entry_ = -1.0;            // clock at the previous propose(), -1 if it was not a decode step
+  int last_num_decoding_ = 0;
+  double last_proposer_seconds_ = 0.0;  // the proposer's time in the previous propose()
 };
 
 }  // namespace specula

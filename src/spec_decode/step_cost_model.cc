@@ -15,7 +15,8 @@ constexpr int kNumBuckets = 16;  // batches up to 2^15 requests
 OnlineCostModel::OnlineCostModel(int max_rows, double draft_ratio, double ema_weight, double draft_fixed)
     : max_rows_(std::max(1, max_rows)), draft_ratio_(draft_ratio), ema_weight_(ema_weight), draft_fixed_(draft_fixed),
       target_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_) + 1)),
-      draft_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_))) {}
+      draft_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_))),
+      host_(kNumBuckets, std::vector<Entry>(2)) {}
 
 int OnlineCostModel::bucket_of(int num_seqs) {
   int b = 0;
@@ -48,6 +49,18 @@ void OnlineCostModel::record_target(int num_seqs, int rows, double seconds) {
 void OnlineCostModel::record_draft(int num_seqs, int depth, double seconds) {
   if (num_seqs < 1 || depth < 1 || depth >= max_rows_ || !(seconds >= 0.0)) return;
   update(draft_[bucket_of(num_seqs)][depth], num_seqs, seconds);
+}
+
+void OnlineCostModel::record_host(int num_seqs, double seconds) {
+  if (num_seqs < 1 || !(seconds >= 0.0)) return;
+  update(host_[bucket_of(num_seqs)][1], num_seqs, seconds);
+}
+
+double OnlineCostModel::host_seconds(int num_seqs) const {
+  // The nearest measured bucket as measured (host work grows with the batch far less than in
+  // proportion: it is mostly per step); 0 before any measurement.
+  const std::optional<std::pair<int, int>> near = nearest(host_, bucket_of(std::max(1, num_seqs)), 1);
+  return near ? host_[near->first][1].seconds : 0.0;
 }
 
 std::optional<std::pair<int, int>> OnlineCostModel::nearest(const std::vector<std::vector<Entry>>& table, int bucket,

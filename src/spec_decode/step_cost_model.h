@@ -32,8 +32,13 @@ class StepCostModel {
   // Seconds of the proposer's work for `depth` drafts per request over num_seqs requests (its
   // catch-up, draft forwards and sampling); 0 for depth 0.
   virtual double draft_seconds(int num_seqs, int depth) const = 0;
+  // Seconds of the engine's host work per step outside the two above (scheduling, staging the
+  // inputs, output processing), paid once a step whatever the depth: it is why fewer, longer
+  // steps pay more than target and draft times alone say.
+  virtual double host_seconds(int num_seqs) const { return 0.0; }
   virtual void record_target(int num_seqs, int rows, double seconds) {}
   virtual void record_draft(int num_seqs, int depth, double seconds) {}
+  virtual void record_host(int num_seqs, double seconds) {}
 };
 
 class OnlineCostModel : public StepCostModel {
@@ -43,8 +48,10 @@ class OnlineCostModel : public StepCostModel {
 
   double target_seconds(int num_seqs, int rows) const override;
   double draft_seconds(int num_seqs, int depth) const override;
+  double host_seconds(int num_seqs) const override;
   void record_target(int num_seqs, int rows, double seconds) override;
   void record_draft(int num_seqs, int depth, double seconds) override;
+  void record_host(int num_seqs, double seconds) override;
 
   static int bucket_of(int num_seqs);  // 0 for 1, 1 for 2, 2 for 3..4, 3 for 5..8, ...
   static double prior_target(double num_seqs, int rows);
@@ -74,6 +81,7 @@ class OnlineCostModel : public StepCostModel {
   double draft_fixed_;
   std::vector<std::vector<Entry>> target_;  // [bucket][rows]
   std::vector<std::vector<Entry>> draft_;   // [bucket][depth]
+  std::vector<std::vector<Entry>> host_;    // [bucket][0]
 };
 
 }  // namespace specula

@@ -7,7 +7,8 @@
 # of ADAPTIVE_REPS repetitions. Python prompts (as eagle_bench.sh), 128 in / 128 out; concurrency
 # 1 runs 20 requests a run (the TPOT median over them), larger ones 3 batches (output tok/s).
 # With ADAPTIVE_PROFILE=1, one more run each of no speculation and adaptive draft at concurrency
-# 1, temperature 1 under SPECULA_PROFILE=1 (phase times, synchronised).
+# ADAPTIVE_PROFILE_C (1), temperature 1 under SPECULA_PROFILE=1 (phase times, synchronised), and
+# one of adaptive draft with SPECULA_LOGGING_LEVEL=DEBUG (each step's depth; trace_*.log).
 # $OUT receives adaptive_summary.txt (tools/gpu/adaptive_summary.py) and adaptive_logs.tar.gz.
 #   ADAPTIVE_METHODS="draft eagle3 mtp" ADAPTIVE_CONCURRENCY="1 8 64" ADAPTIVE_TEMPS="0 1"
 #   ADAPTIVE_K=5 ADAPTIVE_PINNED="3 5" ADAPTIVE_REPS=2 ADAPTIVE_BUDGET=540
@@ -53,8 +54,12 @@ for c in ${ADAPTIVE_CONCURRENCY:-1 8 64}; do
   done
 done
 if [ "${ADAPTIVE_PROFILE:-0}" = 1 ]; then
-  SPECULA_PROFILE=1 run "profile_nospec" models/specula-tiny 1 1
-  SPECULA_PROFILE=1 run "profile_draft_k${K}adaptive" models/specula-tiny 1 1 --speculative-config "$(spec draft "$K" true)"
+  pc=${ADAPTIVE_PROFILE_C:-1}
+  SPECULA_PROFILE=1 run "profile_c${pc}_nospec" models/specula-tiny "$pc" 1
+  SPECULA_PROFILE=1 run "profile_c${pc}_draft_k${K}adaptive" models/specula-tiny "$pc" 1 \
+    --speculative-config "$(spec draft "$K" true)"
+  SPECULA_LOGGING_LEVEL=DEBUG run "trace_c${pc}_t1_draft_k${K}adaptive" models/specula-tiny "$pc" 1 \
+    --speculative-config "$(spec draft "$K" true)"
 fi
 {
   echo "commit: $(head -1 .gpu/commit.txt 2>/dev/null)"

@@ -63,3 +63,15 @@ for path in profiles:
     text = open(path).read()
     start = text.find("== SPECULA_PROFILE: wall time per phase")
     print("\n".join(text[start:].splitlines()[:40]) if start >= 0 else "(no phase table)")
+
+for path in sorted(glob.glob(os.path.join(work, "trace_*.log"))):
+    print(f"\n== {os.path.basename(path)} (SPECULA_LOGGING_LEVEL=DEBUG)")
+    text = open(path).read()
+    depths = {}
+    for m in re.finditer(r"adaptive depth: \d+ decoding, depth (\d+)( \(\w+ probe\))?", text):
+        key = m.group(1) + (m.group(2) or "")
+        depths[key] = depths.get(key, 0) + 1
+    print("steps per depth: " + ", ".join(f"{k}: {v}" for k, v in sorted(depths.items())))
+    start = text.find("SPECULA_PROFILE: adaptive depth")
+    if start >= 0:
+        print("\n".join(text[start:].splitlines()[:8]))

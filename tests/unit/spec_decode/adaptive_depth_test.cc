@@ -142,8 +142,7 @@ TEST(AdaptiveDepth, ProbesAtTheBestDepthAndRecoversFromABadStart) {
   AdaptiveDepthConfig c;
   c.num_speculative_tokens = 5;
   AdaptiveDepth d(c, std::make_unique<FusedChainCost>());
-  ASSERT_EQ(d.probe_depth(1), 5);  // certain acceptance pays best at full depth
-  EXPECT_FALSE(d.draft_could_pay(1));  // although one draft alone would not
+  ASSERT_EQ(d.probe_depth(1), 5);  // certain acceptance pays best at full depth (one draft would not)
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> u(0.0, 1.0);
   // Verify `depth` drafts each accepted with probability `a` (given the ones before were).
@@ -165,6 +164,38 @@ TEST(AdaptiveDepth, ProbesAtTheBestDepthAndRecoversFromABadStart) {
     if (i >= 1000 && depth >= 3) ++deep;
   }
   EXPECT_GT(deep, 900);
+}
+
+TEST(AdaptiveDepth, FeedsAnEveryStepProposerWhileMeasuringWhetherSpeculationPays) {
+  AdaptiveDepthConfig c;
+  c.num_speculative_tokens = 5;
+  c.prior_acceptance = 0.05;  // off from the start
+  c.probe_interval = 8;
+  AdaptiveDepth d(c, std::make_unique<FusedChainCost>());
+  // No probe has failed yet: fed every step, so that the first probe meets a warm cache.
+  std::vector<bool> fed;
+  for (int i = 1; i <= 8; ++i) {
+    const int depth = d.choose(1);
+    fed.push_back(d.feeds_proposer(1));
+    if (depth > 0) {
+      EXPECT_EQ(i, 8);
+      EXPECT_EQ(depth, 5);
+      d.record_verification(5, 0);  // the probe finds nothing accepted
+    }
+  }
+  EXPECT_EQ(fed, std::vector<bool>(8, true));
+  // The failed probe doubles the interval to 16 and stops the feeding, except for the 8 steps
+  // before the next probe.
+  fed.clear();
+  for (int i = 1; i <= 16; ++i) {
+    const int depth = d.choose(1);
+    fed.push_back(d.feeds_proposer(1));
+    EXPECT_EQ(depth, i == 16 ? 5 : 0);
+  }
+  std::vector<bool> expected(16, false);
+  for (int i = 7; i < 15; ++i) expected[i] = true;
+  expected[15] = false;  // the probe step itself: since_probe is back at 0 (it drafts anyway)
+  EXPECT_EQ(fed, expected);
 }
 
 TEST(OnlineCostModel, TheProposersFixedCostShapesUnmeasuredDepths) {

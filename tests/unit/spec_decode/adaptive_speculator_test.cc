@@ -107,6 +107,34 @@ TEST(AdaptiveSpeculator, StepsWithLongCatchUpsDoNotTeachTheDraftCost) {
   EXPECT_NE(spec.depth().cost().draft_seconds(2, 3), prior) << "a steady step was not learned";
 }
 
+TEST(AdaptiveSpeculator, LearnsTheHostsShareOfAStepBetweenDecodeSteps) {
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  std::vector<std::vector<int32_t>> drafts;
+  EXPECT_DOUBLE_EQ(spec.depth().cost().host_seconds(1), 0.0);
+  // Each step: 1 ms of target forward and 0.2 ms of host work besides the proposer's own time.
+  for (int step = 0; step < 10; ++step) {
+    ProposeBatch b = decode_batch({"a"}, /*verified=*/step > 0);
+    b.target_seconds = 0.001;
+    spec.propose(b, drafts);
+    p->now += 0.0012;
+  }
+  EXPECT_NEAR(spec.depth().cost().host_seconds(1), 0.0002, 1e-9);
+  // A step with a prompt chunk (a request arriving after the engine sat idle) is not host work.
+  ProposeBatch prompt = decode_batch({"a", "b"});
+  prompt.requests[1].sampled = false;
+  spec.propose(prompt, drafts);
+  p->now += 5.0;
+  for (int step = 0; step < 2; ++step) {
+    ProposeBatch b = decode_batch({"a", "b"}, /*verified=*/true);
+    b.target_seconds = 0.001;
+    spec.propose(b, drafts);
+    p->now += 0.0012;
+  }
+  EXPECT_NEAR(spec.depth().cost().host_seconds(2), 0.0002, 1e-9);
+}
+
 TEST(AdaptiveSpeculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
   auto proposer = std::make_unique<CatchUpProposer>();
   CatchUpProposer* p = proposer.get();
