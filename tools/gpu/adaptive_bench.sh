@@ -38,6 +38,14 @@ run() {  # NAME TARGET CONCURRENCY TEMPERATURE [ARGS...]
     --output-len 128 --num-iters "$iters" --num-iters-warmup 1 --max-model-len 1024 --max-num-seqs "$(( c < 8 ? 8 : c ))" "$@" \
     > /dev/null
 }
+if [ "${ADAPTIVE_PROFILE:-0}" = 1 ]; then
+  pc=${ADAPTIVE_PROFILE_C:-1}
+  SPECULA_PROFILE=1 run "profile_c${pc}_nospec" models/specula-tiny "$pc" 1
+  SPECULA_PROFILE=1 run "profile_c${pc}_draft_k${K}adaptive" models/specula-tiny "$pc" 1 \
+    --speculative-config "$(spec draft "$K" true)"
+  SPECULA_LOGGING_LEVEL=DEBUG run "trace_c${pc}_t1_draft_k${K}adaptive" models/specula-tiny "$pc" 1 \
+    --speculative-config "$(spec draft "$K" true)"
+fi
 METHODS=${ADAPTIVE_METHODS:-draft eagle3 mtp}
 for c in ${ADAPTIVE_CONCURRENCY:-1 8 64}; do
   for temp in ${ADAPTIVE_TEMPS:-0 1}; do
@@ -53,14 +61,6 @@ for c in ${ADAPTIVE_CONCURRENCY:-1 8 64}; do
     done
   done
 done
-if [ "${ADAPTIVE_PROFILE:-0}" = 1 ]; then
-  pc=${ADAPTIVE_PROFILE_C:-1}
-  SPECULA_PROFILE=1 run "profile_c${pc}_nospec" models/specula-tiny "$pc" 1
-  SPECULA_PROFILE=1 run "profile_c${pc}_draft_k${K}adaptive" models/specula-tiny "$pc" 1 \
-    --speculative-config "$(spec draft "$K" true)"
-  SPECULA_LOGGING_LEVEL=DEBUG run "trace_c${pc}_t1_draft_k${K}adaptive" models/specula-tiny "$pc" 1 \
-    --speculative-config "$(spec draft "$K" true)"
-fi
 {
   echo "commit: $(head -1 .gpu/commit.txt 2>/dev/null)"
   nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1
