@@ -1,7 +1,6 @@
 #include "spec_decode/adaptive_depth.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "core/error.h"
 
@@ -15,8 +14,6 @@ AdaptiveDepth::AdaptiveDepth(const AdaptiveDepthConfig& config, std::unique_ptr<
   observed_.assign(static_cast<size_t>(config.num_speculative_tokens), 0);
   probe_every_.assign(static_cast<size_t>(OnlineCostModel::bucket_of(1 << 30)) + 1, config.probe_interval);
   since_probe_.assign(probe_every_.size(), 0);
-  probe_floor_.assign(probe_every_.size(), 0);
-  probe_failed_.assign(probe_every_.size(), false);
 }
 
 void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
@@ -62,7 +59,7 @@ double AdaptiveDepth::tokens_per_second(int num_seqs, int depth) const {
 int AdaptiveDepth::best_depth(int num_seqs) const {
   const double plain = tokens_per_second(num_seqs, 0);
   int best = 0;
-  double best_rate = plain * (speculating_ ? config_.min_gain : config_.start_gain);
+  double best_rate = plain * config_.min_gain;
   for (int d = 1; d <= config_.num_speculative_tokens; ++d) {
     const double rate = tokens_per_second(num_seqs, d);
     if (rate > best_rate) {
@@ -79,7 +76,7 @@ int AdaptiveDepth::probe_depth(int num_seqs) const {
   // (the embedded pair on the H200: 2 tokens in 301 us against 1 in 162 us, 4.1 in 497 us). A
   // probe at depth 1 would also leave positions 2..k to the estimate it is there to refresh.
   int best = 0;
-  double best_rate = tokens_per_second(num_seqs, 0) * config_.start_gain;
+  double best_rate = tokens_per_second(num_seqs, 0) * config_.min_gain;
   for (int d = 1; d <= config_.num_speculative_tokens; ++d) {
     const double t =
         cost_->target_seconds(num_seqs, 1 + d) + cost_->draft_seconds(num_seqs, d) + cost_->host_seconds(num_seqs);
@@ -95,17 +92,8 @@ bool AdaptiveDepth::feeds_proposer(int num_seqs) const {
   num_seqs = std::max(1, num_seqs);
   if (probe_depth(num_seqs) == 0) return false;
   const size_t bucket = static_cast<size_t>(OnlineCostModel::bucket_of(num_seqs));
-  return !probe_failed_[bucket] || since_probe_[bucket] + config_.probe_interval >= probe_every_[bucket];
-}
-
-void AdaptiveDepth::record_probe_cost(int num_seqs, double seconds) {
-  num_seqs = std::max(1, num_seqs);
-  const double plain = cost_->target_seconds(num_seqs, 1) + cost_->host_seconds(num_seqs);
-  if (!(plain > 0.0) || !(seconds > 0.0) || config_.probe_budget <= 0.0) return;
-  const size_t bucket = static_cast<size_t>(OnlineCostModel::bucket_of(num_seqs));
-  const double steps = std::ceil(seconds / (config_.probe_budget * plain));
-  const int floor = static_cast<int>(std::min<double>(steps, std::max(config_.probe_interval, config_.max_probe_interval)));
-  probe_floor_[bucket] = floor;  // the latest probe's: a first one may have paid one-off costs
+  const int every = probe_every_[bucket];
+  return every <= config_.probe_interval || since_probe_[bucket] + config_.probe_interval >= every;
 }
 
 int AdaptiveDepth::current(int num_seqs) const {
@@ -123,16 +111,12 @@ int AdaptiveDepth::choose(int num_seqs) {
   // no speculation there means probe that bucket half as often; speculation means start afresh.
   if (probe_bucket_ >= 0) {
     int& every = probe_every_[static_cast<size_t>(probe_bucket_)];
-    const bool failed = best_depth(probe_num_seqs_) == 0;
-    probe_failed_[static_cast<size_t>(probe_bucket_)] = failed;
-    every = failed ? std::max(std::min(2 * every, std::max(config_.probe_interval, config_.max_probe_interval)),
-                              probe_floor_[static_cast<size_t>(probe_bucket_)])
-                   : config_.probe_interval;
+    every = best_depth(probe_num_seqs_) == 0 ? std::min(2 * every, std::max(config_.probe_interval, config_.max_probe_interval))
+                                             : config_.probe_interval;
     probe_bucket_ = -1;
   }
   plain_probe_ = false;
   int depth = best_depth(num_seqs);
-  speculating_ = depth > 0;
   const size_t bucket = static_cast<size_t>(OnlineCostModel::bucket_of(num_seqs));
   if (config_.probe_interval > 0 && ++since_probe_[bucket] >= probe_every_[bucket]) {
     since_probe_[bucket] = 0;

@@ -39,12 +39,6 @@ struct AdaptiveDepthConfig {
   // (the draft mirroring new prompts, per-step bookkeeping) all counts against speculation
   // (3 % was too little: docs/PERFORMANCE.md).
   double min_gain = 1.10;
-  // ... and for 20 % more to turn it on from depth 0: that first runs every request's tokens since
-  // it last drafted through the draft (the embedded draft model took 1-10 ms for 4-8 requests on
-  // the H200, 5-50 plain steps), and a probe's few verifications are a small sample (at
-  // temperature 1 speculation flipped on and off after lucky probes, 0.87-0.91x of none at 8
-  // requests).
-  double start_gain = 1.20;
   // Steps between probes (a plain step while speculating, a depth-1 step while not), per batch
   // bucket. A probe from depth 0 that does not turn speculation on doubles that bucket's interval
   // up to max_probe_interval: under load a probe costs a verification and the draft's catch-up
@@ -56,12 +50,6 @@ struct AdaptiveDepthConfig {
   // pair's first request left a_1 at 0.65 (0.85 over the run) and adaptive k = 5 at depth 0 for
   // the rest of the run, where pinned k = 5 is 1.5x faster.
   double probe_weight = 0.25;
-  // The share of the time probes may take: a probe's measured cost (its proposer call, catch-up
-  // included) keeps its bucket's interval after a failed probe at no less than
-  // cost / (probe_budget x a plain step).
-  // A probe of 4 requests at 8 took 0.7-10 ms against 0.2 ms steps on the H200: every 32 steps
-  // that alone was 10 % of the time.
-  double probe_budget = 0.02;
 };
 
 class AdaptiveDepth {
@@ -72,8 +60,6 @@ class AdaptiveDepth {
   void record_verification(int num_drafts, int num_accepted);
   // The depth for a step over num_seqs requests (advances the probe clock).
   int choose(int num_seqs);
-  // The proposer's time in a probe from depth 0 (draft_probe()) over num_seqs requests.
-  void record_probe_cost(int num_seqs, double seconds);
   // The depth in force without choosing anew (a step with no decoding request, whose prompt
   // chunks the draft mirrors only while speculation is on): the best for num_seqs requests, no
   // probe.
@@ -111,13 +97,10 @@ class AdaptiveDepth {
   std::vector<double> accept_;     // conditional acceptance per position
   std::vector<int64_t> observed_;  // verified drafts per position
   std::vector<int> probe_every_;      // per batch bucket (OnlineCostModel::bucket_of)
-  std::vector<int> probe_floor_;      // per batch bucket: the least interval the probes' cost allows
-  std::vector<bool> probe_failed_;    // per batch bucket: its last probe from depth 0 did not pay
   std::vector<int> since_probe_;      // steps since that bucket's last probe
   int probe_bucket_ = -1;             // the previous step probed from depth 0 in this bucket
   int probe_num_seqs_ = 0;
   bool plain_probe_ = false;
-  bool speculating_ = false;          // the last choice other than a probe was a depth > 0
 };
 
 }  // namespace specula

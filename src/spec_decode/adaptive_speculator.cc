@@ -132,7 +132,6 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   proposer_->propose(batch, drafts);
   const double seconds = clock_() - t0;
   last_proposer_seconds_ = seconds;
-  if (depth_.draft_probe()) depth_.record_probe_cost(num_decoding, seconds);
   int drafting = 0, most = 0;
   for (const std::vector<int32_t>& d : drafts) {
     drafting += d.empty() ? 0 : 1;

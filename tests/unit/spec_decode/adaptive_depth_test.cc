@@ -198,59 +198,6 @@ TEST(AdaptiveDepth, FeedsAnEveryStepProposerWhileMeasuringWhetherSpeculationPays
   EXPECT_EQ(fed, expected);
 }
 
-TEST(AdaptiveDepth, CostlyProbesComeRarely) {
-  AdaptiveDepthConfig c;
-  c.num_speculative_tokens = 5;
-  c.prior_acceptance = 0.05;  // off from the start
-  AdaptiveDepth d(c, std::make_unique<FusedChainCost>());
-  // The first probe comes after 32 steps and costs 16.2 ms (its catch-up of long contexts), 100
-  // plain steps of 162 us: at a 2 % budget the next one waits 5000 steps, capped at 1024.
-  int first = 0, second = 0;
-  for (int i = 1; i <= 2000 && second == 0; ++i) {
-    const int depth = d.choose(1);
-    if (depth == 0) continue;
-    if (first == 0) {
-      first = i;
-      d.record_probe_cost(1, 0.0162);
-      d.record_verification(depth, 0);
-    } else {
-      second = i;
-    }
-  }
-  EXPECT_EQ(first, 32);
-  EXPECT_EQ(second, 32 + 1024);
-}
-
-TEST(AdaptiveDepth, TurningSpeculationOnAsksForMoreThanKeepingItOn) {
-  // One draft costs half a plain step, verifying it nothing: depth 1 gives (1 + a_1) / 1.5 of
-  // plain decoding, 1.15x at a_1 = 0.725.
-  class Cost : public StepCostModel {
-   public:
-    double target_seconds(int, int) const override { return 0.001; }
-    double draft_seconds(int, int depth) const override { return 0.0005 * depth; }
-  };
-  AdaptiveDepthConfig c;
-  c.num_speculative_tokens = 1;
-  c.prior_acceptance = 0.95;
-  c.probe_interval = 0;
-  AdaptiveDepth d(c, std::make_unique<Cost>());
-  std::mt19937 rng(11);
-  std::bernoulli_distribution accept;
-  auto settle = [&](double a) {
-    accept = std::bernoulli_distribution(a);
-    for (int i = 0; i < 3000; ++i) d.record_verification(1, accept(rng) ? 1 : 0);
-  };
-  EXPECT_EQ(d.choose(1), 1);  // 1.3x: on
-  settle(0.725);
-  EXPECT_EQ(d.choose(1), 1);  // 1.15x: kept on
-  settle(0.45);
-  EXPECT_EQ(d.choose(1), 0);  // 0.97x: off
-  settle(0.725);
-  EXPECT_EQ(d.choose(1), 0);  // 1.15x: not enough to turn it on again
-  settle(0.95);
-  EXPECT_EQ(d.choose(1), 1);
-}
-
 TEST(OnlineCostModel, TheProposersFixedCostShapesUnmeasuredDepths) {
   OnlineCostModel m(8, 0.25, 0.2, 3.0);  // draft(d) ~ d + 3
   m.record_draft(1, 1, 0.004);
