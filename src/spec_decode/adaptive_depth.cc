@@ -41,10 +41,11 @@ std::vector<double> AdaptiveDepth::acceptance() const {
 }
 
 double AdaptiveDepth::expected_tokens(int depth) const {
-  const std::vector<double> a = acceptance();
-  double e = 1.0, run = 1.0;
-  for (int i = 0; i < depth && i < static_cast<int>(a.size()); ++i) {
-    run *= a[i];
+  // acceptance() without its copy: this runs for every depth of every step.
+  double e = 1.0, run = 1.0, a = 0.0;
+  for (int i = 0; i < depth && i < static_cast<int>(accept_.size()); ++i) {
+    if (i == 0 || observed_[i] > 0) a = accept_[i];
+    run *= a;
     e += run;
   }
   return e;

@@ -144,9 +144,10 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   const int64_t steady_catch_up = static_cast<int64_t>(batch.requests.size()) * (config_.num_speculative_tokens + 1);
   const bool recorded = drafting > 0 && steady && proposer_->last_catch_up_tokens() <= steady_catch_up;
   if (recorded) depth_.cost().record_draft(drafting, most, seconds);
-  LOG_DEBUG("adaptive depth: {} decoding, depth {}{}, drafted {} x {}, proposer {:.1f} us{}, acceptance {:.2f}",
-            num_decoding, batch.depth, depth_.plain_probe() ? " (plain probe)" : depth_.draft_probe() ? " (draft probe)" : "",
-            drafting, most, 1e6 * seconds, recorded ? " (recorded)" : "", fmt::join(depth_.acceptance(), " "));
+  if (spdlog::default_logger_raw()->should_log(spdlog::level::debug))  // acceptance() copies
+    LOG_DEBUG("adaptive depth: {} decoding, depth {}{}, drafted {} x {}, proposer {:.1f} us{}, acceptance {:.2f}",
+              num_decoding, batch.depth, depth_.plain_probe() ? " (plain probe)" : depth_.draft_probe() ? " (draft probe)" : "",
+              drafting, most, 1e6 * seconds, recorded ? " (recorded)" : "", fmt::join(depth_.acceptance(), " "));
   return batch.depth;
 }
 

@@ -65,8 +65,11 @@ double OnlineCostModel::host_seconds(int num_seqs) const {
 
 std::optional<std::pair<int, int>> OnlineCostModel::nearest(const std::vector<std::vector<Entry>>& table, int bucket,
                                                             int col) {
-  // Same bucket first (rows and depths are cheap to extrapolate with the prior), then
-  // neighbouring buckets.
+  // The key itself when measured (the common case, and what every step asks a few times);
+  // otherwise the same bucket first (rows and depths are cheap to extrapolate with the prior),
+  // then neighbouring buckets.
+  if (bucket < static_cast<int>(table.size()) && col < static_cast<int>(table[bucket].size()) && table[bucket][col].measured)
+    return std::make_pair(bucket, col);
   std::optional<std::pair<int, int>> best;
   int best_d = 1 << 30;
   for (int b = 0; b < static_cast<int>(table.size()); ++b) {
