@@ -16,6 +16,7 @@
 #include "sampling/sampling_math.h"
 #include "model/deepseek_mtp.h"
 #include "model/weight_source.h"
+#include "unit/app/forwarding_proposer.h"
 #include "unit/app/mtp_test_util.h"
 #include "spec_decode/mtp_proposer.h"
 #include "spec_decode/proposer_registry.h"
@@ -35,26 +36,19 @@ struct Proposal {
   int inherited = 0;                  // positions taken from shared blocks
 };
 
-class RecordingProposer : public Proposer {
+class RecordingProposer : public testing::ForwardingProposer {
  public:
   RecordingProposer(std::unique_ptr<Proposer> inner, std::vector<Proposal>* out, int64_t* uniform_catch_ups,
                     int64_t* chains)
-      : inner_(std::move(inner)), mtp_(dynamic_cast<MtpProposer*>(inner_.get())), out_(out),
+      : ForwardingProposer(std::move(inner)), mtp_(dynamic_cast<MtpProposer*>(&this->inner())), out_(out),
         uniform_catch_ups_(uniform_catch_ups), chains_(chains) {
     EXPECT_NE(mtp_, nullptr);
   }
-  std::string_view method() const override { return inner_->method(); }
-  KVCacheSpec kv_cache_spec() const override { return inner_->kv_cache_spec(); }
-  void allocate_kv_cache(int num_blocks, int block_size) override { inner_->allocate_kv_cache(num_blocks, block_size); }
-  void drop_request(std::string_view id) override { inner_->drop_request(id); }
-  const Tensor* draft_probs() const override { return inner_->draft_probs(); }
-  int draft_probs_row(std::string_view id) const override { return inner_->draft_probs_row(id); }
-  double relative_step_cost() const override { return inner_->relative_step_cost(); }
 
   void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
     ProposeBatch b = batch;
     if (++calls_ % 2 == 0) b.depth = 0;  // a step without drafts must still be consumed
-    inner_->propose(b, drafts);
+    inner().propose(b, drafts);
     *uniform_catch_ups_ = mtp_->num_uniform_catch_ups();
     *chains_ = mtp_->num_greedy_chains();
     for (size_t i = 0; i < b.requests.size(); ++i) {
@@ -66,8 +60,8 @@ class RecordingProposer : public Proposer {
       Proposal p{std::string(r.req_id), {r.tokens.begin(), r.tokens.end()}, r.num_prompt_tokens, *r.params, r.seed,
                  drafts[i], {}, mtp_->num_inherited(r.req_id)};
       if (!r.params->greedy()) {
-        const Tensor& q = *inner_->draft_probs();
-        const int64_t v = q.size(1), row = inner_->draft_probs_row(r.req_id);
+        const Tensor& q = *draft_probs();
+        const int64_t v = q.size(1), row = draft_probs_row(r.req_id);
         for (size_t j = 0; j < drafts[i].size(); ++j) {
           const float* src = q.data_as<float>() + (row + static_cast<int64_t>(j)) * v;
           p.q.emplace_back(src, src + v);
@@ -78,7 +72,6 @@ class RecordingProposer : public Proposer {
   }
 
  private:
-  std::unique_ptr<Proposer> inner_;
   MtpProposer* mtp_;
   std::vector<Proposal>* out_;
   int64_t* uniform_catch_ups_;

@@ -24,6 +24,7 @@
 #include "spec_decode/mtp_proposer.h"
 #include "spec_decode/proposer_registry.h"
 #include "test_paths.h"
+#include "unit/app/forwarding_proposer.h"
 #include "unit/app/mtp_test_util.h"
 #include "unit/spec_decode/reference_fixture.h"
 
@@ -39,19 +40,10 @@ struct Acceptance {
 // Forwards every step to the registered proposer except, when `shed`, those in which a request is
 // in its steps [kShedFrom, kShedTo): the proposer never sees them (drafts: none). Counts the drafts
 // of the steps after kShedTo that the next step accepted (its tokens begin with them).
-class SheddingProposer : public Proposer {
+class SheddingProposer : public ForwardingProposer {
  public:
   SheddingProposer(std::unique_ptr<Proposer> inner, bool shed, Acceptance* after)
-      : inner_(std::move(inner)), shed_(shed), after_(after) {}
-  std::string_view method() const override { return inner_->method(); }
-  KVCacheSpec kv_cache_spec() const override { return inner_->kv_cache_spec(); }
-  void allocate_kv_cache(int num_blocks, int block_size) override { inner_->allocate_kv_cache(num_blocks, block_size); }
-  size_t capture_graphs(const std::vector<int>& batch_sizes) override { return inner_->capture_graphs(batch_sizes); }
-  void drop_request(std::string_view id) override { inner_->drop_request(id); }
-  const Tensor* draft_probs() const override { return inner_->draft_probs(); }
-  int draft_probs_row(std::string_view id) const override { return inner_->draft_probs_row(id); }
-  double relative_step_cost() const override { return inner_->relative_step_cost(); }
-  bool needs_every_step() const override { return inner_->needs_every_step(); }
+      : ForwardingProposer(std::move(inner)), shed_(shed), after_(after) {}
 
   void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
     drafts.assign(batch.requests.size(), {});
@@ -71,7 +63,7 @@ class SheddingProposer : public Proposer {
       shed = shed || (shed_ && r.sampled && s.step >= kShedFrom && s.step < kShedTo);
     }
     if (shed) return;
-    inner_->propose(batch, drafts);
+    inner().propose(batch, drafts);
     for (size_t i = 0; i < batch.requests.size(); ++i) {
       State& s = states_[std::string(batch.requests[i].req_id)];
       s.drafts = drafts[i];
@@ -85,7 +77,6 @@ class SheddingProposer : public Proposer {
     std::vector<int32_t> drafts;
     size_t length = 0;
   };
-  std::unique_ptr<Proposer> inner_;
   bool shed_;
   Acceptance* after_;
   std::map<std::string, State, std::less<>> states_;
