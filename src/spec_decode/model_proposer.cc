@@ -31,15 +31,19 @@ SamplingRow draft_sampling_row(const ProposerRequest& r, int logits_row, int pos
 }
 
 // The proposer's own paged cache on the target's blocks: one layer per spec layer, zeroed on a
-// device as the target's cache is (model_runner.cc), left to the OS's zero pages on the host.
+// device as the target's cache is (model_runner.cc). On the host it is left to the OS's zero pages
+// (touched only as the cache fills) unless `reads_unwritten`: a hidden-state proposer reads
+// entries it never wrote (positions a request inherited from shared blocks or skipped while
+// shed), which recycled host memory made garbage (eagle3 on the CPU accepted 0.15 of the drafts
+// after a shed stretch inside the test suite against 0.70 in a fresh process).
 std::vector<KVCacheLayer> allocate_kv_layers(Backend& backend, const KVCacheSpec& spec, int num_blocks,
-                                             int block_size) {
+                                             int block_size, bool reads_unwritten) {
   const DType dtype = backend.compute_dtype();
   std::vector<KVCacheLayer> kv(static_cast<size_t>(spec.num_layers));
   for (KVCacheLayer& layer : kv) {
     layer.k = backend.empty({num_blocks, block_size, spec.num_kv_heads, spec.head_dim}, dtype);
     layer.v = backend.empty({num_blocks, block_size, spec.num_kv_heads, spec.v_head_dim}, dtype);
-    if (backend.device() != Device::kCPU) {
+    if (backend.device() != Device::kCPU || reads_unwritten) {
       backend.zero(layer.k);
       if (layer.v.numel() > 0) backend.zero(layer.v);  // MLA caches have no V
     }
@@ -84,7 +88,7 @@ void ModelProposer::allocate_kv_cache(int num_blocks, int block_size) {
                 num_blocks, block_size);
   block_size_ = block_size;
   kv_cache_name_ = fmt::format("{} K/V", method());
-  kv_ = allocate_kv_layers(backend_, kv_cache_spec(), num_blocks, block_size);
+  kv_ = allocate_kv_layers(backend_, kv_cache_spec(), num_blocks, block_size, reads_target_hidden());
   max_blocks_per_seq_ = ceil_div(config_.max_model_len + config_.num_speculative_tokens, block_size);
   const int64_t t = config_.max_num_batched_tokens, s = config_.max_num_seqs;
   catch_up_.allocate(backend_, config_.max_num_batched_tokens, config_.max_num_seqs, max_blocks_per_seq_);
