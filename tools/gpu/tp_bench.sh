@@ -13,9 +13,10 @@
 #   4. with TP_70B="4" (sizes): Llama-3.1-70B's load time and batch-1 TPOT at those sizes, with
 #      the custom all-reduce, NCCL-only and eagerly (unless TP_SKIP has nccl70 / eager70), and with the
 #      public EAGLE-3 head's shape drafting k = 3 (pinned; dummy heads accept nothing, so the TPOT
-#      measured is the speculative step's cost).
+#      measured is the speculative step's cost);
+#   5. with TP_DEEPSEEK="1 2 4": DeepSeek-V2-Lite's batch-1 TPOT at those sizes.
 # $OUT receives tp_summary.txt (tools/gpu/tp_summary.py) and tp_logs.tar.gz.
-#   TP_REPS=2 TP_VARIANTS="tp1 tp2" TP_SKIP="tests roofline 8b b64 nccl70 eager70" TP_70B="4" TP_BUDGET=540
+#   TP_REPS=2 TP_VARIANTS="tp1 tp2" TP_B64_VARIANTS="tp1 tp4" TP_SKIP="tests roofline 8b b64 nccl70 eager70" TP_70B="4" TP_BUDGET=540
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -58,7 +59,7 @@ if ! skipped 8b; then
     done
   done
   if ! skipped b64; then
-    for v in tp1 tp2 tp2_nccl; do
+    for v in ${TP_B64_VARIANTS:-tp1 tp2 tp2_nccl}; do
       bench "b64_8b_${v}" 100 latency "$LLAMA8" "${opts[@]}" $(variant_args $v) --batch-size 64 --input-len 128 \
         --output-len 256 --num-iters 2 --num-iters-warmup 1 --max-num-seqs 64
     done
@@ -73,6 +74,15 @@ for n in ${TP_70B:-}; do
   bench "b1_70b_tp${n}_eagle3_k3" 240 latency "$LLAMA70" "${opts[@]}" -tp "$n" "${b1[@]}" --temperature 0 \
     --speculative-config "{\"method\":\"eagle3\",\"model\":\"$HEAD70\",\"num_speculative_tokens\":3,\"adaptive\":false}"
   skipped eager70 || bench "b1_70b_tp${n}_eager" 240 latency "$LLAMA70" "${opts[@]}" -tp "$n" --enforce-eager "${b1[@]}"
+done
+
+# TP_DEEPSEEK="1 2 4": DeepSeek-V2-Lite (MLA split by heads, every expert by channels) at those
+# sizes, batch-1 TPOT alternated TP_REPS times.
+V2LITE=bench/configs/DeepSeek-V2-Lite
+for rep in $(seq 1 "${TP_REPS:-2}"); do
+  for n in ${TP_DEEPSEEK:-}; do
+    bench "b1_v2lite_tp${n}_r$rep" 120 latency "$V2LITE" "${opts[@]}" -tp "$n" "${b1[@]}"
+  done
 done
 
 {

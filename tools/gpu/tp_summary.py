@@ -12,7 +12,7 @@ import sys
 
 work = sys.argv[1]
 configs = {"8b": "bench/configs/Llama-3.1-8B-Instruct/config.json",
-           "70b": "bench/configs/Llama-3.1-70B-Instruct/config.json"}
+           "70b": "bench/configs/Llama-3.1-70B-Instruct/config.json"}  # v2lite (MoE): no roofline here
 
 
 def weight_bytes(path):
@@ -38,7 +38,7 @@ else:
 
 runs = {}
 for path in sorted(glob.glob(os.path.join(work, "*.json"))):
-    m = re.match(r"(b1|b64)_(8b|70b)_(tp\d+(?:_eager|_nccl|_eagle3_k\d+)?)(?:_r(\d+))?\.json", os.path.basename(path))
+    m = re.match(r"(b1|b64)_(8b|70b|v2lite)_(tp\d+(?:_eager|_nccl|_eagle3_k\d+)?)(?:_r(\d+))?\.json", os.path.basename(path))
     if m:
         runs.setdefault((m.group(1), m.group(2), m.group(3)), []).append((int(m.group(4) or 1), json.load(open(path))))
 
@@ -48,14 +48,14 @@ for (kind, model, variant), rs in sorted(runs.items()):
     if kind != "b1":
         continue
     n = int(re.match(r"tp(\d+)", variant).group(1))
-    per_gpu = weight_bytes(configs[model]) / n
+    per_gpu = weight_bytes(configs[model]) / n if model in configs else None
     for rep, j in sorted(rs):
         t = j["tpot_ms"]
         medians.setdefault((model, variant), []).append(t["median"])
-        r = per_gpu / (roof * 1e12) * 1e3 if roof else None
+        r = per_gpu / (roof * 1e12) * 1e3 if roof and per_gpu else None
         extra = f"   per-GPU roofline {r:.3f} ms -> {100 * r / t['median']:.0f}%" if r else ""
-        print(f"  {model:4s} {variant:14s} r{rep}: {t['p10']:.3f} / {t['median']:.3f} / {t['p90']:.3f}{extra}")
-for model in ("8b", "70b"):
+        print(f"  {model:6s} {variant:14s} r{rep}: {t['p10']:.3f} / {t['median']:.3f} / {t['p90']:.3f}{extra}")
+for model in ("8b", "70b", "v2lite"):
     base = medians.get((model, "tp1"))
     for (m, variant), v in sorted(medians.items()):
         if m == model and base and variant != "tp1":

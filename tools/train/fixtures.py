@@ -8,6 +8,9 @@ shipped bf16 checkpoint, named as tests/fixtures/models/*/reference.safetensors:
   logits_pos_i  I32 [4]     which positions (T-4 .. T-1)
   greedy_i      I32 [32]    greedy continuation (argmax, recomputed over the whole sequence each step,
                             not stopped at end-of-text)
+  greedy_margin_i F32 [32]  at each greedy step, (top-1 - top-2 logit) / max |logit|: where this is
+                            small a bf16 engine may pick the runner-up (a near-tie), see
+                            tests/unit/spec_decode/reference_fixture.h
 and for specula-tiny-moe
   mtp_logits_i  F32 [4, V]  the MTP layer's logits at the same positions p: inputs h_p (main model's
                             final hidden state after model.norm) and the embedding of token p+1,
@@ -43,16 +46,18 @@ SAMPLE_CHAT = [{"role": "user", "content": "Write the Python module utils/string
 
 @torch.no_grad()
 def greedy(model, ids, n, stop=()):
-    margins = []
+    """The greedy continuation, and each step's top-two margin in logits and relative to max |logit|."""
+    margins, relative = [], []
     out = list(ids)
     for _ in range(n):
         last = model(input_ids=torch.tensor([out]), use_cache=False).logits[0, -1].float()
         top2 = last.topk(2).values
         margins.append((top2[0] - top2[1]).item())
+        relative.append(margins[-1] / last.abs().max().item())
         out.append(int(last.argmax()))
         if out[-1] in stop:
             break
-    return out[len(ids):], margins
+    return out[len(ids):], margins, relative
 
 
 def model_reference(kind, models_root, out_root, tok):
@@ -69,13 +74,14 @@ def model_reference(kind, models_root, out_root, tok):
             x = torch.tensor([ids])
             out = model(input_ids=x, use_cache=False)
             logits = out.logits[0].float()
-            gen, m = greedy(model, ids, N_GREEDY)
+            gen, m, relative = greedy(model, ids, N_GREEDY)
             margins += m
             pos = list(range(t - N_LAST, t))
             tensors[f"prompt_{i}"] = torch.tensor(ids, dtype=torch.int32)
             tensors[f"logits_{i}"] = logits[pos].contiguous()
             tensors[f"logits_pos_{i}"] = torch.tensor(pos, dtype=torch.int32)
             tensors[f"greedy_{i}"] = torch.tensor(gen, dtype=torch.int32)
+            tensors[f"greedy_margin_{i}"] = torch.tensor(relative, dtype=torch.float32)
             if mtp is not None:
                 h = model.model(input_ids=x, use_cache=False).last_hidden_state
                 next_ids = torch.tensor([ids[1:] + [gen[0]]])
@@ -100,12 +106,12 @@ def model_reference(kind, models_root, out_root, tok):
 def write_sample(model, tok, out_dir, kind):
     stop = (ENDOFTEXT_ID, IM_END_ID)
     ids = tok.encode(SAMPLE_PROMPT).ids
-    gen, _ = greedy(model, ids, 160, stop)
+    gen, _, _ = greedy(model, ids, 160, stop)
     from source_corpus import render_chat
 
     chat = render_chat(SAMPLE_CHAT) + "<|im_start|>assistant\n"
     chat_ids = tok.encode(chat).ids
-    chat_gen, _ = greedy(model, chat_ids, 200, stop)
+    chat_gen, _, _ = greedy(model, chat_ids, 200, stop)
     with open(os.path.join(out_dir, "sample.txt"), "w", encoding="utf-8") as f:
         f.write(f"# {NAMES[kind]}: greedy generation (transformers, fp32, CPU), up to 160 tokens or an end token.\n")
         f.write("# ---- prompt + continuation ----\n")
@@ -166,6 +172,28 @@ def tokenizer_reference(models_root, out_root):
     differ = sum(c["ids"] != c["transformers_ids"] for c in cases)
     log(f"fixture tokenizer: {len(cases)} cases (transformers differs on {differ}), "
         f"{len(chats)} chat cases ({sum('error' in c for c in chats)} raise)")
+
+
+def add_greedy_margins(kinds, models_root, fixtures_root, out_root):
+    """Adds greedy_margin_i to existing reference fixtures, leaving every other tensor as it was
+    (the greedy tokens are recomputed and must be the stored ones)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    for kind in kinds:
+        path = os.path.join(fixtures_root, NAMES[kind], "reference.safetensors")
+        tensors = load_file(path)
+        with safe_open(path, "pt") as f:
+            metadata = f.metadata()
+        model, _ = load_hf(os.path.join(models_root, NAMES[kind]), torch.float32, "eager", "cpu")
+        for i in range(len(PROMPTS)):
+            gen, _, relative = greedy(model, tensors[f"prompt_{i}"].tolist(), N_GREEDY)
+            assert gen == tensors[f"greedy_{i}"].tolist(), f"{kind} prompt {i}: greedy tokens changed"
+            tensors[f"greedy_margin_{i}"] = torch.tensor(relative, dtype=torch.float32)
+            log(f"fixture {kind} prompt {i}: smallest relative greedy margins "
+                f"{sorted(round(r, 5) for r in relative)[:3]}")
+        os.makedirs(os.path.join(out_root, NAMES[kind]), exist_ok=True)
+        save_file(tensors, os.path.join(out_root, NAMES[kind], "reference.safetensors"), metadata=metadata)
 
 
 def make_fixtures(kinds, models_root, out_root):

@@ -90,10 +90,13 @@ def cmd_evaluate(args):
 
 
 def cmd_fixtures(args):
-    from fixtures import make_fixtures
+    from fixtures import add_greedy_margins, make_fixtures
 
     kinds = args.models.split(",")
     out_root = os.path.join(REPO, "tests", "fixtures", "embedded")
+    if args.add_greedy_margins:
+        add_greedy_margins(kinds, os.path.join(REPO, "models"), out_root, args.add_greedy_margins)
+        return
     others = [k for k in kinds if k != "eagle3"]
     if others:
         make_fixtures(others, os.path.join(REPO, "models"), out_root)
@@ -120,6 +123,8 @@ def main():
     p = sub.add_parser("fixtures")
     p.add_argument("--models", default="tiny,draft,moe")
     p.add_argument("--data", default="/tmp/specula_data", help="its val.npy gives eagle3's fixture prompts")
+    p.add_argument("--add-greedy-margins", metavar="OUT_DIR",
+                   help="only add greedy_margin_i to the existing fixtures, written under OUT_DIR")
     args = ap.parse_args()
     {"prepare": cmd_prepare, "train": cmd_train, "evaluate": cmd_evaluate, "fixtures": cmd_fixtures}[args.cmd](args)
 

@@ -1,6 +1,6 @@
 // -tp on GPUs (one rank per GPU, NCCL): the embedded target split over 2 (and 4, where there are
-// 4 GPUs) ranks serves transformers' greedy continuations (the reference keeps a margin between
-// the top two logits, so bf16 cannot flip them), with draft_model (on GPU 0 or split like the
+// 4 GPUs) ranks serves transformers' greedy continuations (leaving them only at a bf16 near-tie,
+// reference_fixture.h), with draft_model (on GPU 0 or split like the
 // target) and eagle3 drafting for it, and with async scheduling, all with CUDA graphs (one per
 // GPU, replayed together); specula-tiny-moe (DeepSeek) the same, with MTP; asking for more ranks
 // than GPUs is an error at create.

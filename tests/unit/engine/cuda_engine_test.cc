@@ -57,9 +57,9 @@ std::vector<std::vector<int32_t>> run_engine(EngineConfig c, bool eager,
   return out;
 }
 
-// The bar: the embedded models' greedy continuations on the GPU equal transformers' (the
-// reference generator kept a margin between the top two logits, so bf16 cannot flip them), with
-// and without decode graphs, the reference prompts running as one batch.
+// The bar: the embedded models' greedy continuations on the GPU equal transformers' (up
+// to a bf16 near-tie, reference_fixture.h), with and without decode graphs, the reference prompts
+// running as one batch.
 TEST(CudaEngine, EmbeddedModelsGreedyEqualsTransformersWithAndWithoutGraphs) {
   SKIP_WITHOUT_GPU();
   for (const char* name : {"specula-tiny", "specula-tiny-draft"}) {
@@ -71,7 +71,7 @@ TEST(CudaEngine, EmbeddedModelsGreedyEqualsTransformersWithAndWithoutGraphs) {
     for (bool eager : {true, false}) {
       const auto got = run_engine(c, eager, ref.prompts, static_cast<int>(ref.greedy[0].size()));
       for (size_t i = 0; i < ref.prompts.size(); ++i)
-        EXPECT_EQ(got[i], ref.greedy[i]) << name << " prompt " << i << (eager ? " (eager)" : " (graphs)");
+        EXPECT_TRUE(testing::greedy_matches(got[i], ref, i, testing::kBf16NearTie)) << name << " prompt " << i << (eager ? " (eager)" : " (graphs)");
     }
   }
 }
