@@ -19,7 +19,11 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   return v;
 }
 
-// Block b sums the 16-byte units [b * per_block, (b + 1) * per_block) of `data`.
+// Block b sums the 16-byte units [b * per_block, (b + 1) * per_block) of `data`. Every launch has
+// kPeerMaxBlocks blocks, so that every block's epoch (and with it the staging buffer's parity) is
+// the call count: were a block's epoch to lag behind block 0's, its buffer could be the one that
+// a peer still reads at the same offsets for another block of the previous call (block slices
+// move with the tensor's size). Blocks past the tensor only raise their flags.
 template <class T>
 __global__ void __launch_bounds__(kThreads)
     peer_all_reduce_kernel(PeerAllReduceView v, uint4* __restrict__ data, int64_t units, int64_t per_block) {
@@ -31,6 +35,11 @@ __global__ void __launch_bounds__(kThreads)
   const uint32_t epoch = epoch_shared;
   const int buf = static_cast<int>(epoch & 1u);
   const int64_t first = b * per_block, last = min(units, first + per_block);
+  if (first >= last) {  // no slice: the flags keep the peers' waits for this block in step
+    if (threadIdx.x < v.size) store_release(v.flags[threadIdx.x] + b * kPeerMaxRanks + v.rank, epoch);
+    if (threadIdx.x == 0) v.epochs[b] = epoch;
+    return;
+  }
 
   uint4* mine = static_cast<uint4*>(v.staging[v.rank][buf]);
   for (int64_t i = first + threadIdx.x; i < last; i += blockDim.x) mine[i] = data[i];
@@ -68,14 +77,15 @@ cudaError_t launch_peer_all_reduce(const PeerAllReduceView& view, void* data, in
   const int64_t bytes = n * static_cast<int64_t>(dtype_size(dtype));
   if (bytes == 0) return cudaSuccess;
   const int64_t units = bytes / 16;
-  // A block per 512 units (8 KB) up to kPeerMaxBlocks: a batch-1 row of 4096 bf16 is one block.
-  const int64_t blocks = std::clamp<int64_t>((units + kThreads - 1) / kThreads, 1, kPeerMaxBlocks);
-  const int64_t per_block = (units + blocks - 1) / blocks;
+  // A slice of 512 units (8 KB) per block up to kPeerMaxBlocks slices: a batch-1 row of 4096 bf16
+  // is one; the other blocks only keep their epochs in step.
+  const int64_t slices = std::clamp<int64_t>((units + kThreads - 1) / kThreads, 1, kPeerMaxBlocks);
+  const int64_t per_block = (units + slices - 1) / slices;
   auto* d = static_cast<uint4*>(data);
   if (dtype == DType::kBF16) {
-    peer_all_reduce_kernel<bf16><<<static_cast<int>(blocks), kThreads, 0, stream>>>(view, d, units, per_block);
+    peer_all_reduce_kernel<bf16><<<kPeerMaxBlocks, kThreads, 0, stream>>>(view, d, units, per_block);
   } else if (dtype == DType::kF32) {
-    peer_all_reduce_kernel<float><<<static_cast<int>(blocks), kThreads, 0, stream>>>(view, d, units, per_block);
+    peer_all_reduce_kernel<float><<<kPeerMaxBlocks, kThreads, 0, stream>>>(view, d, units, per_block);
   } else {
     return cudaErrorInvalidValue;
   }

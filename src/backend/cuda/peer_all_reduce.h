@@ -9,10 +9,11 @@
 // ranks get bitwise the same result.
 //
 // Ordering: each block of the kernel owns one slice of the tensor and has its own flags and epoch
-// counter (in device memory, so that a CUDA graph's replays advance it). Staging buffers alternate
-// with the epoch: a rank writes buffer (e & 1) at epoch e only after every peer has raised its flag
-// for epoch e - 1, which a peer does after it finished reading epoch e - 2 (its kernels run in
-// stream order). Larger tensors go to NCCL.
+// counter (in device memory, so that a CUDA graph's replays advance it); every call runs every
+// block, so all epochs equal the call count. Staging buffers alternate with the epoch: a rank
+// writes buffer (e & 1) at call e only after its block 0 saw every peer's flag for call e - 1,
+// which a peer raises after it finished reading call e - 2 (its kernels run in stream order).
+// Larger tensors go to NCCL.
 #pragma once
 
 #include <cuda_runtime_api.h>
