@@ -46,8 +46,8 @@ void* CudaCachingAllocator::allocate(size_t bytes) {
     free_list.erase(it);
     in_use_[p] = Block{block, device};
     stats_.cached_bytes -= block;
-    stats_.in_use_bytes += block;
-    stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+    device_stats_[device].cached_bytes -= block;
+    count_in_use(device, block);
     return p;
   }
   void* p = nullptr;
@@ -63,13 +63,20 @@ void* CudaCachingAllocator::allocate(size_t bytes) {
     cudaMemGetInfo(&free_b, &total_b);
     throw Error(fmt::format(
         "CUDA out of memory: cannot allocate {} on device {} ({}; {} free of {}; specula holds {} in tensors)",
-        mib(size), device, cudaGetErrorString(err), mib(free_b), mib(total_b), mib(stats_.in_use_bytes)));
+        mib(size), device, cudaGetErrorString(err), mib(free_b), mib(total_b), mib(device_stats_[device].in_use_bytes)));
   }
   ++stats_.cuda_malloc_calls;
+  ++device_stats_[device].cuda_malloc_calls;
   in_use_[p] = Block{size, device};
-  stats_.in_use_bytes += size;
-  stats_.peak_in_use_bytes = std::max(stats_.peak_in_use_bytes, stats_.in_use_bytes);
+  count_in_use(device, size);
   return p;
+}
+
+void CudaCachingAllocator::count_in_use(int device, size_t bytes) {
+  for (CudaMemoryStats* s : {&stats_, &device_stats_[device]}) {
+    s->in_use_bytes += bytes;
+    s->peak_in_use_bytes = std::max(s->peak_in_use_bytes, s->in_use_bytes);
+  }
 }
 
 void CudaCachingAllocator::deallocate(void* ptr, size_t) {
@@ -79,8 +86,10 @@ void CudaCachingAllocator::deallocate(void* ptr, size_t) {
   if (it == in_use_.end()) return;  // not ours (cannot happen through Tensor)
   const Block block = it->second;
   in_use_.erase(it);
-  stats_.in_use_bytes -= block.size;
-  stats_.cached_bytes += block.size;
+  for (CudaMemoryStats* s : {&stats_, &device_stats_[block.device]}) {
+    s->in_use_bytes -= block.size;
+    s->cached_bytes += block.size;
+  }
   free_[block.device].emplace(block.size, ptr);
 }
 
@@ -92,6 +101,7 @@ void CudaCachingAllocator::release_cached_locked(int device) {
   for (auto& [size, p] : free_list) {
     cudaFree(p);  // errors ignored: at process exit the runtime may already be gone
     stats_.cached_bytes -= size;
+    device_stats_[device].cached_bytes -= size;
   }
   free_list.clear();
   cudaSetDevice(previous);
@@ -105,6 +115,12 @@ void CudaCachingAllocator::release_cached() {
 CudaMemoryStats CudaCachingAllocator::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
+}
+
+CudaMemoryStats CudaCachingAllocator::stats(int device) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = device_stats_.find(device);
+  return it == device_stats_.end() ? CudaMemoryStats{} : it->second;
 }
 
 }  // namespace specula

@@ -34,7 +34,10 @@ class CudaCachingAllocator final : public Allocator {
 
   // Returns every cached (free) block to the driver.
   void release_cached();
+  // The whole process's figures, or one device's (what a memory plan beside cudaMemGetInfo of
+  // that device needs: with tensor parallelism every GPU's blocks are in this one allocator).
   CudaMemoryStats stats() const;
+  CudaMemoryStats stats(int device) const;
 
  private:
   struct Block {
@@ -42,11 +45,13 @@ class CudaCachingAllocator final : public Allocator {
     int device;
   };
   void release_cached_locked(int device);
+  void count_in_use(int device, size_t bytes);
 
   mutable std::mutex mu_;
   std::unordered_map<void*, Block> in_use_;
   std::map<int, std::multimap<size_t, void*>> free_;  // device -> size -> block
   CudaMemoryStats stats_;
+  std::map<int, CudaMemoryStats> device_stats_;
 };
 
 }  // namespace specula

@@ -44,7 +44,7 @@ std::optional<DeviceMemoryInfo> CudaBackend::memory_info() {
   check_cuda(cudaSetDevice(device_index_), "memory_info: cudaSetDevice");
   DeviceMemoryInfo info;
   check_cuda(cudaMemGetInfo(&info.free, &info.total), "memory_info: cudaMemGetInfo");
-  const CudaMemoryStats stats = CudaCachingAllocator::instance().stats();
+  const CudaMemoryStats stats = CudaCachingAllocator::instance().stats(device_index_);
   info.allocated = stats.in_use_bytes;
   info.cached = stats.cached_bytes;
   return info;

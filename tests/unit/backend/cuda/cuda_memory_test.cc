@@ -1,4 +1,4 @@
-// CUDA backend memory: allocator reuse, scratch arena address stability (and its refusal to grow
+// CUDA backend memory: allocator reuse and per-device figures, scratch arena address stability (and its refusal to grow
 // during graph capture), copies in every direction (pageable and pinned host memory), casts,
 // zero, and argument errors.
 #include <cuda_runtime_api.h>
@@ -33,6 +33,25 @@ TEST(CudaMemory, AllocatorReusesFreedBlocks) {
   Tensor again = be->empty({1000, 3000}, DType::kBF16);
   EXPECT_EQ(CudaCachingAllocator::instance().stats().cuda_malloc_calls, mallocs);
   EXPECT_GE(CudaCachingAllocator::instance().stats().in_use_bytes, again.nbytes());
+}
+
+// With one GPU per tensor-parallel rank, a device's memory plan must see only its own blocks.
+TEST(CudaMemory, AllocatorCountsEachDeviceApart) {
+  SKIP_WITHOUT_GPU();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  auto gpu0 = make_cuda_backend(0), gpu1 = make_cuda_backend(1);
+  const CudaCachingAllocator& a = CudaCachingAllocator::instance();
+  gpu1->bind_thread();
+  const size_t in_use0 = a.stats(0).in_use_bytes, in_use1 = a.stats(1).in_use_bytes;
+  {
+    Tensor t = gpu1->empty({64 << 20}, DType::kBF16);  // 128 MiB on GPU 1
+    EXPECT_EQ(a.stats(0).in_use_bytes, in_use0);
+    EXPECT_EQ(a.stats(1).in_use_bytes, in_use1 + t.nbytes());
+    EXPECT_EQ(gpu0->memory_info()->allocated, in_use0);
+  }
+  EXPECT_EQ(a.stats(1).in_use_bytes, in_use1);
+  EXPECT_GE(a.stats(1).cached_bytes, size_t{128} << 20);
+  gpu0->bind_thread();
 }
 
 TEST(CudaMemory, ScratchGivesSameAddressesForSameSequenceOfRequests) {
