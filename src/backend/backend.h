@@ -284,6 +284,9 @@ class Backend {
   // the host (CUDA: an event recorded on other's stream that this stream waits for). The default
   // waits on the host.
   virtual void wait_for(Backend& other) { other.synchronize(); }
+  // Whether everything issued so far has run, without waiting (CUDA: cudaStreamQuery); any thread
+  // may ask. A host backend runs its work as it is issued.
+  virtual bool idle() { return true; }
 };
 
 // fp32 CPU backend; threads = 0 means all cores.

@@ -7,6 +7,8 @@
 // tensor-parallel path runs in CI without a GPU), and NCCL on CUDA (backend/cuda).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,8 +39,16 @@ class Communicator {
   // it would hang both).
   void set_sizing(bool on) { sizing_ = on; }
 
+  // The collectives this rank has entered (a sizing pass's not counted): when a step stalls, how
+  // far each rank's host got (any thread may read it).
+  uint64_t collectives_entered() const { return entered_.load(std::memory_order_relaxed); }
+
  protected:
+  void count_entered() { entered_.fetch_add(1, std::memory_order_relaxed); }
   bool sizing_ = false;
+
+ private:
+  std::atomic<uint64_t> entered_{0};
 };
 
 class Backend;  // backend/backend.h

@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/logging.h"
 #include "engine/stats_logger.h"
+#include "engine/step_watchdog.h"
 
 namespace specula {
 
@@ -33,7 +34,8 @@ class ThreadedEngine : public LLMEngine {
   explicit ThreadedEngine(EngineComponents c)
       : parts_(std::move(c)),
         core_(parts_.core_config, *parts_.executor, *parts_.tokenizer),
-        stats_(parts_.backend && parts_.backend->device() == Device::kCUDA ? "GPU" : "CPU") {
+        stats_(parts_.backend && parts_.backend->device() == Device::kCUDA ? "GPU" : "CPU"),
+        watchdog_(StepWatchdog::timeout_from_env(), [this] { return parts_.model ? parts_.model->progress() : ""; }) {
     metrics_ = core_.metrics();
     core_.set_on_step_counted([this] { publish_metrics(); });
   }
@@ -158,8 +160,11 @@ class ThreadedEngine : public LLMEngine {
       }
       try {
         drain_inbox();
+        watchdog_.step_started();
         core_.step();
+        watchdog_.step_finished();
       } catch (const std::exception& e) {
+        watchdog_.step_finished();
         // EngineCore isolates failures of a step; anything reaching here is a bug in the loop
         // itself. Fail what is in flight rather than take the server down.
         LOG_ERROR("engine loop error, failing all requests in flight: {}", e.what());
@@ -176,6 +181,7 @@ class ThreadedEngine : public LLMEngine {
   EngineComponents parts_;
   EngineCore core_;
   StatsLogger stats_;
+  StepWatchdog watchdog_;  // after parts_: it asks the model where a stuck step stands
   const bool log_stats_ = parts_.config.log_stats;  // --disable-log-stats
 
   std::mutex mu_;  // guards inbox_, active_, started_, stopping_

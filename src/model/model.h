@@ -77,6 +77,9 @@ class Model {
   virtual std::unique_ptr<DeviceGraph> capture_graph(Backend& backend, const std::function<void()>& work) {
     return backend.capture_graph(work);
   }
+  // Where the model's devices stand, for the log line of a step that does not finish (any thread
+  // may call it while a forward runs): "" for one device; per rank of a split model.
+  virtual std::string progress() const { return {}; }
 };
 
 // Load-time choices that are not facts of the checkpoint.

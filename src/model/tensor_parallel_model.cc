@@ -257,6 +257,17 @@ class TensorParallelModel final : public Model {
   const ModelConfig& config() const override { return config_; }
   KVCacheSpec kv_cache_spec() const override { return models_.front()->kv_cache_spec(); }
 
+  // Per rank: the collectives its host has entered and whether its device has run all it was
+  // given. Ranks that entered fewer are stuck on the host before a collective; equal counts with
+  // busy devices wait inside one (a peer's kernel or NCCL waiting for a rank).
+  std::string progress() const override {
+    std::string out;
+    for (size_t r = 0; r < backends_.size(); ++r)
+      out += fmt::format("{}rank {}: {} collectives entered, device {}", r ? "; " : "", r,
+                         communicators_[r]->collectives_entered(), backends_[r]->idle() ? "idle" : "busy");
+    return out;
+  }
+
   // Rank 0 runs on the caller's thread over the engine's inputs and cache; every other rank on
   // its thread over copies of the inputs on its device, taken once the work that wrote them on
   // rank 0's device has run (wait_for). The ranks' collectives order the rest: rank 0's device

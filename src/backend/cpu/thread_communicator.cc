@@ -67,6 +67,7 @@ class ThreadCommunicator final : public Communicator {
   void all_reduce_sum(Tensor& t) override {
     check_f32(t, "all_reduce_sum");
     if (sizing_) return;
+    count_entered();
     post(t);
     const int64_t n = t.numel();
     for (const Tensor* other : group_->posted)
@@ -91,6 +92,7 @@ class ThreadCommunicator final : public Communicator {
                   "tensor parallel all_gather_columns: out {} must hold {} ranks' {}", out.describe(), size(),
                   in.describe());
     if (sizing_) return;
+    count_entered();
     post(in);
     const int64_t out_cols = cols * size();
     float* dst = out.data_as<float>();

@@ -98,6 +98,7 @@ class CudaBackend final : public Backend {
   bool decoder_greedy_chain(const DecoderChain& chain) override;
   Tensor empty_host(Shape shape, DType dtype) override;
   std::optional<DeviceMemoryInfo> memory_info() override;
+  bool idle() override;
   std::unique_ptr<DeviceGraph> capture_graph(const std::function<void()>& work) override;
   std::unique_ptr<TokenSampler> make_token_sampler(int max_rows, int64_t vocab) override;
   void bind_thread() override;

@@ -40,6 +40,12 @@ Tensor CudaBackend::empty_host(Shape shape, DType dtype) {
   return Tensor::from_blob(p, std::move(shape), dtype, Device::kCPU, std::move(owner));
 }
 
+bool CudaBackend::idle() {
+  const cudaError_t e = cudaStreamQuery(stream_);
+  if (e != cudaSuccess && e != cudaErrorNotReady) (void)cudaGetLastError();  // the asking thread's error state
+  return e != cudaErrorNotReady;
+}
+
 std::optional<DeviceMemoryInfo> CudaBackend::memory_info() {
   check_cuda(cudaSetDevice(device_index_), "memory_info: cudaSetDevice");
   DeviceMemoryInfo info;

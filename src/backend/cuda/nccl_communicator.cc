@@ -89,6 +89,7 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_sum(Tensor& t) override {
     cuda_check::on_gpu(t, "all_reduce_sum", "t");
     if (sizing_) return;
+    count_entered();
     if (peer_ && peer_->fits(t)) {
       peer_->all_reduce_sum(rank_, t, backend_.stream());
       return;
@@ -111,6 +112,7 @@ class NcclCommunicator final : public Communicator {
     const NcclLibrary& nccl = NcclLibrary::get();
     if (rows <= 1) {
       if (sizing_) return;
+      count_entered();
       nccl.check(nccl.all_gather(in.data(), out.data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()), comm_,
                                  backend_.stream()),
                  "tensor parallel all_gather_columns");
@@ -118,6 +120,7 @@ class NcclCommunicator final : public Communicator {
     }
     Tensor blocks = backend_.scratch({size_, rows, cols}, in.dtype());  // before a sizing pass returns: it counts
     if (sizing_) return;
+    count_entered();
     nccl.check(nccl.all_gather(in.data(), blocks.data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()), comm_,
                                backend_.stream()),
                "tensor parallel all_gather_columns");

@@ -144,6 +144,27 @@ TEST_P(TensorParallelForward, RanksTogetherGiveTheWholeModelsLogits) {
   }
 }
 
+// What the step watchdog logs for a split model: every rank's count of collectives entered (equal
+// once a forward is done) and its device's state.
+TEST(TensorParallelProgress, EveryRankReportsTheCollectivesItEntered) {
+  const ModelConfig c = variants().front().make();
+  auto be = make_cpu_backend(1);
+  auto weights = make_dummy_weight_source(c, 3);
+  auto split = create_model(c, *weights, *be, tp_options(2));
+  EXPECT_EQ(split->progress(), "rank 0: 0 collectives entered, device idle; rank 1: 0 collectives entered, device idle");
+  std::vector<std::vector<int32_t>> decoded;
+  run_schedule(*split, *be, c, &decoded);
+  const std::string p = split->progress();
+  const auto count = [&](const std::string& rank) {
+    const size_t at = p.find(rank + ": ");
+    return at == std::string::npos ? -1 : std::stol(p.substr(at + rank.size() + 2));
+  };
+  EXPECT_GT(count("rank 0"), 0) << p;
+  EXPECT_EQ(count("rank 0"), count("rank 1")) << p;
+  auto whole_weights = make_dummy_weight_source(c, 3);
+  EXPECT_EQ(create_model(c, *whole_weights, *be)->progress(), "");
+}
+
 INSTANTIATE_TEST_SUITE_P(Variants, TensorParallelForward, ::testing::ValuesIn(variants()),
                          [](const auto& info) { return std::string(info.param.name); });
 

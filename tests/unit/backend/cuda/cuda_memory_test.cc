@@ -22,6 +22,8 @@ TEST(CudaMemory, BackendDescribesItself) {
   EXPECT_EQ(be->device(), Device::kCUDA);
   EXPECT_EQ(be->compute_dtype(), DType::kBF16);
   EXPECT_NE(be->name().find("cuda:0"), std::string::npos) << be->name();
+  be->synchronize();
+  EXPECT_TRUE(be->idle());  // nothing issued is still running
 }
 
 TEST(CudaMemory, AllocatorReusesFreedBlocks) {
