@@ -41,6 +41,10 @@ struct ProposerRequest {
   bool sampled = false;                 // this step produced tokens for it (else: a prefill chunk)
   bool verified_drafts = false;         // this step verified drafts of it (it drafted last step)
   int max_drafts = 0;                   // drafts the next step could verify for it (0: none)
+  // Left out of this step (load shedding, chosen by the speculator): the proposer runs nothing for
+  // it and keeps no state of it, as in a step it is not called for; its positions count as
+  // inherited when it next runs.
+  bool shed = false;
   std::span<const int32_t> block_ids;   // its block table: also the block table of proposer caches
   const SamplingParams* params = nullptr;
   uint64_t seed = 0;                    // its RNG stream (draws keyed by position, see sampling_math.h)

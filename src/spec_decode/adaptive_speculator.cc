@@ -96,18 +96,17 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   // requests on the H100 that forward took specula-tiny-moe from 106k to 62k tokens/s): the
   // positions skipped count as inherited, their cache entries stale (mtp_proposer.h), which can
   // lower acceptance and never change the output. A plain step that only re-measures the target
-  // while speculation pays (a probe) is still given to the proposer. So is every depth-0 step of
-  // a proposer that needs every step (MTP, EAGLE) in a batch no larger than a probe, where
-  // speculation could pay and the adaptive depth is measuring whether it does
-  // (AdaptiveDepth::feeds_proposer): a cache gone stale in the depth-0 stretch would make every
-  // probe fail, so that speculation never came back (on the H100, specula-tiny-moe at concurrency
-  // 1 stayed at depth 0 where k = 1 pinned gains 18 %). Such a step costs one catch-up forward of
-  // a few requests; under load the shedding stays (that forward for 64 requests cost 40 % of
-  // throughput), and so it does once a probe with a warm cache found acceptance too low (fed
-  // every step, MTP at temperature 1 ran at 0.6x of no speculation).
-  const bool feed = depth_.plain_probe() || (proposer_->needs_every_step() && num_decoding <= kProbeRequests &&
-                                             depth_.feeds_proposer(num_decoding));
-  if (batch.depth == 0 && num_decoding > 0 && !feed) {
+  // while speculation pays (a probe) is still given to the proposer. So are the depth-0 steps of
+  // a proposer that needs every step (MTP, EAGLE) while the adaptive depth measures whether
+  // speculation pays (AdaptiveDepth::feeds_proposer): a cache gone stale in the depth-0 stretch
+  // made every probe fail, so that speculation never came back (on the H100, specula-tiny-moe at
+  // concurrency 1 stayed at depth 0 where k = 1 pinned gains 18 %; eagle3 at 64 requests at 0.77x
+  // of pinned k = 3). Only the requests that the probe will have draft are fed, so such a step
+  // costs one catch-up forward of a few requests (for all 64 it cost 40 % of throughput); and once
+  // a probe with a warm cache found acceptance too low, only the stretch before each probe is fed
+  // (fed every step, MTP at temperature 1 ran at 0.6x of no speculation).
+  const bool feed_window = proposer_->needs_every_step() && depth_.feeds_proposer(num_decoding);
+  if (batch.depth == 0 && num_decoding > 0 && !depth_.plain_probe() && !feed_window) {
     LOG_DEBUG("adaptive depth: {} decoding, depth 0, proposer not called", num_decoding);
     drafts.assign(batch.requests.size(), {});
     return 0;
@@ -115,11 +114,16 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   // A probe from depth 0 drafts for a few requests only: it is there to measure acceptance, and
   // under load the draft's catch-up of every request (all the tokens since it last drafted)
   // would cost more than the whole probe is worth (on the H100 at 64 requests, 7-11 % of
-  // throughput). The others verify nothing this step.
-  if (depth_.draft_probe()) {
+  // throughput). The others verify nothing this step and, under load, are shed from it as from
+  // the depth-0 steps that feed the proposer before it.
+  const bool draft_probe = depth_.draft_probe();
+  if (draft_probe || (batch.depth == 0 && !depth_.plain_probe())) {
     int kept = 0;
-    for (ProposerRequest& r : batch.requests)
-      if (r.sampled && r.max_drafts > 0 && ++kept > kProbeRequests) r.max_drafts = 0;
+    for (ProposerRequest& r : batch.requests) {
+      if (probes(r) && ++kept <= kProbeRequests) continue;
+      if (draft_probe) r.max_drafts = 0;
+      r.shed = num_decoding > kProbeRequests;
+    }
   }
   // Steady state: every request verified drafts this step, so it drafted in the previous one and
   // catches up at most 1 + k tokens. Only such steps teach the cost model a draft step's cost: the

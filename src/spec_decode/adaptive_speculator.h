@@ -60,6 +60,9 @@ class AdaptiveSpeculator final : public Speculator {
   static constexpr int kProbeRequests = 4;  // requests that draft in a probe from depth 0
 
  private:
+  // Whether a request is among those a probe from depth 0 drafts for: the first kProbeRequests
+  // such requests of the batch, which the stretch before the probe feeds under load.
+  static bool probes(const ProposerRequest& r) { return r.sampled && r.max_drafts > 0; }
   // The host's share of a step (StepCostModel::host_seconds): the time from one propose() to the
   // next, less this step's target time and the previous step's proposer time, measured between
   // consecutive decode steps of the same batch size (a prompt's step, or an idle engine waiting

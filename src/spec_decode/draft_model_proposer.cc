@@ -51,6 +51,10 @@ void DraftModelProposer::plan_catch_up(const ProposeBatch& batch, std::vector<in
     const ProposerRequest& r = batch.requests[i];
     DraftState& st = state_as<DraftState>(r.req_id);
     confirm_accepted_drafts(st, r);
+    if (r.shed) {  // nothing runs for it: it catches up when it next drafts
+      target_[i] = st.num_computed;
+      continue;
+    }
     const int known = r.sampled ? static_cast<int>(r.tokens.size()) : r.num_target_computed;
     target_[i] = std::min(known, draft_config_.draft_max_model_len);
     st.num_computed = std::min(st.num_computed, target_[i]);

@@ -154,6 +154,7 @@ void ModelProposer::plan_catch_up(const ProposeBatch& batch, std::vector<int>& n
   int total = 0;
   for (size_t i = 0; i < batch.requests.size(); ++i) {
     const ProposerRequest& r = batch.requests[i];
+    if (r.shed) continue;
     RequestState& st = state(r.req_id);
     const int len = static_cast<int>(r.tokens.size());
     const int from = r.first_position;

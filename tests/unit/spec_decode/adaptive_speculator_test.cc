@@ -22,6 +22,9 @@ class CatchUpProposer : public Proposer {
     ++calls;
     now += 0.0001;
     drafts.assign(batch.requests.size(), {});
+    fed.clear();
+    for (const ProposerRequest& r : batch.requests)
+      if (!r.shed) fed.push_back(std::string(r.req_id));
     for (size_t i = 0; i < batch.requests.size(); ++i) {
       const ProposerRequest& r = batch.requests[i];
       if (seen_.insert(std::string(r.req_id)).second)
@@ -31,7 +34,8 @@ class CatchUpProposer : public Proposer {
   }
   void drop_request(std::string_view id) override { seen_.erase(std::string(id)); }
   int calls = 0;
-  double now = 0.0;  // seconds
+  double now = 0.0;              // seconds
+  std::vector<std::string> fed;  // the requests of the last call that were not shed
 
  private:
   std::unordered_set<std::string> seen_;
@@ -153,15 +157,16 @@ TEST(AdaptiveSpeculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
   for (const auto& d : drafts) EXPECT_TRUE(d.empty());
 }
 
-// A proposer that must see every step (MTP): a depth-0 step still reaches it while the batch is
-// no larger than a probe and one draft could pay there (it is off for want of acceptance, which a
-// stale cache would keep low); under load, or where no draft can pay, it is shed as any other.
+// A proposer that must see every step (MTP): a depth-0 step still reaches it where one draft could
+// pay (it is off for want of acceptance, which a stale cache would keep low), for the requests a
+// probe would draft for (all of a small batch, the first 4 under load); where no draft can pay it
+// is shed as any other.
 class EveryStepProposer : public CatchUpProposer {
  public:
   bool needs_every_step() const override { return true; }
 };
 
-TEST(AdaptiveSpeculator, SmallBatchesOfAnEveryStepProposerAreFedAtDepthZero) {
+TEST(AdaptiveSpeculator, AnEveryStepProposerIsFedTheProbesRequestsAtDepthZero) {
   for (int n : {1, 4, 5, 64}) {
     for (bool draft_can_pay : {true, false}) {
       SCOPED_TRACE(std::to_string(n) + (draft_can_pay ? " requests, drafts could pay" : " requests, drafts cannot pay"));
@@ -176,10 +181,44 @@ TEST(AdaptiveSpeculator, SmallBatchesOfAnEveryStepProposerAreFedAtDepthZero) {
       std::vector<std::vector<int32_t>> drafts;
       ProposeBatch b = decode_batch(ids);
       EXPECT_EQ(spec.propose(b, drafts), 0);
-      EXPECT_EQ(p->calls, draft_can_pay && n <= AdaptiveSpeculator::kProbeRequests ? 1 : 0);
+      EXPECT_EQ(p->calls, draft_can_pay ? 1 : 0);
+      if (draft_can_pay) {
+        ASSERT_EQ(p->fed.size(), static_cast<size_t>(std::min(n, AdaptiveSpeculator::kProbeRequests)));
+        for (size_t i = 0; i < p->fed.size(); ++i) EXPECT_EQ(p->fed[i], ids[i]);  // the first ones
+      }
       for (const auto& d : drafts) EXPECT_TRUE(d.empty());
     }
   }
+}
+
+// Under load the stretch before a probe feeds the requests the probe then drafts for, so that
+// their caches are warm when it measures acceptance.
+TEST(AdaptiveSpeculator, UnderLoadTheProbeDraftsForTheRequestsThatWereFed) {
+  auto proposer = std::make_unique<EveryStepProposer>();
+  EveryStepProposer* p = proposer.get();
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001);
+  spec.depth().cost().record_draft(64, 1, 0.0001);
+  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 64; ++i) ids.push_back("r" + std::to_string(i));
+  ProposeBatch b = decode_batch(ids);
+  b.requests[1].max_drafts = 0;  // at its max_tokens: neither fed nor drafting
+  const std::vector<std::string> probed = {"r0", "r2", "r3", "r4"};
+  std::vector<std::vector<int32_t>> drafts;
+  int probes = 0;
+  for (int step = 1; step <= 32; ++step) {
+    ProposeBatch s = b;
+    const int drafted = spec.propose(s, drafts);
+    EXPECT_EQ(p->fed, probed) << "step " << step;
+    if (drafted == 0) continue;
+    ++probes;
+    std::vector<std::string> drafting;
+    for (size_t i = 0; i < drafts.size(); ++i)
+      if (!drafts[i].empty()) drafting.push_back(ids[i]);
+    EXPECT_EQ(drafting, probed);
+  }
+  EXPECT_EQ(probes, 1);
 }
 
 TEST(AdaptiveSpeculator, APlainProbeWhileSpeculatingStillReachesTheProposer) {
