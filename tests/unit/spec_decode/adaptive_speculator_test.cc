@@ -47,6 +47,20 @@ AdaptiveSpeculator speculator_for(std::unique_ptr<CatchUpProposer> p, const Adap
   return AdaptiveSpeculator(std::move(p), config, nullptr, [raw] { return raw->now; });
 }
 
+// Speculation off for want of acceptance: drafts were never accepted, at a target step of 1 ms
+// for n requests and a draft step of `draft_seconds`.
+void never_accepted(AdaptiveSpeculator& spec, int n, double draft_seconds) {
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(n, r, 0.001);
+  spec.depth().cost().record_draft(n, 1, draft_seconds);
+  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
+}
+
+std::vector<std::string> request_ids(int n) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < n; ++i) ids.push_back("r" + std::to_string(i));
+  return ids;
+}
+
 // Decoding requests; verified: each verified drafts this step (it drafted in the previous one).
 ProposeBatch decode_batch(const std::vector<std::string>& ids, bool verified = false) {
   ProposeBatch b;
@@ -147,10 +161,8 @@ TEST(AdaptiveSpeculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
   for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001 * r);
   spec.depth().cost().record_draft(64, 1, 0.001);
   for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 64; ++i) ids.push_back("r" + std::to_string(i));
   std::vector<std::vector<int32_t>> drafts;
-  ProposeBatch b = decode_batch(ids);
+  ProposeBatch b = decode_batch(request_ids(64));
   EXPECT_EQ(spec.propose(b, drafts), 0);
   EXPECT_EQ(p->calls, 0);
   ASSERT_EQ(drafts.size(), 64u);
@@ -173,11 +185,8 @@ TEST(AdaptiveSpeculator, AnEveryStepProposerIsFedTheProbesRequestsAtDepthZero) {
       auto proposer = std::make_unique<EveryStepProposer>();
       EveryStepProposer* p = proposer.get();
       AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
-      for (int r = 1; r <= 4; ++r) spec.record_target_step(n, r, 0.001);
-      spec.depth().cost().record_draft(n, 1, draft_can_pay ? 0.0001 : 0.002);
-      for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);  // never accepted: depth 0
-      std::vector<std::string> ids;
-      for (int i = 0; i < n; ++i) ids.push_back("r" + std::to_string(i));
+      never_accepted(spec, n, draft_can_pay ? 0.0001 : 0.002);
+      const std::vector<std::string> ids = request_ids(n);
       std::vector<std::vector<int32_t>> drafts;
       ProposeBatch b = decode_batch(ids);
       EXPECT_EQ(spec.propose(b, drafts), 0);
@@ -197,11 +206,8 @@ TEST(AdaptiveSpeculator, UnderLoadTheProbeDraftsForTheRequestsThatWereFed) {
   auto proposer = std::make_unique<EveryStepProposer>();
   EveryStepProposer* p = proposer.get();
   AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
-  for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001);
-  spec.depth().cost().record_draft(64, 1, 0.0001);
-  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 64; ++i) ids.push_back("r" + std::to_string(i));
+  never_accepted(spec, 64, 0.0001);
+  const std::vector<std::string> ids = request_ids(64);
   ProposeBatch b = decode_batch(ids);
   b.requests[1].max_drafts = 0;  // at its max_tokens: neither fed nor drafting
   const std::vector<std::string> probed = {"r0", "r2", "r3", "r4"};
@@ -248,11 +254,8 @@ TEST(AdaptiveSpeculator, AProbeFromDepthZeroDraftsForAFewRequestsOnly) {
   // steps (drafts would pay were they accepted) drafts for 4 of them, not for all 64.
   auto proposer = std::make_unique<CatchUpProposer>();
   AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
-  for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001);
-  spec.depth().cost().record_draft(64, 1, 0.0001);
-  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
-  std::vector<std::string> ids;
-  for (int i = 0; i < 64; ++i) ids.push_back("r" + std::to_string(i));
+  never_accepted(spec, 64, 0.0001);
+  const std::vector<std::string> ids = request_ids(64);
   std::vector<std::vector<int32_t>> drafts;
   int probes = 0;
   for (int step = 1; step <= 32; ++step) {
