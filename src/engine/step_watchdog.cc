@@ -1,11 +1,21 @@
 #include "engine/step_watchdog.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 #include "core/error.h"
 #include "core/logging.h"
 
 namespace specula {
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 StepWatchdog::StepWatchdog(double timeout_seconds, std::function<std::string()> describe)
     : timeout_(timeout_seconds), describe_(std::move(describe)) {
@@ -22,25 +32,10 @@ StepWatchdog::~StepWatchdog() {
 }
 
 void StepWatchdog::step_started() {
-  if (!thread_.joinable()) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    running_ = true;
-    ++step_;
-    started_ = std::chrono::steady_clock::now();
-  }
-  cv_.notify_all();
-}
-
-void StepWatchdog::step_finished() {
-  if (!thread_.joinable()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  running_ = false;
-}
-
-int StepWatchdog::warnings() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return warnings_;
+  // The start before the count: a watcher that sees the new count sees its start.
+  started_ns_.store(now_ns(), std::memory_order_relaxed);
+  step_.fetch_add(1, std::memory_order_release);
+  running_.store(true, std::memory_order_release);
 }
 
 double StepWatchdog::timeout_from_env() {
@@ -53,27 +48,26 @@ double StepWatchdog::timeout_from_env() {
 }
 
 void StepWatchdog::watch() {
-  const auto timeout = std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout_);
+  const auto poll = std::chrono::duration<double>(std::clamp(timeout_ / 4, 0.01, 5.0));
+  uint64_t warned_step = 0;  // the step the last warnings were about
+  int64_t warned = 0;        // how many of them
   std::unique_lock<std::mutex> lock(mu_);
-  uint64_t watched = 0;  // the step `due` belongs to
-  std::chrono::steady_clock::time_point due;
-  while (!stopping_) {
-    if (!running_) {
-      cv_.wait(lock, [&] { return stopping_ || running_; });
-      continue;
+  while (!cv_.wait_for(lock, poll, [&] { return stopping_; })) {
+    if (!running_.load(std::memory_order_acquire)) continue;
+    const uint64_t step = step_.load(std::memory_order_acquire);
+    const double ran = static_cast<double>(now_ns() - started_ns_.load(std::memory_order_relaxed)) * 1e-9;
+    const auto due = static_cast<int64_t>(ran / timeout_);  // warnings this step has earned
+    if (step != warned_step) {
+      warned_step = step;
+      warned = 0;
     }
-    if (step_ != watched) {
-      watched = step_;
-      due = started_ + timeout;
-    }
-    if (cv_.wait_until(lock, due, [&] { return stopping_ || !running_ || step_ != watched; })) continue;
-    const double ran = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
-    due += timeout;  // again a timeout later while the step still runs
-    ++warnings_;
+    if (due <= warned) continue;
+    warned = due;
+    warnings_.fetch_add(1);
     lock.unlock();
     const std::string where = describe_ ? describe_() : std::string();
-    LOG_WARN("Engine step {} has been running for {:.1f} s (SPECULA_ENGINE_ITERATION_TIMEOUT_S={:g}){}{}", watched,
-             ran, timeout_.count(), where.empty() ? "" : ": ", where);
+    LOG_WARN("Engine step {} has been running for {:.1f} s (SPECULA_ENGINE_ITERATION_TIMEOUT_S={:g}){}{}", step, ran,
+             timeout_, where.empty() ? "" : ": ", where);
     lock.lock();
   }
 }
