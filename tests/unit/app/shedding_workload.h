@@ -43,8 +43,10 @@ struct Acceptance {
 // step accepted (its tokens begin with them).
 class SheddingProposer : public ForwardingProposer {
  public:
-  SheddingProposer(std::unique_ptr<Proposer> inner, bool shed, Acceptance* after)
-      : ForwardingProposer(std::move(inner)), shed_(shed), after_(after) {}
+  // by_step (optional): the same counts per step after the stretch (0: the first step fed again).
+  SheddingProposer(std::unique_ptr<Proposer> inner, bool shed, Acceptance* after,
+                   std::map<int, Acceptance>* by_step = nullptr)
+      : ForwardingProposer(std::move(inner)), shed_(shed), after_(after), by_step_(by_step) {}
 
   void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
     drafts.assign(batch.requests.size(), {});
@@ -59,6 +61,11 @@ class SheddingProposer : public ForwardingProposer {
           ++accepted;
         after_->drafted += static_cast<int64_t>(s.drafts.size());
         after_->accepted += static_cast<int64_t>(accepted);
+        if (by_step_) {
+          Acceptance& a = (*by_step_)[s.step - kShedTo - 1];
+          a.drafted += static_cast<int64_t>(s.drafts.size());
+          a.accepted += static_cast<int64_t>(accepted);
+        }
       }
       s.drafts.clear();
       if (r.sampled) ++s.step;
@@ -81,6 +88,7 @@ class SheddingProposer : public ForwardingProposer {
   };
   bool shed_;
   Acceptance* after_;
+  std::map<int, Acceptance>* by_step_;
   std::map<std::string, State, std::less<>> states_;
 };
 
@@ -88,15 +96,16 @@ class SheddingProposer : public ForwardingProposer {
 // after a first round of other prompts (reversed, fed every step) whose entries the measured
 // requests' blocks then hold (a KV cache of 60 blocks); `method`: eagle3 (specula-tiny + specula-tiny-eagle3, k = 3) or mtp (specula-tiny-moe,
 // k = 1), pinned.
-inline Acceptance run_shedding_workload(const std::string& method, const std::string& device, bool shed) {
+inline Acceptance run_shedding_workload(const std::string& method, const std::string& device, bool shed,
+                                        std::map<int, Acceptance>* by_step = nullptr) {
   const bool mtp = method == "mtp";
   const std::filesystem::path target = models_dir() / (mtp ? "specula-tiny-moe" : "specula-tiny");
   const GreedyReference ref = read_greedy_reference(
       mtp ? moe_reference_file() : fixtures_dir() / "embedded" / "specula-tiny" / "reference.safetensors");
   Acceptance after;
   const ProposerFactory inner = mtp ? ProposerFactory(make_mtp_proposer) : ProposerFactory(make_eagle_proposer);
-  register_proposer(method, [&after, inner, shed](const ProposerContext& ctx) {
-    return std::make_unique<SheddingProposer>(inner(ctx), shed, &after);
+  register_proposer(method, [&after, inner, shed, by_step](const ProposerContext& ctx) {
+    return std::make_unique<SheddingProposer>(inner(ctx), shed, &after, by_step);
   });
   EngineConfig ec;
   ec.model = target.string();
@@ -130,11 +139,25 @@ inline Acceptance run_shedding_workload(const std::string& method, const std::st
 }
 
 // After the shed stretch, drafts are accepted at least half as often as by a proposer fed every
-// step (CPU: eagle3 433 of 612 against 320 of 320, mtp 300 of 338 against 279 of 286).
+// step (CPU: eagle3 433 of 612 against 320 of 320, mtp 300 of 338 against 279 of 286). Prints how
+// acceptance recovers step by step once fed again (how long the adaptive depth must feed a
+// proposer before a probe for it to measure what speculation would give).
 inline void expect_acceptance_survives_shedding(const std::string& method, const std::string& device) {
   ASSERT_TRUE(have_moe()) << "committed embedded models or their references missing";
-  const Acceptance fed = run_shedding_workload(method, device, /*shed=*/false);
-  const Acceptance shed = run_shedding_workload(method, device, /*shed=*/true);
+  std::map<int, Acceptance> fed_by_step, shed_by_step;
+  const Acceptance fed = run_shedding_workload(method, device, /*shed=*/false, &fed_by_step);
+  const Acceptance shed = run_shedding_workload(method, device, /*shed=*/true, &shed_by_step);
+  for (int from = 0, to = 2; from < 128; from = to, to *= 2) {
+    Acceptance f, s;
+    for (const auto& [by, all] : {std::pair{&fed_by_step, &f}, std::pair{&shed_by_step, &s}})
+      for (auto it = by->lower_bound(from); it != by->end() && it->first < to; ++it) {
+        all->drafted += it->second.drafted;
+        all->accepted += it->second.accepted;
+      }
+    std::printf("%s on %s, steps [%d, %d) after the stretch: %ld of %ld accepted (fed every step: %ld of %ld)\n",
+                method.c_str(), device.c_str(), from, to, static_cast<long>(s.accepted), static_cast<long>(s.drafted),
+                static_cast<long>(f.accepted), static_cast<long>(f.drafted));
+  }
   ASSERT_GT(fed.drafted, 50);
   ASSERT_GT(shed.drafted, 50);
   EXPECT_GT(fed.rate(), 0.6) << method;
