@@ -196,6 +196,7 @@ void ModelRunner::update_states(const SchedulerOutput& scheduled) {
   for (const ScheduledRequest& r : scheduled.scheduled) {
     auto it = requests_.find(r.req_id);
     SPECULA_CHECK(it != requests_.end(), "internal error: model runner has no state for request {}", r.req_id);
+    if (it->second.num_cached_tokens < 0) it->second.num_cached_tokens = r.num_computed_tokens;
     it->second.block_ids.insert(it->second.block_ids.end(), r.new_block_ids.begin(), r.new_block_ids.end());
   }
 }
@@ -572,6 +573,7 @@ void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const Fo
     p.req_id = r.req_id;
     p.tokens = st.tokens;
     p.num_prompt_tokens = st.num_prompt_tokens;
+    p.num_cached_tokens = std::max(st.num_cached_tokens, 0);
     p.sampled = plan.first_sample_row >= 0;
     p.verified_drafts = !r.spec_token_ids.empty();
     const int num_drafts = static_cast<int>(r.spec_token_ids.size());

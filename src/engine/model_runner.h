@@ -114,6 +114,7 @@ class ModelRunner : public ModelExecutor {
     std::vector<int32_t> min_tokens_stop_ids;
     bool want_prompt_logprobs = false;
     std::vector<int32_t> block_ids;
+    int num_cached_tokens = -1;  // prefix-cache hit when first scheduled (-1: not scheduled yet)
     // Async scheduling: its last token is row pending_row of the pending step's sampling, not yet
     // in `tokens` (-1: none).
     int pending_row = -1;

@@ -38,6 +38,9 @@ struct ProposerRequest {
   // Tokens whose target K/V is valid now (positions < this). A request that sampled has exactly
   // one more token (the last sampled one, not yet through the target); a prefill chunk has fewer.
   int num_target_computed = 0;
+  // Its first positions served by the prefix cache when first scheduled: their entries in a
+  // proposer's cache were written by the request that computed them (the same tokens).
+  int num_cached_tokens = 0;
   bool sampled = false;                 // this step produced tokens for it (else: a prefill chunk)
   bool verified_drafts = false;         // this step verified drafts of it (it drafted last step)
   int max_drafts = 0;                   // drafts the next step could verify for it (0: none)

@@ -41,9 +41,9 @@ void DraftStepBuffers::allocate(Backend& backend, int max_num_seqs, int max_bloc
   }
 }
 
-void DraftStepBuffers::fill_row(const ProposeBatch& batch, const std::vector<size_t>& rows, int row, int step,
-                                const std::vector<int>& num_drafts, int first_back, int32_t& position, int64_t& slot,
-                                int32_t& seq_len) const {
+void DraftStepBuffers::fill_row(const ProposeBatch& batch, const std::vector<AttendedBlocks>& attended,
+                                const std::vector<size_t>& rows, int row, int step, const std::vector<int>& num_drafts,
+                                int first_back, int32_t& position, int64_t& slot, int32_t& seq_len) const {
   if (row >= static_cast<int>(rows.size())) {
     position = 0;
     slot = -1;
@@ -61,10 +61,11 @@ void DraftStepBuffers::fill_row(const ProposeBatch& batch, const std::vector<siz
     position = first;
     slot = -1;
   }
-  seq_len = position + 1;
+  seq_len = position + 1 - attended[i].removed * block_size_;
 }
 
-void DraftStepBuffers::fill_tables(const ProposeBatch& batch, const std::vector<size_t>& rows, int padded) {
+void DraftStepBuffers::fill_tables(const ProposeBatch& batch, const std::vector<AttendedBlocks>& attended,
+                                   const std::vector<size_t>& rows, int padded) {
   const int w = max_blocks_per_seq_;
   int32_t* tables = tables_.host.data_as<int32_t>();
   // Padding rows attend to position 0 of the first real row's first block, which holds valid
@@ -77,15 +78,16 @@ void DraftStepBuffers::fill_tables(const ProposeBatch& batch, const std::vector<
       dst[0] = pad_block;
       continue;
     }
-    const ProposerRequest& r = batch.requests[rows[static_cast<size_t>(row)]];
-    const size_t used = std::min(r.block_ids.size(), static_cast<size_t>(w));
-    std::copy(r.block_ids.begin(), r.block_ids.begin() + used, dst);
+    const std::span<const int32_t> blocks = attended[rows[static_cast<size_t>(row)]].blocks;
+    const size_t used = std::min(blocks.size(), static_cast<size_t>(w));
+    std::copy(blocks.begin(), blocks.begin() + used, dst);
     std::fill(dst + used, dst + w, 0);
   }
   tables_.upload(*backend_, static_cast<int64_t>(padded) * w);
 }
 
-void DraftStepBuffers::prepare(const ProposeBatch& batch, const std::vector<size_t>& rows, int step, int padded,
+void DraftStepBuffers::prepare(const ProposeBatch& batch, const std::vector<AttendedBlocks>& attended,
+                               const std::vector<size_t>& rows, int step, int padded,
                                const std::vector<std::vector<int32_t>>& drafts, const std::vector<int>& num_drafts,
                                bool upload_tables, int first_back) {
   Backend& backend = *backend_;
@@ -96,7 +98,7 @@ void DraftStepBuffers::prepare(const ProposeBatch& batch, const std::vector<size
   int32_t* seq_lens = seq_lens_.host.data_as<int32_t>();
   max_seq_len_ = 1;
   for (int row = 0; row < padded; ++row) {
-    fill_row(batch, rows, row, step, num_drafts, first_back, positions[row], slots[row], seq_lens[row]);
+    fill_row(batch, attended, rows, row, step, num_drafts, first_back, positions[row], slots[row], seq_lens[row]);
     max_seq_len_ = std::max(max_seq_len_, seq_lens[row]);
     if (row >= static_cast<int>(rows.size())) {
       tokens[row] = 0;
@@ -110,12 +112,13 @@ void DraftStepBuffers::prepare(const ProposeBatch& batch, const std::vector<size
   positions_.upload(backend, padded);
   slots_.upload(backend, padded);
   seq_lens_.upload(backend, padded);
-  if (upload_tables) fill_tables(batch, rows, padded);
+  if (upload_tables) fill_tables(batch, attended, rows, padded);
   std::copy(seq_lens, seq_lens + padded, seq_lens_host_.begin());
 }
 
-void DraftStepBuffers::prepare_chain(const ProposeBatch& batch, const std::vector<size_t>& rows, int steps,
-                                     int padded, const std::vector<int>& num_drafts, int first_back) {
+void DraftStepBuffers::prepare_chain(const ProposeBatch& batch, const std::vector<AttendedBlocks>& attended,
+                                     const std::vector<size_t>& rows, int steps, int padded,
+                                     const std::vector<int>& num_drafts, int first_back) {
   SPECULA_CHECK(steps >= 1 && steps <= max_chain_steps_,
                 "internal error: a draft chain of {} steps (buffers for {})", steps, max_chain_steps_);
   Backend& backend = *backend_;
@@ -126,13 +129,13 @@ void DraftStepBuffers::prepare_chain(const ProposeBatch& batch, const std::vecto
   for (int j = 0; j < steps; ++j)
     for (int row = 0; row < padded; ++row) {
       const int at = j * padded + row;
-      fill_row(batch, rows, row, j + 2, num_drafts, first_back, positions[at], slots[at], seq_lens[at]);
+      fill_row(batch, attended, rows, row, j + 2, num_drafts, first_back, positions[at], slots[at], seq_lens[at]);
     }
   const int64_t n = static_cast<int64_t>(steps) * padded;
   chain_positions_.upload(backend, n);
   chain_slots_.upload(backend, n);
   chain_seq_lens_.upload(backend, n);
-  fill_tables(batch, rows, padded);
+  fill_tables(batch, attended, rows, padded);
   chain_steps_ = steps;
   chain_padded_ = padded;
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -19,6 +20,15 @@ namespace specula {
 // The paged K/V slot of position `pos` of `r` on its block table; `cache` names the cache in the
 // error.
 int64_t draft_kv_slot(const ProposerRequest& r, int pos, int block_size, std::string_view cache);
+
+// What a request's rows attend to in the proposer's cache: its blocks but those whose entries are
+// all another request's (positions shed under load), which come before every row it runs, so that
+// keys are these blocks' positions in order and a row's length is its position + 1 less
+// `removed` blocks. Writes still go to the request's own slots.
+struct AttendedBlocks {
+  std::span<const int32_t> blocks;
+  int removed = 0;
+};
 
 class DraftStepBuffers {
  public:
@@ -33,17 +43,19 @@ class DraftStepBuffers {
   // on that position without writing K/V; rows past the real ones are padding. The block tables
   // only upload when `upload_tables` (they do not change between the steps of one propose).
   // Waits for the previous step's uploads first (pinned staging).
-  void prepare(const ProposeBatch& batch, const std::vector<size_t>& rows, int step, int padded,
-               const std::vector<std::vector<int32_t>>& drafts, const std::vector<int>& num_drafts,
-               bool upload_tables, int first_back);
+  // `attended`: per request of the batch, what it attends to.
+  void prepare(const ProposeBatch& batch, const std::vector<AttendedBlocks>& attended, const std::vector<size_t>& rows,
+               int step, int padded, const std::vector<std::vector<int32_t>>& drafts,
+               const std::vector<int>& num_drafts, bool upload_tables, int first_back);
   // A chain: drafts 2..1+steps run back to back with no host round trip, each step's tokens
   // written on the device (by the caller's argmax) into tokens(). prepare_chain stages every
   // step's positions, slots and lengths at once (rows as prepare() fills them for that step) and
   // uploads them with the block tables; load_chain_step(j) then makes step j current with device
   // copies enqueued behind the previous step's forward (and sets the host lengths input() reports).
   // Waits for earlier uploads first (pinned staging).
-  void prepare_chain(const ProposeBatch& batch, const std::vector<size_t>& rows, int steps, int padded,
-                     const std::vector<int>& num_drafts, int first_back);
+  void prepare_chain(const ProposeBatch& batch, const std::vector<AttendedBlocks>& attended,
+                     const std::vector<size_t>& rows, int steps, int padded, const std::vector<int>& num_drafts,
+                     int first_back);
   void load_chain_step(int step);
   // The staged chain as a fused chain's inputs (Model::greedy_chain): rows, steps, positions,
   // slots and block tables, every step's rows at once.
@@ -64,11 +76,12 @@ class DraftStepBuffers {
   ForwardInput input_shell(int padded) const;
   // Row `row`'s position, slot and length in draft step `step` (its token aside); padding rows
   // past the real ones write nothing at position 0.
-  void fill_row(const ProposeBatch& batch, const std::vector<size_t>& rows, int row, int step,
-                const std::vector<int>& num_drafts, int first_back, int32_t& position, int64_t& slot,
-                int32_t& seq_len) const;
+  void fill_row(const ProposeBatch& batch, const std::vector<AttendedBlocks>& attended, const std::vector<size_t>& rows,
+                int row, int step, const std::vector<int>& num_drafts, int first_back, int32_t& position,
+                int64_t& slot, int32_t& seq_len) const;
   // Block table rows of the first `padded` rows (padding rows attend to `pad_block`'s first entry).
-  void fill_tables(const ProposeBatch& batch, const std::vector<size_t>& rows, int padded);
+  void fill_tables(const ProposeBatch& batch, const std::vector<AttendedBlocks>& attended,
+                   const std::vector<size_t>& rows, int padded);
 
   Backend* backend_ = nullptr;
   int block_size_ = 0;

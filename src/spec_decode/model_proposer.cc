@@ -159,9 +159,19 @@ void ModelProposer::plan_catch_up(const ProposeBatch& batch, std::vector<int>& n
     const int len = static_cast<int>(r.tokens.size());
     const int from = r.first_position;
     const int to = std::min({r.num_target_computed, len - 1, r.first_position + r.num_rows});
-    // Positions before the step's first one that this request never ran (a prefix-cache hit): the
-    // shared blocks' entries stand in for them.
-    if (st.num_computed < from) st.num_inherited += from - st.num_computed;
+    // Positions before the step's first one that this request never ran: the shared blocks'
+    // entries stand in for them. Past its prefix-cache hit, they are steps shed under load.
+    if (st.num_computed < from) {
+      st.num_inherited += from - st.num_computed;
+      const int shed_from = st.num_computed > 0 ? st.num_computed : std::min(from, r.num_cached_tokens);
+      if (shed_from < from) {
+        if (!st.stale.empty() && st.stale.back().second == shed_from) {
+          st.stale.back().second = from;
+        } else {
+          st.stale.emplace_back(shed_from, from);
+        }
+      }
+    }
     st.num_computed = std::max(from, to);
     if (to <= from) continue;
     // A request that sampled drafts from its last accepted position, L - 2.
@@ -188,6 +198,37 @@ void ModelProposer::plan_catch_up(const ProposeBatch& batch, std::vector<int>& n
   }
 }
 
+void ModelProposer::plan_attended_blocks(const ProposeBatch& batch) {
+  const size_t n = batch.requests.size();
+  attended_.assign(n, {});
+  for (size_t i = 0; i < n; ++i) attended_[i].blocks = batch.requests[i].block_ids;
+  if (!reads_target_hidden()) return;  // a draft model runs every position of its own
+  attended_blocks_.resize(n);
+  const int bs = block_size_;
+  for (size_t i = 0; i < n; ++i) {
+    const ProposerRequest& r = batch.requests[i];
+    const RequestState* st = r.shed ? nullptr : find_state(r.req_id);
+    if (st == nullptr || st->stale.empty()) continue;
+    // Blocks wholly inside a shed range hold none of this request's entries. They all lie before
+    // the positions it runs now (the ranges end where it was fed again), so dropping them shifts
+    // every later key by the same number of blocks.
+    std::vector<int32_t>& kept = attended_blocks_[i];
+    kept.clear();
+    size_t range = 0;
+    for (size_t b = 0; b < r.block_ids.size(); ++b) {
+      const int first = static_cast<int>(b) * bs, end = first + bs;
+      while (range < st->stale.size() && st->stale[range].second < end) ++range;
+      const bool stale = range < st->stale.size() && st->stale[range].first <= first && end <= st->stale[range].second;
+      if (stale) {
+        ++attended_[i].removed;
+      } else {
+        kept.push_back(r.block_ids[b]);
+      }
+    }
+    attended_[i].blocks = kept;
+  }
+}
+
 void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
   const size_t n = batch.requests.size();
   drafts.assign(n, {});
@@ -206,6 +247,7 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   num_drafts_.assign(n, 0);
   pieces_.clear();
   plan_catch_up(batch, num_drafts_, pieces_);
+  plan_attended_blocks(batch);
   contexts_.assign(n, {});
   draft_masks_.resize(n);
   std::vector<size_t> rows;  // requests with a draft-step row, in batch order
@@ -230,7 +272,8 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
                   "internal error: {} draft chain of {} rows padded to {} (max_num_seqs {})", method(), rows.size(),
                   padded, config_.max_num_seqs);
     if (max_drafts >= 2)
-      step_.prepare_chain(batch, rows, max_drafts - 1, padded, num_drafts_, /*first_back=*/1 + token_offset());
+      step_.prepare_chain(batch, attended_, rows, max_drafts - 1, padded, num_drafts_,
+                          /*first_back=*/1 + token_offset());
     chain_.begin(rows, padded);
   }
 
@@ -283,7 +326,7 @@ void ModelProposer::run_draft_steps(const ProposeBatch& batch, const std::vector
     {
       phase_profile::Scope p("draft.step_prepare");
       // Draft j's input is draft j-1, one position past the row draft 1 came from.
-      step_.prepare(batch, rows, j, padded, drafts, num_drafts_, /*upload_tables=*/j == 2,
+      step_.prepare(batch, attended_, rows, j, padded, drafts, num_drafts_, /*upload_tables=*/j == 2,
                     /*first_back=*/1 + token_offset());
     }
     Tensor logits;
@@ -374,18 +417,18 @@ void ModelProposer::run_varlen_catch_up(const ProposeBatch& batch, const std::ve
       if (hidden && num_drafts_[piece.req] >= step_row_min_drafts_) step_rows[num_step_rows++] = t - 1;
     }
     qsl[s + 1] = t;
-    seq_lens[s] = piece.to;
+    seq_lens[s] = piece.to - attended_[piece.req].removed * bs;
     max_query = std::max(max_query, piece.to - piece.from);
-    max_seq = std::max(max_seq, piece.to);
-    width = std::max(width, ceil_div(piece.to, bs));
+    max_seq = std::max(max_seq, seq_lens[s]);
+    width = std::max(width, ceil_div(seq_lens[s], bs));
   }
   // Block tables as wide as the widest piece.
   int32_t* tables = catch_up_.tables.host.data_as<int32_t>();
   for (int s = 0; s < num_seqs; ++s) {
-    const ProposerRequest& r = batch.requests[pieces[static_cast<size_t>(s)].req];
+    const std::span<const int32_t> blocks = attended_[pieces[static_cast<size_t>(s)].req].blocks;
     const int used = ceil_div(seq_lens[s], bs);
     int32_t* row = tables + static_cast<size_t>(s) * width;
-    std::copy(r.block_ids.begin(), r.block_ids.begin() + used, row);
+    std::copy(blocks.begin(), blocks.begin() + used, row);
     std::fill(row + used, row + width, 0);
   }
   ForwardInput& fi = in.rows;
@@ -557,12 +600,13 @@ bool ModelProposer::run_uniform_catch_up(const ProposeBatch& batch, const std::v
           if (hidden) hidden_rows[base + j] = r.first_row + (last - r.first_position);
         }
       }
-      seq_lens[s] = first + rows;
+      seq_lens[s] = first + rows - attended_[piece.req].removed * block_size_;
       logits_idx[s] = base + last - first;
       if (hidden && piece.drafts && num_drafts_[piece.req] >= step_row_min_drafts_)
         step_rows[num_step_rows++] = base + last - first;
-      const size_t used = std::min(r.block_ids.size(), static_cast<size_t>(w));
-      std::copy(r.block_ids.begin(), r.block_ids.begin() + used, table);
+      const std::span<const int32_t> blocks = attended_[piece.req].blocks;
+      const size_t used = std::min(blocks.size(), static_cast<size_t>(w));
+      std::copy(blocks.begin(), blocks.begin() + used, table);
     }
     catch_up_.tokens.upload(backend_, t);
     catch_up_.positions.upload(backend_, t);

@@ -136,6 +136,9 @@ class ModelProposer : public Proposer {
     // Hidden-state proposers: positions the request took from shared blocks without computing them
     // (prefix-cache hits, depth-0 steps shed under load).
     int num_inherited = 0;
+    // The shed ones, as position ranges (ascending, disjoint): their entries are another request's,
+    // so its rows do not attend to the blocks wholly inside them (AttendedBlocks).
+    std::vector<std::pair<int, int>> stale;
     bool deterministic_drafts = false;  // its last drafts were argmax'd (no q rows to verify against)
   };
   // A run of one request's positions [from, to) through a catch-up forward.
@@ -164,8 +167,9 @@ class ModelProposer : public Proposer {
   // whose row reads its last token. Called with depth 0 only where needs_every_step(). The
   // default is the hidden-state proposers' (MTP, EAGLE): every position the target computed in the
   // step whose next token is known, each exactly once; earlier positions the request never ran
-  // (a prefix-cache hit, a shed step) are inherited from the shared blocks' entries, which differ
-  // from its own at most in acceptance, never in the output.
+  // are inherited: a prefix-cache hit's from the request that computed the same tokens; a shed
+  // step's entries are some other request's (RequestState::stale), which its rows then do not
+  // attend to where they fill whole blocks. Either way only acceptance can differ, never the output.
   virtual void plan_catch_up(const ProposeBatch& batch, std::vector<int>& num_drafts, std::vector<Piece>& pieces);
   // The target's rows a hidden-state proposer reads (ProposeBatch::target_hidden_states, or the
   // aux layers' features for EAGLE-3).
@@ -256,6 +260,8 @@ class ModelProposer : public Proposer {
   Tensor run_step(int padded, int variant);
   // The step's forward; a hidden-state proposer's output replaces chained_hidden_ in place.
   Tensor step_forward(int padded, int variant, bool for_capture);
+  // attended_ for this propose's batch.
+  void plan_attended_blocks(const ProposeBatch& batch);
   int64_t slot_of(const ProposerRequest& r, int pos) const {
     return draft_kv_slot(r, pos, block_size_, kv_cache_name_);
   }
@@ -274,6 +280,10 @@ class ModelProposer : public Proposer {
   std::vector<int> num_drafts_;
   std::vector<Piece> pieces_;
   std::vector<std::vector<int32_t>> contexts_;  // drafting rows' context (tokens + drafts so far)
+  // Per request of this propose: the blocks its rows attend to (attended_blocks_ holds the lists
+  // of requests with stale blocks; the others attend to their whole block table).
+  std::vector<AttendedBlocks> attended_;
+  std::vector<std::vector<int32_t>> attended_blocks_;
   // Per request of this propose: the grammar mask its next draft is sampled under (structured
   // outputs; draft_grammar_mask), valid until that request's next draft.
   std::vector<std::vector<uint32_t>> draft_masks_;
