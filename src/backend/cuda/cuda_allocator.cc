@@ -63,7 +63,8 @@ void* CudaCachingAllocator::allocate(size_t bytes) {
     cudaMemGetInfo(&free_b, &total_b);
     throw Error(fmt::format(
         "CUDA out of memory: cannot allocate {} on device {} ({}; {} free of {}; specula holds {} in tensors)",
-        mib(size), device, cudaGetErrorString(err), mib(free_b), mib(total_b), mib(device_stats_[device].in_use_bytes)));
+        mib(size), device, cudaGetErrorString(err), mib(free_b), mib(total_b),
+        mib(device_stats_[device].in_use_bytes)));
   }
   ++stats_.cuda_malloc_calls;
   ++device_stats_[device].cuda_malloc_calls;
