@@ -13,6 +13,7 @@
 #include "engine/load_progress.h"
 #include "engine/memory_plan.h"
 #include "engine/null_tokenizer.h"
+#include "engine/step_watchdog.h"
 #include "engine/threaded_engine.h"
 #include "model/model.h"
 #include "model/shared_expert_fusion.h"
@@ -100,6 +101,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   SPECULA_CHECK(config.block_size > 0, "--block-size must be positive, got {}", config.block_size);
   EngineComponents parts;
   parts.config = config;
+  parts.step_timeout_seconds = StepWatchdog::timeout_from_env();  // a bad value fails before loading
   parts.model_config = load_model_config(config.model);
   parts.generation_config = load_generation_config(config.model);
   parts.tokenizer = config.skip_tokenizer_init

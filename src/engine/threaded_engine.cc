@@ -35,7 +35,7 @@ class ThreadedEngine : public LLMEngine {
       : parts_(std::move(c)),
         core_(parts_.core_config, *parts_.executor, *parts_.tokenizer),
         stats_(parts_.backend && parts_.backend->device() == Device::kCUDA ? "GPU" : "CPU"),
-        watchdog_(StepWatchdog::timeout_from_env(), [this] { return parts_.model ? parts_.model->progress() : ""; }) {
+        watchdog_(parts_.step_timeout_seconds, [this] { return parts_.model ? parts_.model->progress() : ""; }) {
     metrics_ = core_.metrics();
     core_.set_on_step_counted([this] { publish_metrics(); });
   }

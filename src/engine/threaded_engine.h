@@ -31,6 +31,7 @@ struct EngineComponents {
   std::unique_ptr<Sampler> sampler;
   std::unique_ptr<Speculator> speculator;  // speculative decoding (null: off); the executor uses it
   std::unique_ptr<ModelExecutor> executor;
+  double step_timeout_seconds = 60.0;  // the step watchdog's (SPECULA_ENGINE_ITERATION_TIMEOUT_S)
 };
 
 std::unique_ptr<LLMEngine> make_threaded_engine(EngineComponents components);
