@@ -8,6 +8,7 @@
 # thread stops at the launch its GPU cannot finish.
 #   tools/gpu/stacks_on_hang.sh STALL NAME -- specula bench latency ... -tp 4 ...
 # $OUT/NAME.log is the command's output, $OUT/NAME.stacks.txt the record (only if it stalled).
+# Exits with the command's status, or 124 when it stalled.
 set -uo pipefail
 stall=$1 name=$2
 shift 2
@@ -16,7 +17,12 @@ mkdir -p "$OUT"
 "$@" > "$OUT/$name.log" 2>&1 &
 pid=$!
 for _ in $(seq 1 "$stall"); do
-  kill -0 "$pid" 2>/dev/null || { wait "$pid"; echo "$name: exit $? (no stall)"; exit 0; }
+  if ! kill -0 "$pid" 2>/dev/null; then
+    wait "$pid"
+    rc=$?
+    echo "$name: exit $rc (no stall)"
+    exit "$rc"
+  fi
   sleep 1
 done
 {
@@ -36,3 +42,4 @@ kill -9 "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 echo "$name: stalled; $OUT/$name.stacks.txt"
 head -8 "$OUT/$name.stacks.txt"
+exit 124

@@ -77,11 +77,26 @@ for n in ${TP_70B:-}; do
 done
 
 # TP_DEEPSEEK="1 2 4": DeepSeek-V2-Lite (MLA split by heads, every expert by channels) at those
-# sizes, batch-1 TPOT alternated TP_REPS times.
+# sizes, batch-1 TPOT alternated TP_REPS times. Each run goes through stacks_on_hang.sh (a run
+# still going after 110 s leaves NAME.stacks.txt: every thread's stack and the GPUs' use) with
+# the step watchdog at 30 s (each rank's collectives and device state in NAME.log): -tp 4 hung
+# once here at d7ab1b0.
 V2LITE=bench/configs/DeepSeek-V2-Lite
 for rep in $(seq 1 "${TP_REPS:-2}"); do
   for n in ${TP_DEEPSEEK:-}; do
-    bench "b1_v2lite_tp${n}_r$rep" 120 latency "$V2LITE" "${opts[@]}" -tp "$n" "${b1[@]}"
+    name="b1_v2lite_tp${n}_r$rep"
+    if [ $(( BUDGET - $(elapsed) )) -lt 120 ]; then
+      echo "== $name: not run (time budget spent)" | tee -a "$WORK/status.txt"
+      continue
+    fi
+    t0=$(date +%s)
+    SPECULA_ENGINE_ITERATION_TIMEOUT_S=30 OUT="$WORK" tools/gpu/stacks_on_hang.sh 110 "$name" -- \
+      "${SPECULA_BIN:-specula}" bench latency "$V2LITE" "${opts[@]}" -tp "$n" "${b1[@]}" --output-json "$WORK/$name.json" \
+      > /dev/null
+    rc=$?
+    note=""
+    [ $rc -eq 124 ] && note=" (stalled: stacks in $name.stacks.txt)"
+    echo "$name: exit $rc in $(( $(date +%s) - t0 ))s$note" | tee -a "$WORK/status.txt"
   done
 done
 
