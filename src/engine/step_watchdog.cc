@@ -4,8 +4,11 @@
 #include <chrono>
 #include <cstdlib>
 
+#include <unistd.h>
+
 #include "core/error.h"
 #include "core/logging.h"
+#include "core/thread_stacks.h"
 
 namespace specula {
 namespace {
@@ -32,6 +35,8 @@ StepWatchdog::~StepWatchdog() {
 }
 
 void StepWatchdog::step_started() {
+  thread_local const pid_t tid = current_thread_id();
+  step_thread_.store(tid, std::memory_order_relaxed);
   // The start before the count: a watcher that sees the new count sees its start.
   started_ns_.store(now_ns(), std::memory_order_relaxed);
   step_.fetch_add(1, std::memory_order_release);
@@ -62,12 +67,19 @@ void StepWatchdog::watch() {
       warned = 0;
     }
     if (due <= warned) continue;
+    const bool first = warned == 0;
     warned = due;
     warnings_.fetch_add(1);
     lock.unlock();
     const std::string where = describe_ ? describe_() : std::string();
     LOG_WARN("Engine step {} has been running for {:.1f} s (SPECULA_ENGINE_ITERATION_TIMEOUT_S={:g}){}{}", step, ran,
              timeout_, where.empty() ? "" : ": ", where);
+    if (first) {
+      LOG_WARN("Stacks of the engine's threads (frames `binary(+0xOFFSET)`: addr2line -f -C -e <unstripped binary> "
+               "0xOFFSET):");
+      spdlog::default_logger_raw()->flush();
+      write_thread_stacks(STDERR_FILENO, {step_thread_.load(std::memory_order_relaxed)});
+    }
     lock.lock();
   }
 }

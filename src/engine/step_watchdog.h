@@ -3,7 +3,9 @@
 // arrives, a device that hangs). The loop thread marks each step's start and end (two atomic
 // stores: nothing on the hot path waits or wakes a thread); a thread of the watchdog looks every
 // quarter timeout and logs what `describe` says (the model's per-rank progress) once a step has
-// run `timeout` seconds, and again every `timeout` seconds while it still runs. It only reports:
+// run `timeout` seconds, and again every `timeout` seconds while it still runs; the first time,
+// also the stacks of the thread running the step and of every thread named "specula-..." (the
+// ranks'), which say which call a stuck rank is blocked in. It only reports:
 // a stuck step cannot be interrupted safely, and the operator decides. vLLM's engine has the same
 // bound (VLLM_ENGINE_ITERATION_TIMEOUT_S, 60 s); here SPECULA_ENGINE_ITERATION_TIMEOUT_S, 0 = off.
 #pragma once
@@ -15,6 +17,8 @@
 #include <mutex>
 #include <string>
 #include <thread>
+
+#include <sys/types.h>
 
 namespace specula {
 
@@ -40,6 +44,7 @@ class StepWatchdog {
   const std::function<std::string()> describe_;
   std::atomic<int64_t> started_ns_{0};  // the running step's start (steady clock)
   std::atomic<uint64_t> step_{0};       // steps started so far
+  std::atomic<pid_t> step_thread_{0};   // the thread running them
   std::atomic<bool> running_{false};
   std::atomic<int> warnings_{0};
   std::mutex mu_;  // guards stopping_

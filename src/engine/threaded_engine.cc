@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/logging.h"
+#include "core/thread_stacks.h"
 #include "engine/stats_logger.h"
 #include "engine/step_watchdog.h"
 
@@ -50,7 +51,10 @@ class ThreadedEngine : public LLMEngine {
     std::lock_guard<std::mutex> lock(mu_);
     SPECULA_CHECK(!started_ && !stopping_, "the engine was already started");
     started_ = true;
-    thread_ = std::thread([this] { loop(); });
+    thread_ = std::thread([this] {
+      name_current_thread("specula-engine");
+      loop();
+    });
   }
 
   void shutdown() override {

@@ -14,6 +14,7 @@
 #include "backend/communicator.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "core/thread_stacks.h"
 #include "model/deepseek.h"
 #include "model/llama.h"
 #include "model/sharded_weight_source.h"
@@ -75,6 +76,7 @@ class RankThreads {
   }
 
   void loop(int rank) {
+    name_current_thread(fmt::format("specula-rank{}", rank));  // the step watchdog reports its stack
     uint64_t seen = 0;
     for (;;) {
       const std::function<void(int)>* job = nullptr;

@@ -90,7 +90,7 @@ for rep in $(seq 1 "${TP_REPS:-2}"); do
       continue
     fi
     t0=$(date +%s)
-    SPECULA_ENGINE_ITERATION_TIMEOUT_S=30 OUT="$WORK" tools/gpu/stacks_on_hang.sh 110 "$name" -- \
+    SPECULA_ENGINE_ITERATION_TIMEOUT_S=30 OUT="$WORK" tools/gpu/stacks_on_hang.sh "${TP_STALL_S:-110}" "$name" -- \
       "${SPECULA_BIN:-specula}" bench latency "$V2LITE" "${opts[@]}" -tp "$n" "${b1[@]}" --output-json "$WORK/$name.json" \
       > /dev/null
     rc=$?
