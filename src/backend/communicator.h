@@ -32,20 +32,20 @@ class Communicator {
   // forward failed calls it so that the others do not wait for it forever.
   virtual void abort() = 0;
 
-  // While on, every collective returns at once and leaves its tensors as they are: a sizing pass
-  // (TensorParallelModel), whose activations are thrown away, runs each rank without waiting for
-  // the others, so that it may allocate device memory (which, between GPUs that map each other's
-  // memory, waits for the peers' kernels: a rank allocating while a peer's collective waits for
-  // it would hang both).
-  void set_sizing(bool on) { sizing_ = on; }
+  // While on, every collective returns at once and leaves its tensors as they are: a rehearsal
+  // (model/tensor_parallel_rehearsals.h), whose activations are thrown away, runs each rank
+  // without waiting for the others, so that it may do what waits for the device's queue to drain
+  // (allocate device memory, load a library's kernel), which a peer's collective waiting for this
+  // rank would never let happen.
+  void set_rehearsal(bool on) { rehearsing_ = on; }
 
-  // The collectives this rank has entered (a sizing pass's not counted): when a step stalls, how
+  // The collectives this rank has entered (a rehearsal's not counted): when a step stalls, how
   // far each rank's host got (any thread may read it).
   uint64_t collectives_entered() const { return entered_.load(std::memory_order_relaxed); }
 
  protected:
   void count_entered() { entered_.fetch_add(1, std::memory_order_relaxed); }
-  bool sizing_ = false;
+  bool rehearsing_ = false;
 
  private:
   std::atomic<uint64_t> entered_{0};

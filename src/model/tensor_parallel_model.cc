@@ -19,6 +19,7 @@
 #include "model/llama.h"
 #include "model/sharded_weight_source.h"
 #include "model/tensor_parallel_plan.h"
+#include "model/tensor_parallel_rehearsals.h"
 #include "model/weight_quantization.h"
 
 namespace specula {
@@ -284,7 +285,7 @@ class TensorParallelModel final : public Model {
     if (capture_) return capture_forward(input, kv);
     if (!host_memory)
       for (size_t rank = 1; rank < backends_.size(); ++rank) backends_[rank]->wait_for(home);
-    if (grows_scratch(input)) size_scratch(input, kv);
+    if (rehearsals_.needed(input)) rehearse(input, kv);
     return run_ranks(input, kv);
   }
 
@@ -362,56 +363,33 @@ class TensorParallelModel final : public Model {
     return out;
   }
 
-  // Whether this step may need more scratch than any step before (a step's activations grow with
-  // its tokens, logits rows, sequences, query rows and lengths), i.e. allocate inside its forward.
-  // Lengths count by the block table's width: a sizing pass claims the longest length it allows
-  // (size_scratch).
-  bool grows_scratch(const ForwardInput& in) {
-    const AttentionMetadata& md = in.attn;
-    const int64_t width = md.block_tables.defined() && md.block_tables.ndim() == 2 ? md.block_tables.size(1)
-                                                                                   : md.max_seq_len;
-    const std::array<int64_t, 5> shape{in.token_ids.numel(), in.logits_indices.numel(), md.num_seqs,
-                                       md.max_query_len, width};
-    bool larger = false;
-    for (size_t i = 0; i < shape.size(); ++i)
-      if (shape[i] > largest_step_[i]) {
-        largest_step_[i] = shape[i];
-        larger = true;
-      }
-    return larger;
-  }
-
-  // A device allocation waits for the GPUs that map the allocating one's memory (NCCL maps them
-  // all), so a rank that grows its scratch in the middle of a forward, while a peer's collective
-  // already waits for that rank, would hang both. Before such a step every rank runs it once with
-  // the collectives off (their activations and K/V entries are garbage, rewritten by the real
-  // run), then grows its arena to that peak while no collective is pending; the real run then
-  // allocates nothing. On CUDA the sizing pass claims for every sequence the longest length its
-  // block-table row allows, as a graph capture does (decode attention splits longer sequences
-  // over more scratch; its kernels read the true lengths on the device), so that later, longer
-  // steps fit too until the table widens. On the CPU, where attention reads the host lengths, the
-  // pass runs as it is: it changes nothing there but runs, so that CI covers it.
-  void size_scratch(const ForwardInput& input, std::vector<KVCacheLayer>& kv) {
-    ForwardInput sizing = input;
-    AttentionMetadata& md = sizing.attn;
+  // A rehearsal of `input` (see tensor_parallel_rehearsals.h), then every rank grows its scratch
+  // arena to the rehearsal's peak while no collective is pending. On CUDA the rehearsal claims for
+  // every sequence the longest length its block-table row allows, as a graph capture does (decode
+  // attention splits longer sequences over more scratch; its kernels read the true lengths on the
+  // device). On the CPU, where attention reads the host lengths, it runs as it is: it changes
+  // nothing there but runs, so that CI covers it.
+  void rehearse(const ForwardInput& input, std::vector<KVCacheLayer>& kv) {
+    ForwardInput rehearsal = input;
+    AttentionMetadata& md = rehearsal.attn;
     if (backends_.front()->device() != Device::kCPU && md.block_tables.defined() && md.block_tables.ndim() == 2) {
       const int32_t longest = static_cast<int32_t>(md.block_tables.size(1) * md.block_size);
       md.seq_lens_host.assign(md.seq_lens_host.size(), longest);
       md.max_seq_len = longest;
     }
-    for (auto& c : communicators_) c->set_sizing(true);
+    for (auto& c : communicators_) c->set_rehearsal(true);
     try {
-      run_ranks(sizing, kv);
+      run_ranks(rehearsal, kv);
     } catch (...) {
-      for (auto& c : communicators_) c->set_sizing(false);
+      for (auto& c : communicators_) c->set_rehearsal(false);
       throw;
     }
-    for (auto& c : communicators_) c->set_sizing(false);
+    for (auto& c : communicators_) c->set_rehearsal(false);
     threads_->run([&](int rank) {
       Backend& backend = *backends_[static_cast<size_t>(rank)];
       backend.bind_thread();
       backend.synchronize();
-      backend.reset_scratch();  // grows the arena to the sizing pass's peak
+      backend.reset_scratch();  // grows the arena to the rehearsal's peak
     });
     for (size_t rank = 1; rank < backends_.size(); ++rank) backends_[rank]->wait_for(*backends_.front());
   }
@@ -478,7 +456,7 @@ class TensorParallelModel final : public Model {
   std::vector<const void*> kv_key_;                       // the engine cache rank_kv_ matches
   std::vector<RankInputs> rank_inputs_;                   // by rank (rank 0 reads the engine's)
   RankCapture* capture_ = nullptr;                        // while capture_graph records
-  std::array<int64_t, 5> largest_step_{};                 // grows_scratch's maxima so far
+  TensorParallelRehearsals rehearsals_;                   // which steps run first with the collectives off
   std::unique_ptr<RankThreads> threads_;                  // last: joined before the models go
 };
 

@@ -66,7 +66,7 @@ class ThreadCommunicator final : public Communicator {
 
   void all_reduce_sum(Tensor& t) override {
     check_f32(t, "all_reduce_sum");
-    if (sizing_) return;
+    if (rehearsing_) return;
     count_entered();
     post(t);
     const int64_t n = t.numel();
@@ -91,7 +91,7 @@ class ThreadCommunicator final : public Communicator {
     SPECULA_CHECK(out.numel() == rows * cols * size(),
                   "tensor parallel all_gather_columns: out {} must hold {} ranks' {}", out.describe(), size(),
                   in.describe());
-    if (sizing_) return;
+    if (rehearsing_) return;
     count_entered();
     post(in);
     const int64_t out_cols = cols * size();

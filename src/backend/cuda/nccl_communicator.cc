@@ -88,7 +88,7 @@ class NcclCommunicator final : public Communicator {
 
   void all_reduce_sum(Tensor& t) override {
     cuda_check::on_gpu(t, "all_reduce_sum", "t");
-    if (sizing_) return;
+    if (rehearsing_) return;
     count_entered();
     if (peer_ && peer_->fits(t)) {
       peer_->all_reduce_sum(rank_, t, backend_.stream());
@@ -111,15 +111,15 @@ class NcclCommunicator final : public Communicator {
                   out.describe(), size_, in.describe());
     const NcclLibrary& nccl = NcclLibrary::get();
     if (rows <= 1) {
-      if (sizing_) return;
+      if (rehearsing_) return;
       count_entered();
       nccl.check(nccl.all_gather(in.data(), out.data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()), comm_,
                                  backend_.stream()),
                  "tensor parallel all_gather_columns");
       return;
     }
-    Tensor blocks = backend_.scratch({size_, rows, cols}, in.dtype());  // before a sizing pass returns: it counts
-    if (sizing_) return;
+    Tensor blocks = backend_.scratch({size_, rows, cols}, in.dtype());  // before a rehearsal returns: it counts
+    if (rehearsing_) return;
     count_entered();
     nccl.check(nccl.all_gather(in.data(), blocks.data(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()), comm_,
                                backend_.stream()),
@@ -169,7 +169,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
   int current = 0;
   cudaGetDevice(&current);
   // Every connection is made here rather than at a collective's first call, where NCCL allocates
-  // device memory while a peer's kernel may already wait (see Communicator::set_sizing).
+  // device memory while a peer's kernel may already wait (see Communicator::set_rehearsal).
   setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
   nccl.check(nccl.comm_init_all(comms.data(), static_cast<int>(comms.size()), devices.data()), "ncclCommInitAll");
   // A graph of the split model starts each rank's share with a copy of the step's inputs from rank

@@ -81,18 +81,18 @@ TEST(ThreadCommunicator, AbortEndsTheWaitOfTheOtherRanks) {
   EXPECT_EQ(failed[1], 1);
 }
 
-// A sizing pass runs each rank alone: its collectives neither wait for the other ranks nor touch
+// A rehearsal runs each rank alone: its collectives neither wait for the other ranks nor touch
 // their tensors.
-TEST(ThreadCommunicator, WhileSizingCollectivesReturnAtOnce) {
+TEST(ThreadCommunicator, WhileRehearsingCollectivesReturnAtOnce) {
   auto comms = make_thread_communicators(3);
-  comms[1]->set_sizing(true);
+  comms[1]->set_rehearsal(true);
   Tensor t = Tensor::from_f32({1.0f, 2.0f});
   comms[1]->all_reduce_sum(t);  // ranks 0 and 2 never come
   EXPECT_EQ(t.to_f32_vector(), (std::vector<float>{1.0f, 2.0f}));
   Tensor out = Tensor::from_f32({9.0f, 9.0f, 9.0f, 9.0f, 9.0f, 9.0f}, {1, 6});
   comms[1]->all_gather_columns(Tensor::from_f32({5.0f, 6.0f}, {1, 2}), out);
   EXPECT_EQ(out.to_f32_vector(), std::vector<float>(6, 9.0f));
-  comms[1]->set_sizing(false);
+  comms[1]->set_rehearsal(false);
 }
 
 TEST(ThreadCommunicator, TakesF32CpuTensorsOnly) {

@@ -1,0 +1,22 @@
+#include "model/tensor_parallel_rehearsals.h"
+
+namespace specula {
+
+bool TensorParallelRehearsals::needed(const ForwardInput& step) {
+  const AttentionMetadata& md = step.attn;
+  const int64_t width =
+      md.block_tables.defined() && md.block_tables.ndim() == 2 ? md.block_tables.size(1) : md.max_seq_len;
+  const std::array<int64_t, 5> sizes{step.token_ids.numel(), step.logits_indices.numel(), md.num_seqs,
+                                     md.max_query_len, width};
+  bool larger = false;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i] > largest_[i]) {
+      largest_[i] = sizes[i];
+      larger = true;
+    }
+  const bool new_tokens = tokens_run_.insert(sizes[0]).second;
+  const bool new_logits_rows = logits_rows_run_.insert(sizes[1]).second;
+  return larger || new_tokens || new_logits_rows;
+}
+
+}  // namespace specula

@@ -1,0 +1,36 @@
+// Which tensor-parallel steps run first as a rehearsal: once on every rank with the collectives
+// off (Communicator::set_rehearsal; the activations and K/V entries it writes are garbage that the
+// real run rewrites), before the real run. Inside a real forward a rank may not do anything that
+// waits for its device's queue to drain: a peer's collective in that queue waits for this rank,
+// so neither would ever finish. Two such things happen on a step's first run at new sizes:
+//  - a device allocation, when the step needs more scratch than any before: its activations grow
+//    with its tokens, logits rows, sequences, query rows and block-table width (the rehearsal
+//    claims the longest lengths that width allows, so later, longer steps fit too);
+//  - the first use of a library kernel: cuBLASLt loads a matmul's kernels when a matmul first
+//    needs them (cuLibraryLoadData, whatever CUDA_MODULE_LOADING says), holding a lock that every
+//    other rank's next cuBLASLt call then waits for. Its choice of kernel follows the matmul's
+//    rows: a step whose token count (every layer's matmuls) or logits rows (the lm_head's) have
+//    not run before. Each distinct count costs one extra forward, once.
+// After the rehearsal the arenas are grown and the kernels loaded, and the real run waits for
+// nothing but its peers.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <set>
+
+#include "model/model.h"
+
+namespace specula {
+
+class TensorParallelRehearsals {
+ public:
+  // Whether `step` needs a rehearsal; either way its sizes count as run from now on.
+  bool needed(const ForwardInput& step);
+
+ private:
+  std::array<int64_t, 5> largest_{};  // tokens, logits rows, sequences, query rows, table width
+  std::set<int64_t> tokens_run_, logits_rows_run_;
+};
+
+}  // namespace specula

@@ -1,0 +1,52 @@
+// TensorParallelRehearsals: a step is rehearsed when any of its sizes is larger than every step's
+// before (its scratch may grow) or when its matmul row counts have not run before (a library may
+// load a kernel for them); never twice for the same sizes.
+#include "model/tensor_parallel_rehearsals.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace specula {
+namespace {
+
+// A step of `seqs` sequences with `tokens` rows, `logits` logits rows, its longest query and a
+// block table `width` blocks wide.
+ForwardInput step(int tokens, int logits, int seqs, int max_query, int width) {
+  ForwardInput in;
+  in.token_ids = Tensor::from_i32(std::vector<int32_t>(static_cast<size_t>(tokens), 1));
+  in.logits_indices = Tensor::from_i32(std::vector<int32_t>(static_cast<size_t>(logits), 0));
+  in.attn.num_seqs = seqs;
+  in.attn.max_query_len = max_query;
+  in.attn.block_tables = Tensor::from_i32(std::vector<int32_t>(static_cast<size_t>(seqs * width), 0), {seqs, width});
+  return in;
+}
+
+TEST(TensorParallelRehearsals, FirstStepOfEachSizeOnly) {
+  TensorParallelRehearsals r;
+  EXPECT_TRUE(r.needed(step(128, 1, 1, 128, 16)));  // the first prefill
+  EXPECT_TRUE(r.needed(step(1, 1, 1, 1, 16)));      // the first decode step: new rows, nothing larger
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(r.needed(step(1, 1, 1, 1, 16)));
+  EXPECT_FALSE(r.needed(step(128, 1, 1, 128, 16)));
+}
+
+TEST(TensorParallelRehearsals, NewRowCountsThoughNothingGrows) {
+  TensorParallelRehearsals r;
+  EXPECT_TRUE(r.needed(step(64, 8, 8, 8, 32)));
+  EXPECT_TRUE(r.needed(step(16, 4, 4, 4, 32)));   // a smaller batch of verification rows: 16 and 4 rows never ran
+  EXPECT_TRUE(r.needed(step(16, 16, 4, 4, 32)));  // the same tokens, every row's logits: 16 logits rows
+  EXPECT_TRUE(r.needed(step(4, 4, 4, 1, 32)));    // 4 token rows: 4 ran as logits rows only
+  EXPECT_FALSE(r.needed(step(16, 8, 2, 8, 8)));   // counts that ran, fewer sequences, a narrower table
+}
+
+TEST(TensorParallelRehearsals, AnySizeLargerThanBefore) {
+  TensorParallelRehearsals r;
+  EXPECT_TRUE(r.needed(step(8, 8, 8, 1, 16)));
+  EXPECT_TRUE(r.needed(step(8, 8, 8, 1, 17)));  // a wider block table: longer sequences' scratch
+  EXPECT_FALSE(r.needed(step(8, 8, 8, 1, 17)));
+  EXPECT_TRUE(r.needed(step(8, 8, 4, 2, 17)));  // a longer query (and new rows over 4 sequences)
+  EXPECT_FALSE(r.needed(step(8, 8, 4, 2, 17)));
+}
+
+}  // namespace
+}  // namespace specula
