@@ -9,6 +9,7 @@
 #include <mutex>
 #include <set>
 
+#include "backend/cuda/cuda_allocator.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/peer_all_reduce.h"
 #include "core/error.h"
@@ -171,7 +172,24 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
   // Every connection is made here rather than at a collective's first call, where NCCL allocates
   // device memory while a peer's kernel may already wait (see Communicator::set_rehearsal).
   setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0);
-  nccl.check(nccl.comm_init_all(comms.data(), static_cast<int>(comms.size()), devices.data()), "ncclCommInitAll");
+  // NCCL allocates its buffers with cudaMalloc, outside our caching allocator: what that caches
+  // (an earlier engine's freed KV cache, tens of GiB) would leave NCCL too little ("unhandled
+  // cuda error"). Nothing runs while a model loads, so the frees' device waits cost nothing.
+  CudaCachingAllocator::instance().release_cached();
+  const ncclResult_t init = nccl.comm_init_all(comms.data(), static_cast<int>(comms.size()), devices.data());
+  if (init != ncclSuccess) {  // most often a cudaMalloc that failed: say what each GPU had left
+    std::string memory;
+    for (int d : devices) {
+      size_t free_b = 0, total_b = 0;
+      cudaSetDevice(d);
+      cudaMemGetInfo(&free_b, &total_b);
+      memory += fmt::format("; GPU {}: {:.2f} of {:.2f} GiB free", d, free_b / double(1 << 30), total_b / double(1 << 30));
+    }
+    cudaSetDevice(current);
+    (void)cudaGetLastError();
+    throw Error(fmt::format("ncclCommInitAll: NCCL error {} ({}){} (NCCL_DEBUG=INFO says more)", static_cast<int>(init),
+                            nccl.error_string(init), memory));
+  }
   // A graph of the split model starts each rank's share with a copy of the step's inputs from rank
   // 0's GPU; peer access makes that one direct copy over NVLink / PCIe (where the GPUs allow it).
   for (int from : devices)
