@@ -4,6 +4,7 @@
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <mutex>
@@ -177,8 +178,9 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
   // cuda error"). Nothing runs while a model loads, so the frees' device waits cost nothing.
   CudaCachingAllocator::instance().release_cached();
   const ncclResult_t init = nccl.comm_init_all(comms.data(), static_cast<int>(comms.size()), devices.data());
-  if (init != ncclSuccess) {  // most often a cudaMalloc that failed: say what each GPU had left
-    std::string memory;
+  if (init != ncclSuccess) {  // most often an allocation that failed: say what the host and each GPU had left
+    std::string memory = fmt::format("; host: {:.2f} GiB available",
+                                     static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE) / (1 << 30));
     for (int d : devices) {
       size_t free_b = 0, total_b = 0;
       cudaSetDevice(d);

@@ -11,6 +11,7 @@ namespace specula {
 namespace {
 
 TEST(NcclCommunicators, StartWithTheAllocatorsCachedMemoryReturned) {
+  SKIP_WITHOUT_GPU();
   auto gpu = make_cuda_backend(0);
   gpu->bind_thread();
   CudaCachingAllocator& allocator = CudaCachingAllocator::instance();
