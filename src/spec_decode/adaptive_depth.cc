@@ -94,7 +94,8 @@ bool AdaptiveDepth::feeds_proposer(int num_seqs) const {
   if (probe_depth(num_seqs) == 0) return false;
   const size_t bucket = static_cast<size_t>(OnlineCostModel::bucket_of(num_seqs));
   const int every = probe_every_[bucket];
-  return every <= config_.probe_interval || since_probe_[bucket] + config_.probe_interval >= every;
+  return every <= config_.probe_interval ||
+         since_probe_[bucket] + std::min(config_.feed_steps, config_.probe_interval) >= every;
 }
 
 int AdaptiveDepth::current(int num_seqs) const {

@@ -45,6 +45,10 @@ struct AdaptiveDepthConfig {
   // of every request, which every 32 steps cost 3-7 % of throughput on the H100.
   int probe_interval = 32;
   int max_probe_interval = 1024;
+  // Once a probe has failed, the depth-0 steps that feed an every-step proposer before the next
+  // probe (feeds_proposer): as many as it needs to draft as well as if fed all along
+  // (Proposer::steps_to_recover), at most probe_interval.
+  int feed_steps = 32;
   // The least weight of one verification of a probe from depth 0. At the EMA floor a probe every
   // 32..1024 steps could never move an estimate learned from a bad start: on the H200 the embedded
   // pair's first request left a_1 at 0.65 (0.85 over the run) and adaptive k = 5 at depth 0 for
@@ -73,7 +77,7 @@ class AdaptiveDepth {
   // specula-tiny-moe's MTP layer accepted 0 of 25 and 0 of 40 probe drafts after unfed
   // stretches), so: where a probe could pay, while no probe has failed since speculation was last
   // on (a probe with a warm cache that fails is the verdict: acceptance is low, stop paying for the
-  // cache), and, after that, for the last `probe_interval` steps before each probe.
+  // cache), and, after that, for the last `feed_steps` steps before each probe.
   bool feeds_proposer(int num_seqs) const;
 
   double expected_tokens(int depth) const;

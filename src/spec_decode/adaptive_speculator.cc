@@ -16,10 +16,11 @@ namespace specula {
 
 namespace {
 
-AdaptiveDepthConfig depth_config(const AdaptiveSpeculatorConfig& c) {
+AdaptiveDepthConfig depth_config(const AdaptiveSpeculatorConfig& c, const Proposer* proposer) {
   AdaptiveDepthConfig a;
   a.num_speculative_tokens = c.num_speculative_tokens;
   a.adaptive = c.adaptive;
+  if (proposer) a.feed_steps = proposer->steps_to_recover();
   return a;
 }
 
@@ -28,7 +29,7 @@ AdaptiveDepthConfig depth_config(const AdaptiveSpeculatorConfig& c) {
 AdaptiveSpeculator::AdaptiveSpeculator(std::unique_ptr<Proposer> proposer, const AdaptiveSpeculatorConfig& config,
                                        std::unique_ptr<StepCostModel> cost, Clock clock)
     : proposer_(std::move(proposer)), config_(config),
-      depth_(depth_config(config),
+      depth_(depth_config(config, proposer_.get()),
              cost ? std::move(cost)
                   : std::make_unique<OnlineCostModel>(config.num_speculative_tokens + 1,
                                                       proposer_ ? proposer_->relative_step_cost() : 0.2, 0.2,
@@ -103,8 +104,9 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   // concurrency 1 stayed at depth 0 where k = 1 pinned gains 18 %; eagle3 at 64 requests at 0.77x
   // of pinned k = 3). Only the requests that the probe will have draft are fed, so such a step
   // costs one catch-up forward of a few requests (for all 64 it cost 40 % of throughput); and once
-  // a probe with a warm cache found acceptance too low, only the stretch before each probe is fed
-  // (fed every step, MTP at temperature 1 ran at 0.6x of no speculation).
+  // a probe with a warm cache found acceptance too low, only the steps the proposer needs to
+  // recover before each probe are fed (Proposer::steps_to_recover; fed every step, MTP at
+  // temperature 1 ran at 0.6x of no speculation).
   const bool feed_window = proposer_->needs_every_step() && depth_.feeds_proposer(num_decoding);
   if (batch.depth == 0 && num_decoding > 0 && !depth_.plain_probe() && !feed_window) {
     LOG_DEBUG("adaptive depth: {} decoding, depth 0, proposer not called", num_decoding);

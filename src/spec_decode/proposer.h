@@ -59,6 +59,11 @@ class Proposer {
   // the target's hidden states, which exist only in their step): a step skipped leaves it stale
   // (lower acceptance later), where a draft model simply catches up from the tokens.
   virtual bool needs_every_step() const { return false; }
+  // For such a proposer: the fed steps after a stretch it did not see that bring its drafts back
+  // to what feeding every step gives (the adaptive depth feeds it this long before a probe).
+  // Measured on the H100 (docs/PERFORMANCE.md, CudaHiddenStateShedding): an EAGLE-3 head needs
+  // 16-32.
+  virtual int steps_to_recover() const { return 32; }
   // Positions the last propose() ran through the proposer's own catch-up (0 for proposers without
   // one). The adaptive depth learns a draft step's cost only from steps whose catch-up is the
   // steady 1 + k positions per request at most, not from ones that also ran a prompt or a

@@ -198,6 +198,30 @@ TEST(AdaptiveDepth, FeedsAnEveryStepProposerWhileMeasuringWhetherSpeculationPays
   EXPECT_EQ(fed, expected);
 }
 
+// A proposer that recovers in fewer steps than the probe interval is fed only that many before
+// each probe once one has failed (MTP: 12 of 32).
+TEST(AdaptiveDepth, FeedsOnlyTheStepsTheProposerNeedsToRecover) {
+  AdaptiveDepthConfig c;
+  c.num_speculative_tokens = 5;
+  c.prior_acceptance = 0.05;
+  c.probe_interval = 8;
+  c.feed_steps = 3;
+  AdaptiveDepth d(c, std::make_unique<FusedChainCost>());
+  for (int i = 1; i <= 8; ++i) {
+    EXPECT_EQ(d.choose(1), i == 8 ? 5 : 0);
+    EXPECT_TRUE(d.feeds_proposer(1)) << "before the first failed probe, every step: step " << i;
+    if (i == 8) d.record_verification(5, 0);
+  }
+  std::vector<bool> fed;
+  for (int i = 1; i <= 16; ++i) {
+    EXPECT_EQ(d.choose(1), i == 16 ? 5 : 0);
+    fed.push_back(d.feeds_proposer(1));
+  }
+  std::vector<bool> expected(16, false);
+  for (int i = 12; i < 15; ++i) expected[i] = true;  // the 3 steps before the probe
+  EXPECT_EQ(fed, expected);
+}
+
 TEST(OnlineCostModel, TheProposersFixedCostShapesUnmeasuredDepths) {
   OnlineCostModel m(8, 0.25, 0.2, 3.0);  // draft(d) ~ d + 3
   m.record_draft(1, 1, 0.004);
