@@ -6,8 +6,8 @@ bool TensorParallelRehearsals::needed(const ForwardInput& step) {
   const AttentionMetadata& md = step.attn;
   const int64_t width =
       md.block_tables.defined() && md.block_tables.ndim() == 2 ? md.block_tables.size(1) : md.max_seq_len;
-  const std::array<int64_t, 5> sizes{step.token_ids.numel(), step.logits_indices.numel(), md.num_seqs,
-                                     md.max_query_len, width};
+  const std::array<int64_t, 6> sizes{step.token_ids.numel(), step.logits_indices.numel(), md.num_seqs,
+                                     md.max_query_len, width, md.num_seqs * width};
   bool larger = false;
   for (size_t i = 0; i < sizes.size(); ++i)
     if (sizes[i] > largest_[i]) {

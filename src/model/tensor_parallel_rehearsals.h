@@ -4,8 +4,9 @@
 // waits for its device's queue to drain: a peer's collective in that queue waits for this rank,
 // so neither would ever finish. Two such things happen on a step's first run at new sizes:
 //  - a device allocation, when the step needs more scratch than any before: its activations grow
-//    with its tokens, logits rows, sequences, query rows and block-table width (the rehearsal
-//    claims the longest lengths that width allows, so later, longer steps fit too);
+//    with its tokens, logits rows, sequences, query rows and block-table width, and decode
+//    attention's with sequences x width (the rehearsal claims the longest lengths that width
+//    allows, so later, longer steps fit too);
 //  - the first use of a library kernel: cuBLASLt loads a matmul's kernels when a matmul first
 //    needs them (cuLibraryLoadData, whatever CUDA_MODULE_LOADING says), holding a lock that every
 //    other rank's next cuBLASLt call then waits for. Its choice of kernel follows the matmul's
@@ -29,7 +30,8 @@ class TensorParallelRehearsals {
   bool needed(const ForwardInput& step);
 
  private:
-  std::array<int64_t, 5> largest_{};  // tokens, logits rows, sequences, query rows, table width
+  // tokens, logits rows, sequences, query rows, table width, sequences x width
+  std::array<int64_t, 6> largest_{};
   std::set<int64_t> tokens_run_, logits_rows_run_;
 };
 

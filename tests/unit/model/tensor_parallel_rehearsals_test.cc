@@ -48,5 +48,15 @@ TEST(TensorParallelRehearsals, AnySizeLargerThanBefore) {
   EXPECT_FALSE(r.needed(step(8, 8, 4, 2, 17)));
 }
 
+// Sequences and width at their maxima in different steps: a step with both needs more decode
+// attention scratch than either (every sequence split over the whole width).
+TEST(TensorParallelRehearsals, MoreSequencesTimesWidthThanBefore) {
+  TensorParallelRehearsals r;
+  EXPECT_TRUE(r.needed(step(64, 64, 64, 1, 2)));   // 64 short sequences
+  EXPECT_TRUE(r.needed(step(1, 1, 1, 1, 256)));    // one long one
+  EXPECT_TRUE(r.needed(step(64, 64, 64, 1, 8)));   // no size past its largest, but 64 x 8 blocks
+  EXPECT_FALSE(r.needed(step(64, 64, 64, 1, 4)));  // 64 x 4 blocks: within what ran
+}
+
 }  // namespace
 }  // namespace specula
