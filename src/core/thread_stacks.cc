@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -19,6 +20,8 @@
 namespace specula {
 namespace {
 
+std::mutex g_enrolled_mu;
+std::map<pid_t, std::string> g_enrolled;  // name_current_thread's threads, by id (names as the kernel keeps them)
 std::atomic<int> g_fd{-1};           // where the signalled thread writes
 std::atomic<pid_t> g_answered{0};    // the last thread that has written its stack
 
@@ -65,19 +68,31 @@ void write_all(int fd, const std::string& s) {
 
 }  // namespace
 
-void name_current_thread(const std::string& name) { pthread_setname_np(pthread_self(), name.substr(0, 15).c_str()); }
+void name_current_thread(const std::string& name) {
+  const std::string kept = name.substr(0, 15);
+  pthread_setname_np(pthread_self(), kept.c_str());
+  std::lock_guard<std::mutex> lock(g_enrolled_mu);
+  g_enrolled[current_thread_id()] = kept;
+}
 
 pid_t current_thread_id() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 
 int write_thread_stacks(int fd, const std::vector<pid_t>& also) {
   install();
   const pid_t self = current_thread_id();
+  std::map<pid_t, std::string> enrolled;
+  {
+    std::lock_guard<std::mutex> lock(g_enrolled_mu);
+    enrolled = g_enrolled;
+  }
   std::vector<pid_t> tids;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task", ec)) {
     const pid_t tid = static_cast<pid_t>(std::atoi(entry.path().filename().c_str()));
     if (tid == self) continue;
-    if (thread_name(tid).rfind("specula-", 0) == 0 || std::find(also.begin(), also.end(), tid) != also.end())
+    // An id reused by a later thread no longer carries the enrolled name.
+    const auto it = enrolled.find(tid);
+    if ((it != enrolled.end() && it->second == thread_name(tid)) || std::find(also.begin(), also.end(), tid) != also.end())
       tids.push_back(tid);
   }
   std::sort(tids.begin(), tids.end());

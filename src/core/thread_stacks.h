@@ -13,14 +13,15 @@
 
 namespace specula {
 
-// Names the calling thread (at most 15 characters are kept, the kernel's limit): threads named
-// "specula-..." are the ones write_thread_stacks reports.
+// Names the calling thread (at most 15 characters are kept, the kernel's limit) and enrols it in
+// the threads write_thread_stacks reports. Threads it starts later inherit the name (an OpenMP
+// pool: 64 of them per rank on the GPU machine) but are not enrolled.
 void name_current_thread(const std::string& name);
 
 // The calling thread's id (gettid), for naming a thread whose stack is wanted.
 pid_t current_thread_id();
 
-// Writes, to `fd`, the stack of every thread named "specula-..." and of each thread in `also`
+// Writes, to `fd`, the stack of every enrolled thread still running and of each thread in `also`
 // (never the caller's own), each after a "thread TID NAME:" line. A thread that does not answer
 // within a second (blocked with the signal masked) is reported as such. Returns how many stacks
 // were written. Not reentrant: one report at a time.

@@ -4,7 +4,7 @@
 // stores: nothing on the hot path waits or wakes a thread); a thread of the watchdog looks every
 // quarter timeout and logs what `describe` says (the model's per-rank progress) once a step has
 // run `timeout` seconds, and again every `timeout` seconds while it still runs; the first time,
-// also the stacks of the thread running the step and of every thread named "specula-..." (the
+// also the stacks of the thread running the step and of every thread named for it (the
 // ranks'), which say which call a stuck rank is blocked in. It only reports:
 // a stuck step cannot be interrupted safely, and the operator decides. vLLM's engine has the same
 // bound (VLLM_ENGINE_ITERATION_TIMEOUT_S, 60 s); here SPECULA_ENGINE_ITERATION_TIMEOUT_S, 0 = off.

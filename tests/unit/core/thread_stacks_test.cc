@@ -1,8 +1,10 @@
-// write_thread_stacks: the stacks of the threads named "specula-..." and of those asked for, each
-// under its header, none of the others; the threads it interrupts carry on as before.
+// write_thread_stacks: the stacks of the threads enrolled by name_current_thread and of those asked
+// for, each under its header, none of the others (nor the threads an enrolled one starts, which
+// inherit its name); the threads it interrupts carry on as before.
 #include "core/thread_stacks.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,12 +20,14 @@
 namespace specula {
 namespace {
 
-// A thread parked in a condition wait (as a rank waits for its next job), under `name`.
+// A thread parked in a condition wait (as a rank waits for its next job), under `name`: enrolled
+// through name_current_thread, or only named (as a library names its threads).
 class ParkedThread {
  public:
-  explicit ParkedThread(std::string name) {
-    thread_ = std::thread([this, name] {
-      if (!name.empty()) name_current_thread(name);
+  explicit ParkedThread(std::string name, bool enrol = true) {
+    thread_ = std::thread([this, name, enrol] {
+      if (!name.empty() && enrol) name_current_thread(name);
+      if (!name.empty() && !enrol) pthread_setname_np(pthread_self(), name.c_str());
       std::unique_lock<std::mutex> lock(mu_);
       tid_ = current_thread_id();
       cv_.notify_all();
@@ -81,8 +85,8 @@ int frames_of(const std::string& text, pid_t tid) {
   return frames;
 }
 
-TEST(ThreadStacks, ReportsNamedThreadsAndThoseAskedForOnly) {
-  ParkedThread rank("specula-rank1"), asked(""), other("worker");
+TEST(ThreadStacks, ReportsEnrolledThreadsAndThoseAskedForOnly) {
+  ParkedThread rank("specula-rank1"), asked(""), other("specula-rank9", /*enrol=*/false);
   const std::string text = report({asked.tid()});
   EXPECT_NE(text.find(fmt::format("thread {} specula-rank1:", rank.tid())), std::string::npos) << text;
   EXPECT_GE(frames_of(text, rank.tid()), 3) << text;
@@ -91,6 +95,37 @@ TEST(ThreadStacks, ReportsNamedThreadsAndThoseAskedForOnly) {
   EXPECT_EQ(frames_of(text, current_thread_id()), -1) << "never the caller's own stack\n" << text;
   // The wait the rank is parked in is libc's: its frames name the library.
   EXPECT_NE(text.find("libc.so"), std::string::npos) << text;
+}
+
+// A thread started by an enrolled one carries its name but is not reported (an OpenMP pool).
+TEST(ThreadStacks, NotTheThreadsAnEnrolledOneStarts) {
+  std::mutex mu;
+  std::condition_variable cv;
+  pid_t child = 0;
+  bool done = false;
+  std::thread parent([&] {
+    name_current_thread("specula-rank3");
+    std::thread inherits([&] {
+      std::unique_lock<std::mutex> lock(mu);
+      child = current_thread_id();
+      cv.notify_all();
+      cv.wait(lock, [&] { return done; });
+    });
+    inherits.join();
+  });
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return child != 0; });
+  }
+  const std::string text = report();
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    done = true;
+  }
+  cv.notify_all();
+  parent.join();
+  EXPECT_NE(text.find("specula-rank3:"), std::string::npos) << text;  // the parent, waiting in join
+  EXPECT_EQ(frames_of(text, child), -1) << text;
 }
 
 TEST(ThreadStacks, InterruptedThreadsCarryOn) {
