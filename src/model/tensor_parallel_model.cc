@@ -257,6 +257,12 @@ class TensorParallelModel final : public Model {
     rank_inputs_.resize(static_cast<size_t>(size));
   }
 
+  ~TensorParallelModel() override {
+    if (rehearsals_.steps() > 0)
+      LOG_INFO("Tensor parallel: {} of {} forwards ran first as a rehearsal (new sizes: collectives off)",
+               rehearsals_.rehearsed(), rehearsals_.steps());
+  }
+
   const ModelConfig& config() const override { return config_; }
   KVCacheSpec kv_cache_spec() const override { return models_.front()->kv_cache_spec(); }
 

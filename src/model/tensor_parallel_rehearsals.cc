@@ -16,7 +16,10 @@ bool TensorParallelRehearsals::needed(const ForwardInput& step) {
     }
   const bool new_tokens = tokens_run_.insert(sizes[0]).second;
   const bool new_logits_rows = logits_rows_run_.insert(sizes[1]).second;
-  return larger || new_tokens || new_logits_rows;
+  ++steps_;
+  const bool rehearse = larger || new_tokens || new_logits_rows;
+  if (rehearse) ++rehearsed_;
+  return rehearse;
 }
 
 }  // namespace specula

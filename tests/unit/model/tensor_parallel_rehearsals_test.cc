@@ -28,6 +28,8 @@ TEST(TensorParallelRehearsals, FirstStepOfEachSizeOnly) {
   EXPECT_TRUE(r.needed(step(1, 1, 1, 1, 16)));      // the first decode step: new rows, nothing larger
   for (int i = 0; i < 5; ++i) EXPECT_FALSE(r.needed(step(1, 1, 1, 1, 16)));
   EXPECT_FALSE(r.needed(step(128, 1, 1, 128, 16)));
+  EXPECT_EQ(r.steps(), 8);
+  EXPECT_EQ(r.rehearsed(), 2);
 }
 
 TEST(TensorParallelRehearsals, NewRowCountsThoughNothingGrows) {
