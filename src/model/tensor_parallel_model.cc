@@ -2,7 +2,6 @@
 #include "model/tensor_parallel_model.h"
 
 #include <algorithm>
-#include <array>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
