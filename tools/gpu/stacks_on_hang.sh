@@ -34,8 +34,11 @@ done
   echo "-- where the executable is mapped (addr2line -e the unstripped build: address - base + offset)"
   grep -E "r-xp .*/(specula|test_[a-z_]+)$" /proc/$pid/maps | head -3
   if command -v cuda-gdb >/dev/null; then
-    timeout 60 cuda-gdb -batch -p "$pid" -ex "set pagination off" -ex "thread apply all bt 25" 2>&1 |
-      grep -E "^Thread|^#" | head -400
+    timeout 60 cuda-gdb -batch -p "$pid" -ex "set pagination off" -ex "thread apply all bt 25" > "$OUT/$name.gdb.txt" 2>&1
+    # Its stacks, or why there are none (on 2026-11-28 it printed no stack: its own words say why).
+    grep -E "^Thread|^#" "$OUT/$name.gdb.txt" | head -400
+    grep -qE "^Thread" "$OUT/$name.gdb.txt" || { echo "-- cuda-gdb gave no stack:"; tail -15 "$OUT/$name.gdb.txt"; }
+    rm -f "$OUT/$name.gdb.txt"
   fi
 } > "$OUT/$name.stacks.txt" 2>&1
 kill -9 "$pid" 2>/dev/null
