@@ -92,8 +92,8 @@ int write_thread_stacks(int fd, const std::vector<pid_t>& also) {
     if (tid == self) continue;
     // An id reused by a later thread no longer carries the enrolled name.
     const auto it = enrolled.find(tid);
-    if ((it != enrolled.end() && it->second == thread_name(tid)) || std::find(also.begin(), also.end(), tid) != also.end())
-      tids.push_back(tid);
+    const bool asked = std::find(also.begin(), also.end(), tid) != also.end();
+    if ((it != enrolled.end() && it->second == thread_name(tid)) || asked) tids.push_back(tid);
   }
   std::sort(tids.begin(), tids.end());
   int written = 0;

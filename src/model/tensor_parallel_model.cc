@@ -290,7 +290,9 @@ class TensorParallelModel final : public Model {
     if (capture_) return capture_forward(input, kv);
     if (!host_memory)
       for (size_t rank = 1; rank < backends_.size(); ++rank) backends_[rank]->wait_for(home);
-    if (rehearsals_.needed(input)) rehearse(input, kv);
+    const TensorParallelRehearsals::Kind rehearsal = rehearsals_.needed(input);
+    if (rehearsal != TensorParallelRehearsals::Kind::kNone)
+      rehearse(input, kv, rehearsal == TensorParallelRehearsals::Kind::kAtLongest);
     return run_ranks(input, kv);
   }
 
@@ -369,15 +371,16 @@ class TensorParallelModel final : public Model {
   }
 
   // A rehearsal of `input` (see tensor_parallel_rehearsals.h), then every rank grows its scratch
-  // arena to the rehearsal's peak while no collective is pending. On CUDA the rehearsal claims for
-  // every sequence the longest length its block-table row allows, as a graph capture does (decode
-  // attention splits longer sequences over more scratch; its kernels read the true lengths on the
-  // device). On the CPU, where attention reads the host lengths, it runs as it is: it changes
-  // nothing there but runs, so that CI covers it.
-  void rehearse(const ForwardInput& input, std::vector<KVCacheLayer>& kv) {
+  // arena to the rehearsal's peak while no collective is pending. At the longest lengths, on CUDA
+  // it claims for every sequence the longest length its block-table row allows, as a graph
+  // capture does (decode attention splits longer sequences over more scratch; its kernels read
+  // the true lengths on the device). On the CPU, where attention reads the host lengths, it runs
+  // as it is: it changes nothing there but runs, so that CI covers it.
+  void rehearse(const ForwardInput& input, std::vector<KVCacheLayer>& kv, bool at_longest) {
     ForwardInput rehearsal = input;
     AttentionMetadata& md = rehearsal.attn;
-    if (backends_.front()->device() != Device::kCPU && md.block_tables.defined() && md.block_tables.ndim() == 2) {
+    if (at_longest && backends_.front()->device() != Device::kCPU && md.block_tables.defined() &&
+        md.block_tables.ndim() == 2) {
       const int32_t longest = static_cast<int32_t>(md.block_tables.size(1) * md.block_size);
       md.seq_lens_host.assign(md.seq_lens_host.size(), longest);
       md.max_seq_len = longest;

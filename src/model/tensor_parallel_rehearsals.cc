@@ -2,7 +2,7 @@
 
 namespace specula {
 
-bool TensorParallelRehearsals::needed(const ForwardInput& step) {
+TensorParallelRehearsals::Kind TensorParallelRehearsals::needed(const ForwardInput& step) {
   const AttentionMetadata& md = step.attn;
   const int64_t width =
       md.block_tables.defined() && md.block_tables.ndim() == 2 ? md.block_tables.size(1) : md.max_seq_len;
@@ -17,9 +17,9 @@ bool TensorParallelRehearsals::needed(const ForwardInput& step) {
   const bool new_tokens = tokens_run_.insert(sizes[0]).second;
   const bool new_logits_rows = logits_rows_run_.insert(sizes[1]).second;
   ++steps_;
-  const bool rehearse = larger || new_tokens || new_logits_rows;
-  if (rehearse) ++rehearsed_;
-  return rehearse;
+  if (!larger && !new_tokens && !new_logits_rows) return Kind::kNone;
+  ++rehearsed_;
+  return larger ? Kind::kAtLongest : Kind::kAsIs;
 }
 
 }  // namespace specula

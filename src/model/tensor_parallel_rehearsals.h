@@ -5,13 +5,15 @@
 // so neither would ever finish. Two such things happen on a step's first run at new sizes:
 //  - a device allocation, when the step needs more scratch than any before: its activations grow
 //    with its tokens, logits rows, sequences, query rows and block-table width, and decode
-//    attention's with sequences x width (the rehearsal claims the longest lengths that width
-//    allows, so later, longer steps fit too);
+//    attention's with sequences x width. Such a step is rehearsed at the longest lengths that
+//    width allows (kAtLongest), so that later, longer steps of no larger size fit too;
 //  - the first use of a library kernel: cuBLASLt loads a matmul's kernels when a matmul first
 //    needs them (cuLibraryLoadData, whatever CUDA_MODULE_LOADING says), holding a lock that every
 //    other rank's next cuBLASLt call then waits for. Its choice of kernel follows the matmul's
 //    rows: a step whose token count (every layer's matmuls) or logits rows (the lm_head's) have
-//    not run before. Each distinct count costs one extra forward, once: on the CPU, `bench
+//    not run before. Nothing larger, it is rehearsed as it is (kAsIs): the arena never shrinks,
+//    and the real run needs exactly the rehearsal's scratch. Each distinct count costs one extra
+//    forward, once: on the CPU, `bench
 //    throughput -tp 2` over 200 prompts of 200 tokens (32 running, 512-token steps) rehearsed 42 of
 //    452 forwards, nearly all in its first steps; the count is logged when the model goes.
 // After the rehearsal the arenas are grown and the kernels loaded, and the real run waits for
@@ -28,8 +30,9 @@ namespace specula {
 
 class TensorParallelRehearsals {
  public:
-  // Whether `step` needs a rehearsal; either way its sizes count as run from now on.
-  bool needed(const ForwardInput& step);
+  enum class Kind { kNone, kAsIs, kAtLongest };
+  // Which rehearsal `step` needs; either way its sizes count as run from now on.
+  Kind needed(const ForwardInput& step);
 
   // Steps asked about, and how many of them needed a rehearsal (the extra forwards paid).
   int64_t steps() const { return steps_; }

@@ -178,14 +178,15 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_communicators(const std::ve
   // cuda error"). Nothing runs while a model loads, so the frees' device waits cost nothing.
   CudaCachingAllocator::instance().release_cached();
   const ncclResult_t init = nccl.comm_init_all(comms.data(), static_cast<int>(comms.size()), devices.data());
-  if (init != ncclSuccess) {  // most often an allocation that failed: say what the host and each GPU had left
+  if (init != ncclSuccess) {  // most often an allocation that failed: what the host and each GPU had left
+    const double gib = 1 << 30;
     std::string memory = fmt::format("; host: {:.2f} GiB available",
-                                     static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE) / (1 << 30));
+                                     static_cast<double>(sysconf(_SC_AVPHYS_PAGES)) * sysconf(_SC_PAGESIZE) / gib);
     for (int d : devices) {
       size_t free_b = 0, total_b = 0;
       cudaSetDevice(d);
       cudaMemGetInfo(&free_b, &total_b);
-      memory += fmt::format("; GPU {}: {:.2f} of {:.2f} GiB free", d, free_b / double(1 << 30), total_b / double(1 << 30));
+      memory += fmt::format("; GPU {}: {:.2f} of {:.2f} GiB free", d, free_b / gib, total_b / gib);
     }
     cudaSetDevice(current);
     (void)cudaGetLastError();

@@ -1,6 +1,6 @@
-// TensorParallelRehearsals: a step is rehearsed when any of its sizes is larger than every step's
-// before (its scratch may grow) or when its matmul row counts have not run before (a library may
-// load a kernel for them); never twice for the same sizes.
+// TensorParallelRehearsals: a step is rehearsed at the longest lengths when any of its sizes is
+// larger than every step's before (its scratch may grow), as it is when only its matmul row counts
+// have not run before (a library may load a kernel for them); never twice for the same sizes.
 #include "model/tensor_parallel_rehearsals.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +9,8 @@
 
 namespace specula {
 namespace {
+
+using Kind = TensorParallelRehearsals::Kind;
 
 // A step of `seqs` sequences with `tokens` rows, `logits` logits rows, its longest query and a
 // block table `width` blocks wide.
@@ -24,40 +26,40 @@ ForwardInput step(int tokens, int logits, int seqs, int max_query, int width) {
 
 TEST(TensorParallelRehearsals, FirstStepOfEachSizeOnly) {
   TensorParallelRehearsals r;
-  EXPECT_TRUE(r.needed(step(128, 1, 1, 128, 16)));  // the first prefill
-  EXPECT_TRUE(r.needed(step(1, 1, 1, 1, 16)));      // the first decode step: new rows, nothing larger
-  for (int i = 0; i < 5; ++i) EXPECT_FALSE(r.needed(step(1, 1, 1, 1, 16)));
-  EXPECT_FALSE(r.needed(step(128, 1, 1, 128, 16)));
+  EXPECT_EQ(Kind::kAtLongest, r.needed(step(128, 1, 1, 128, 16)));  // the first prefill
+  EXPECT_EQ(Kind::kAsIs, r.needed(step(1, 1, 1, 1, 16)));  // the first decode step: new rows, nothing larger
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(Kind::kNone, r.needed(step(1, 1, 1, 1, 16)));
+  EXPECT_EQ(Kind::kNone, r.needed(step(128, 1, 1, 128, 16)));
   EXPECT_EQ(r.steps(), 8);
   EXPECT_EQ(r.rehearsed(), 2);
 }
 
 TEST(TensorParallelRehearsals, NewRowCountsThoughNothingGrows) {
   TensorParallelRehearsals r;
-  EXPECT_TRUE(r.needed(step(64, 8, 8, 8, 32)));
-  EXPECT_TRUE(r.needed(step(16, 4, 4, 4, 32)));   // a smaller batch of verification rows: 16 and 4 rows never ran
-  EXPECT_TRUE(r.needed(step(16, 16, 4, 4, 32)));  // the same tokens, every row's logits: 16 logits rows
-  EXPECT_TRUE(r.needed(step(4, 4, 4, 1, 32)));    // 4 token rows: 4 ran as logits rows only
-  EXPECT_FALSE(r.needed(step(16, 8, 2, 8, 8)));   // counts that ran, fewer sequences, a narrower table
+  EXPECT_EQ(Kind::kAtLongest, r.needed(step(64, 8, 8, 8, 32)));
+  EXPECT_EQ(Kind::kAsIs, r.needed(step(16, 4, 4, 4, 32)));  // fewer verification rows: 16 and 4 never ran
+  EXPECT_EQ(Kind::kAtLongest, r.needed(step(16, 16, 4, 4, 32)));  // every row's logits: more logits rows than before
+  EXPECT_EQ(Kind::kAsIs, r.needed(step(4, 4, 4, 1, 32)));    // 4 token rows: 4 ran as logits rows only
+  EXPECT_EQ(Kind::kNone, r.needed(step(16, 8, 2, 8, 8)));   // counts that ran, fewer sequences, a narrower table
 }
 
 TEST(TensorParallelRehearsals, AnySizeLargerThanBefore) {
   TensorParallelRehearsals r;
-  EXPECT_TRUE(r.needed(step(8, 8, 8, 1, 16)));
-  EXPECT_TRUE(r.needed(step(8, 8, 8, 1, 17)));  // a wider block table: longer sequences' scratch
-  EXPECT_FALSE(r.needed(step(8, 8, 8, 1, 17)));
-  EXPECT_TRUE(r.needed(step(8, 8, 4, 2, 17)));  // a longer query (and new rows over 4 sequences)
-  EXPECT_FALSE(r.needed(step(8, 8, 4, 2, 17)));
+  EXPECT_EQ(Kind::kAtLongest, r.needed(step(8, 8, 8, 1, 16)));
+  EXPECT_EQ(Kind::kAtLongest, r.needed(step(8, 8, 8, 1, 17)));  // a wider block table: longer sequences' scratch
+  EXPECT_EQ(Kind::kNone, r.needed(step(8, 8, 8, 1, 17)));
+  EXPECT_EQ(Kind::kAtLongest, r.needed(step(8, 8, 4, 2, 17)));  // a longer query (and new rows over 4 sequences)
+  EXPECT_EQ(Kind::kNone, r.needed(step(8, 8, 4, 2, 17)));
 }
 
 // Sequences and width at their maxima in different steps: a step with both needs more decode
 // attention scratch than either (every sequence split over the whole width).
 TEST(TensorParallelRehearsals, MoreSequencesTimesWidthThanBefore) {
   TensorParallelRehearsals r;
-  EXPECT_TRUE(r.needed(step(64, 64, 64, 1, 2)));   // 64 short sequences
-  EXPECT_TRUE(r.needed(step(1, 1, 1, 1, 256)));    // one long one
-  EXPECT_TRUE(r.needed(step(64, 64, 64, 1, 8)));   // no size past its largest, but 64 x 8 blocks
-  EXPECT_FALSE(r.needed(step(64, 64, 64, 1, 4)));  // 64 x 4 blocks: within what ran
+  EXPECT_EQ(Kind::kAtLongest, r.needed(step(64, 64, 64, 1, 2)));   // 64 short sequences
+  EXPECT_EQ(Kind::kAtLongest, r.needed(step(1, 1, 1, 1, 256)));    // one long one
+  EXPECT_EQ(Kind::kAtLongest, r.needed(step(64, 64, 64, 1, 8)));   // no size past its largest, but 64 x 8 blocks
+  EXPECT_EQ(Kind::kNone, r.needed(step(64, 64, 64, 1, 4)));  // 64 x 4 blocks: within what ran
 }
 
 }  // namespace
