@@ -258,8 +258,9 @@ class TensorParallelModel final : public Model {
 
   ~TensorParallelModel() override {
     if (rehearsals_.steps() > 0)
-      LOG_INFO("Tensor parallel: {} of {} forwards ran first as a rehearsal (new sizes: collectives off)",
-               rehearsals_.rehearsed(), rehearsals_.steps());
+      LOG_INFO("Tensor parallel: {} of {} forwards ran first as a rehearsal (new sizes: collectives off; {} of them "
+               "at the longest lengths)",
+               rehearsals_.rehearsed(), rehearsals_.steps(), rehearsals_.rehearsed_at_longest());
   }
 
   const ModelConfig& config() const override { return config_; }

@@ -19,7 +19,9 @@ TensorParallelRehearsals::Kind TensorParallelRehearsals::needed(const ForwardInp
   ++steps_;
   if (!larger && !new_tokens && !new_logits_rows) return Kind::kNone;
   ++rehearsed_;
-  return larger ? Kind::kAtLongest : Kind::kAsIs;
+  if (!larger) return Kind::kAsIs;
+  ++at_longest_;
+  return Kind::kAtLongest;
 }
 
 }  // namespace specula

@@ -14,8 +14,9 @@
 //    not run before. Nothing larger, it is rehearsed as it is (kAsIs): the arena never shrinks,
 //    and the real run needs exactly the rehearsal's scratch. Each distinct count costs one extra
 //    forward, once: on the CPU, `bench
-//    throughput -tp 2` over 200 prompts of 200 tokens (32 running, 512-token steps) rehearsed 42 of
-//    452 forwards, nearly all in its first steps; the count is logged when the model goes.
+//    throughput -tp 2` over 200 prompts of 200 tokens (32 running, 512-token steps) rehearsed 39 of
+//    451 forwards (16 of them at the longest lengths), nearly all in its first steps; the counts
+//    are logged when the model goes.
 // After the rehearsal the arenas are grown and the kernels loaded, and the real run waits for
 // nothing but its peers.
 #pragma once
@@ -34,12 +35,14 @@ class TensorParallelRehearsals {
   // Which rehearsal `step` needs; either way its sizes count as run from now on.
   Kind needed(const ForwardInput& step);
 
-  // Steps asked about, and how many of them needed a rehearsal (the extra forwards paid).
+  // Steps asked about, how many of them needed a rehearsal (the extra forwards paid), and how
+  // many of those at the longest lengths.
   int64_t steps() const { return steps_; }
   int64_t rehearsed() const { return rehearsed_; }
+  int64_t rehearsed_at_longest() const { return at_longest_; }
 
  private:
-  int64_t steps_ = 0, rehearsed_ = 0;
+  int64_t steps_ = 0, rehearsed_ = 0, at_longest_ = 0;
   // tokens, logits rows, sequences, query rows, table width, sequences x width
   std::array<int64_t, 6> largest_{};
   std::set<int64_t> tokens_run_, logits_rows_run_;

@@ -32,6 +32,7 @@ TEST(TensorParallelRehearsals, FirstStepOfEachSizeOnly) {
   EXPECT_EQ(Kind::kNone, r.needed(step(128, 1, 1, 128, 16)));
   EXPECT_EQ(r.steps(), 8);
   EXPECT_EQ(r.rehearsed(), 2);
+  EXPECT_EQ(r.rehearsed_at_longest(), 1);
 }
 
 TEST(TensorParallelRehearsals, NewRowCountsThoughNothingGrows) {
