@@ -83,3 +83,10 @@ for path in sorted(glob.glob(os.path.join(work, "*.log"))):
     m = re.search(r"Model loading took ([\d.]+) seconds", open(path, errors="replace").read())
     if m and "70b" in os.path.basename(path):
         print(f"{os.path.basename(path)[:-4]}: model loading took {m.group(1)} s")
+# What the rehearsals of new step sizes cost each run (model/tensor_parallel_rehearsals.h).
+for path in sorted(glob.glob(os.path.join(work, "*.log"))):
+    m = re.search(r"Tensor parallel: (\d+) of (\d+) forwards ran first as a rehearsal.*?(\d+) of them at the longest",
+                  open(path, errors="replace").read())
+    if m:
+        print(f"{os.path.basename(path)[:-4]}: {m.group(1)} of {m.group(2)} forwards rehearsed "
+              f"({m.group(3)} at the longest lengths)")
