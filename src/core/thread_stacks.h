@@ -24,7 +24,7 @@ pid_t current_thread_id();
 // Writes, to `fd`, the stack of every enrolled thread still running and of each thread in `also`
 // (never the caller's own), each after a "thread TID NAME:" line. A thread that does not answer
 // within a second (blocked with the signal masked) is reported as such. Returns how many stacks
-// were written. Not reentrant: one report at a time.
+// were written. Reports from several threads run one after the other.
 int write_thread_stacks(int fd, const std::vector<pid_t>& also = {});
 
 }  // namespace specula
