@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -26,13 +27,15 @@ std::atomic<int> g_fd{-1};           // where the signalled thread writes
 std::atomic<pid_t> g_answered{0};    // the last thread that has written its stack
 
 // Async-signal-safe: backtrace_symbols_fd allocates nothing, and backtrace's one-time load of
-// the unwinder happened in install() before any signal.
+// the unwinder happened in install() before any signal. errno is the interrupted code's.
 void on_stack_signal(int) {
+  const int saved_errno = errno;
   void* frames[64];
   const int n = backtrace(frames, 64);
   const int fd = g_fd.load();
   if (fd >= 0) backtrace_symbols_fd(frames, n, fd);
   g_answered.store(static_cast<pid_t>(syscall(SYS_gettid)));
+  errno = saved_errno;
 }
 
 int stack_signal() { return SIGRTMIN + 7; }  // glibc keeps the first realtime signals for itself
