@@ -2,6 +2,7 @@
 #include "model/tensor_parallel_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <exception>
@@ -259,8 +260,8 @@ class TensorParallelModel final : public Model {
   ~TensorParallelModel() override {
     if (rehearsals_.steps() > 0)
       LOG_INFO("Tensor parallel: {} of {} forwards ran first as a rehearsal (new sizes: collectives off; {} of them "
-               "at the longest lengths)",
-               rehearsals_.rehearsed(), rehearsals_.steps(), rehearsals_.rehearsed_at_longest());
+               "at the longest lengths; {:.3f} s in all)",
+               rehearsals_.rehearsed(), rehearsals_.steps(), rehearsals_.rehearsed_at_longest(), rehearsals_.seconds());
   }
 
   const ModelConfig& config() const override { return config_; }
@@ -292,8 +293,11 @@ class TensorParallelModel final : public Model {
     if (!host_memory)
       for (size_t rank = 1; rank < backends_.size(); ++rank) backends_[rank]->wait_for(home);
     const TensorParallelRehearsals::Kind rehearsal = rehearsals_.needed(input);
-    if (rehearsal != TensorParallelRehearsals::Kind::kNone)
+    if (rehearsal != TensorParallelRehearsals::Kind::kNone) {
+      const auto start = std::chrono::steady_clock::now();
       rehearse(input, kv, rehearsal == TensorParallelRehearsals::Kind::kAtLongest);
+      rehearsals_.add_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
     return run_ranks(input, kv);
   }
 

@@ -40,9 +40,14 @@ class TensorParallelRehearsals {
   int64_t steps() const { return steps_; }
   int64_t rehearsed() const { return rehearsed_; }
   int64_t rehearsed_at_longest() const { return at_longest_; }
+  // Wall time the rehearsals took, each with the synchronisation it ends in (the host waits for
+  // every rank's device): what they cost a run beyond their forwards' counts.
+  void add_seconds(double seconds) { seconds_ += seconds; }
+  double seconds() const { return seconds_; }
 
  private:
   int64_t steps_ = 0, rehearsed_ = 0, at_longest_ = 0;
+  double seconds_ = 0.0;
   // tokens, logits rows, sequences, query rows, table width, sequences x width
   std::array<int64_t, 6> largest_{};
   std::set<int64_t> tokens_run_, logits_rows_run_;

@@ -14,7 +14,12 @@
 #      the custom all-reduce, NCCL-only and eagerly (unless TP_SKIP has nccl70 / eager70), and with the
 #      public EAGLE-3 head's shape drafting k = 3 (pinned; dummy heads accept nothing, so the TPOT
 #      measured is the speculative step's cost);
-#   5. with TP_DEEPSEEK="1 2 4": DeepSeek-V2-Lite's batch-1 TPOT at those sizes.
+#   5. with TP_DEEPSEEK="1 2 4": DeepSeek-V2-Lite's batch-1 TPOT at those sizes;
+#   6. with TP_SERVE="4" (sizes): what rehearsals of new step sizes cost under prompts and outputs
+#      of varied lengths: Qwen3-8B served split over that many GPUs (needs the Qwen3 tokenizer in
+#      .gpu/extras.tar.xz: pack.sh without PACK_NO_EXTRAS), `bench serve` twice against the same
+#      server (random prompts of 50-950 tokens, 10-190 output tokens, TP_SERVE_PROMPTS requests at
+#      once, default 256); the server's log ends with the rehearsals' count and time.
 # $OUT receives tp_summary.txt (tools/gpu/tp_summary.py) and tp_logs.tar.gz.
 #   TP_REPS=2 TP_VARIANTS="tp1 tp2" TP_B64_VARIANTS="tp1 tp4" TP_SKIP="tests roofline 8b b64 nccl70 eager70" TP_70B="4" TP_BUDGET=540
 set -uo pipefail
@@ -98,6 +103,30 @@ for rep in $(seq 1 "${TP_REPS:-2}"); do
     [ $rc -eq 124 ] && note=" (stalled: stacks in $name.stacks.txt)"
     echo "$name: exit $rc in $(( $(date +%s) - t0 ))s$note" | tee -a "$WORK/status.txt"
   done
+done
+
+# TP_SERVE="4": rehearsal cost under varied lengths (see the header).
+if [ -n "${TP_SERVE:-}" ] && [ -f .gpu/extras.tar.xz ] && [ ! -d .gpu/tokenizers ]; then tar -xJf .gpu/extras.tar.xz -C .gpu; fi
+for n in ${TP_SERVE:-}; do
+  name="serve_qwen3_8b_tp$n"
+  port=18400
+  specula serve bench/configs/Qwen3-8B --load-format dummy --tokenizer .gpu/tokenizers/qwen3 -tp "$n" \
+    --host 127.0.0.1 --port $port --max-model-len 2048 --disable-uvicorn-access-log > "$WORK/$name.log" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 360); do
+    curl -sf "http://127.0.0.1:$port/health" > /dev/null && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.5
+  done
+  for run in 1 2; do
+    stage "${name}_bench$run" 150 specula bench serve --port $port --backend openai --dataset-name random \
+      --random-input-len 500 --random-output-len 100 --random-range-ratio 0.9 --num-prompts "${TP_SERVE_PROMPTS:-256}" \
+      --request-rate inf --seed "$run" --disable-tqdm
+    grep -E "Benchmark duration|Output token throughput|Successful|Failed" "$WORK/${name}_bench$run.log" | sed "s/^/  [$name $run] /"
+  done
+  kill -TERM $pid 2>/dev/null
+  timeout 60 tail --pid=$pid -f /dev/null
+  echo "$name: server stopped" >> "$WORK/status.txt"
 done
 
 {

@@ -85,8 +85,9 @@ for path in sorted(glob.glob(os.path.join(work, "*.log"))):
         print(f"{os.path.basename(path)[:-4]}: model loading took {m.group(1)} s")
 # What the rehearsals of new step sizes cost each run (model/tensor_parallel_rehearsals.h).
 for path in sorted(glob.glob(os.path.join(work, "*.log"))):
-    m = re.search(r"Tensor parallel: (\d+) of (\d+) forwards ran first as a rehearsal.*?(\d+) of them at the longest",
-                  open(path, errors="replace").read())
+    m = re.search(r"Tensor parallel: (\d+) of (\d+) forwards ran first as a rehearsal.*?(\d+) of them at the longest"
+                  r"(?: lengths; ([\d.]+) s in all)?", open(path, errors="replace").read())
     if m:
+        took = f", {m.group(4)} s" if m.group(4) else ""
         print(f"{os.path.basename(path)[:-4]}: {m.group(1)} of {m.group(2)} forwards rehearsed "
-              f"({m.group(3)} at the longest lengths)")
+              f"({m.group(3)} at the longest lengths{took})")
