@@ -149,6 +149,10 @@ class Backend {
   virtual void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) = 0;
   // The same over a LinearWeight: FP8 weights go to linear_fp8.
   void linear(const Tensor& x, const LinearWeight& weight, const Tensor* bias, Tensor& out);
+  // The row count that stands for `rows` in the choice of a matmul's library kernels: calls of M
+  // rows with the same class run the same kernels (CUDA: cuBLASLt's plans per M bucket). A step
+  // whose classes have all run loads no library kernel (tensor_parallel_rehearsals.h).
+  virtual int64_t matmul_rows_class(int64_t rows) const { return rows; }
   // A decoder's linear layer with its neighbours folded in: y = prologue(x) @ weight^T (+ bias),
   // then the epilogue (LinearEpilogue) into out. Exactly the separate ops rms_norm, linear and
   // add / silu_mul, each rounding to the compute dtype, which the default runs; CUDA fuses them

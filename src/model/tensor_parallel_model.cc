@@ -223,6 +223,7 @@ class TensorParallelModel final : public Model {
                       const RankModelFactory& make_model)
       : config_(config) {
     backends_.push_back(&rank0_backend);
+    rehearsals_ = TensorParallelRehearsals([&rank0_backend](int64_t rows) { return rank0_backend.matmul_rows_class(rows); });
     for (int rank = 1; rank < size; ++rank) {
       BoundTo home(rank0_backend, rank0_backend);  // a CUDA backend's constructor binds its device
       owned_backends_.push_back(make_backend(rank));

@@ -14,8 +14,9 @@ TensorParallelRehearsals::Kind TensorParallelRehearsals::needed(const ForwardInp
       largest_[i] = sizes[i];
       larger = true;
     }
-  const bool new_tokens = tokens_run_.insert(sizes[0]).second;
-  const bool new_logits_rows = logits_rows_run_.insert(sizes[1]).second;
+  auto rows_class = [this](int64_t rows) { return rows_class_ ? rows_class_(rows) : rows; };
+  const bool new_tokens = tokens_run_.insert(rows_class(sizes[0])).second;
+  const bool new_logits_rows = logits_rows_run_.insert(rows_class(sizes[1])).second;
   ++steps_;
   if (!larger && !new_tokens && !new_logits_rows) return Kind::kNone;
   ++rehearsed_;

@@ -10,19 +10,21 @@
 //  - the first use of a library kernel: cuBLASLt loads a matmul's kernels when a matmul first
 //    needs them (cuLibraryLoadData, whatever CUDA_MODULE_LOADING says), holding a lock that every
 //    other rank's next cuBLASLt call then waits for. Its choice of kernel follows the matmul's
-//    rows: a step whose token count (every layer's matmuls) or logits rows (the lm_head's) have
-//    not run before. Nothing larger, it is rehearsed as it is (kAsIs): the arena never shrinks,
-//    and the real run needs exactly the rehearsal's scratch. Each distinct count costs one extra
-//    forward, once: on the CPU, `bench
-//    throughput -tp 2` over 200 prompts of 200 tokens (32 running, 512-token steps) rehearsed 39 of
-//    451 forwards (16 of them at the longest lengths), nearly all in its first steps; the counts
-//    are logged when the model goes.
+//    rows, by class (Backend::matmul_rows_class: cuBLASLt's plans per M bucket): a step whose
+//    token count (every layer's matmuls) or logits rows (the lm_head's) are of a class not run
+//    before. Nothing larger, it is rehearsed as it is (kAsIs): the arena never shrinks, and the
+//    real run needs exactly the rehearsal's scratch. Keyed by the exact counts instead, a served
+//    Qwen3-8B at TP 2 under prompts of varied lengths rehearsed 59 of its 71 eager forwards,
+//    2.7 s of a 9.7 s benchmark (docs/PERFORMANCE.md). Not foreseen: a row count that its
+//    bucket's algorithm cannot run gets a plan of its own (cuda_lt_common.h logs it). The counts
+//    and their time are logged when the model goes.
 // After the rehearsal the arenas are grown and the kernels loaded, and the real run waits for
 // nothing but its peers.
 #pragma once
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <set>
 
 #include "model/model.h"
@@ -32,6 +34,9 @@ namespace specula {
 class TensorParallelRehearsals {
  public:
   enum class Kind { kNone, kAsIs, kAtLongest };
+  // rows_class: Backend::matmul_rows_class of the model's backends (the default: every count is
+  // its own class).
+  explicit TensorParallelRehearsals(std::function<int64_t(int64_t)> rows_class = {}) : rows_class_(std::move(rows_class)) {}
   // Which rehearsal `step` needs; either way its sizes count as run from now on.
   Kind needed(const ForwardInput& step);
 
@@ -50,7 +55,8 @@ class TensorParallelRehearsals {
   double seconds_ = 0.0;
   // tokens, logits rows, sequences, query rows, table width, sequences x width
   std::array<int64_t, 6> largest_{};
-  std::set<int64_t> tokens_run_, logits_rows_run_;
+  std::function<int64_t(int64_t)> rows_class_;
+  std::set<int64_t> tokens_run_, logits_rows_run_;  // row classes
 };
 
 }  // namespace specula

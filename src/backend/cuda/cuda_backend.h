@@ -99,6 +99,7 @@ class CudaBackend final : public Backend {
   Tensor empty_host(Shape shape, DType dtype) override;
   std::optional<DeviceMemoryInfo> memory_info() override;
   bool idle() override;
+  int64_t matmul_rows_class(int64_t rows) const override;
   std::unique_ptr<DeviceGraph> capture_graph(const std::function<void()>& work) override;
   std::unique_ptr<TokenSampler> make_token_sampler(int max_rows, int64_t vocab) override;
   void bind_thread() override;

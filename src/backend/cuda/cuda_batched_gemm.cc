@@ -17,14 +17,15 @@ uint16_t alignment_of(const void* p, int64_t ld_bytes, int64_t stride_bytes) {
 
 }  // namespace
 
-struct CublasLtBatchedGemm::Plan : cuda_lt::Plan {};
+struct CublasLtBatchedGemm::Plan : cuda_lt::BucketPlan {};
 
 size_t CublasLtBatchedGemm::KeyHash::operator()(const Key& k) const {
   size_t h = std::hash<int64_t>()(k.m);
   auto mix = [&h](size_t v) { h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
   for (int64_t v : {k.n, k.k, k.ldx, k.ldw, k.ldo, k.sx, k.sw, k.so}) mix(std::hash<int64_t>()(v));
   mix(static_cast<size_t>(k.batch) << 8 | static_cast<size_t>(k.dtype));
-  mix(static_cast<size_t>(k.align_x) | static_cast<size_t>(k.align_w) << 16 | static_cast<size_t>(k.align_out) << 32);
+  mix(static_cast<size_t>(k.align_x) | static_cast<size_t>(k.align_w) << 16 | static_cast<size_t>(k.align_out) << 32 |
+      static_cast<size_t>(k.exact_m) << 48);
   return h;
 }
 
@@ -84,7 +85,18 @@ CublasLtBatchedGemm::Plan& CublasLtBatchedGemm::plan_for(const Key& key, const c
                 op, key.batch, key.m, key.k, key.n, key.k, dtype_name(key.dtype), key.ldx, key.ldw, key.ldo,
                 key.align_x, key.align_w, key.align_out, cublasLtGetStatusString(status));
   plan->algo = result.algo;
+  plan->m = key.m;
+  plan->supported_m.insert(key.m);
   return *plans_.emplace(key, std::move(plan)).first->second;
+}
+
+CublasLtBatchedGemm::Plan& CublasLtBatchedGemm::plan_serving(Key key, int64_t m, const char* op) {
+  key.m = cuda_lt::m_bucket(m);
+  Plan& plan = plan_for(key, op);
+  if (plan.serve(handle_, m, kWorkspaceBytes, op)) return plan;
+  key.m = m;
+  key.exact_m = true;
+  return plan_for(key, op);
 }
 
 void CublasLtBatchedGemm::matmul(Operand x, Operand w, void* out, int64_t ld_out, int64_t out_stride, DType dtype,
@@ -106,7 +118,7 @@ void CublasLtBatchedGemm::matmul(Operand x, Operand w, void* out, int64_t ld_out
                 alignment_of(x.data, x.ld * elem, x.batch_stride * elem),
                 alignment_of(w.data, w.ld * elem, w.batch_stride * elem),
                 alignment_of(out, ld_out * elem, out_stride * elem)};
-  Plan& plan = plan_for(key, op);
+  Plan& plan = plan_serving(key, m, op);
   const float alpha = 1.0f, beta = 0.0f;
   check_lt(cublasLtMatmul(handle_, plan.op, &alpha, w.data, plan.w, x.data, plan.x, &beta, out, plan.out, out,
                           plan.out, &plan.algo, workspace_.data(), kWorkspaceBytes, stream_),

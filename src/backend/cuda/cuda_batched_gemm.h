@@ -7,8 +7,9 @@
 // out_b^T (N x M) = op_T(w_b) . x_b^T with no copies; the batch is the layouts' BATCH_COUNT and
 // STRIDED_BATCH_OFFSET. A head's columns inside a [T, heads, K] activation are then just a matrix
 // with leading dimension heads * K at offset head * K. Plans (descriptors + the heuristic's
-// algorithm) are cached per shape; the workspace is allocated once, so calls can be captured into
-// a CUDA graph.
+// algorithm) are cached per shape with M bucketed as in cuda_gemm.h (M is a step's token count:
+// a plan per exact M queried the heuristic, and could load a kernel, at nearly every prefill);
+// the workspace is allocated once, so calls can be captured into a CUDA graph.
 #pragma once
 
 #include <cublasLt.h>
@@ -46,6 +47,7 @@ class CublasLtBatchedGemm {
     int batch;
     DType dtype;
     uint16_t align_x, align_w, align_out;
+    bool exact_m = false;  // m: the bucket's, or the exact M its bucket's algorithm cannot run
     bool operator==(const Key&) const = default;
   };
   struct KeyHash {
@@ -54,6 +56,8 @@ class CublasLtBatchedGemm {
   struct Plan;
 
   Plan& plan_for(const Key& key, const char* op);
+  // The plan serving `m` rows under `key` (a bucket's, its layouts set to m), or an exact one.
+  Plan& plan_serving(Key key, int64_t m, const char* op);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;

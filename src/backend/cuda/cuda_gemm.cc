@@ -1,6 +1,5 @@
 #include "backend/cuda/cuda_gemm.h"
 
-#include <unordered_set>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -15,18 +14,9 @@ uint16_t alignment_of(const void* p) { return cuda_lt::alignment_of_bits(reinter
 
 }  // namespace
 
-struct CublasLtGemm::Plan : cuda_lt::Plan {
-  int64_t m = 0;                             // the M its x and out layouts describe now
-  std::unordered_set<int64_t> supported_m;   // Ms its algorithm was checked for
-  std::unordered_set<int64_t> unsupported_m;
-};
+struct CublasLtGemm::Plan : cuda_lt::BucketPlan {};
 
-int64_t CublasLtGemm::m_bucket(int64_t m) {
-  if (m <= 16) return m;
-  int64_t b = 32;
-  while (b < m) b <<= 1;
-  return b;
-}
+int64_t CublasLtGemm::m_bucket(int64_t m) { return cuda_lt::m_bucket(m); }
 
 size_t CublasLtGemm::KeyHash::operator()(const Key& k) const {
   size_t h = std::hash<int64_t>()(k.m);
@@ -99,24 +89,7 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const char* op) {
 CublasLtGemm::Plan& CublasLtGemm::plan_serving(Key key, int64_t m, const char* op) {
   key.m = m_bucket(m);
   Plan& plan = plan_for(key, op);
-  if (plan.unsupported_m.count(m) == 0) {
-    if (plan.m != m) {
-      const uint64_t cols = static_cast<uint64_t>(m);
-      check_lt(cublasLtMatrixLayoutSetAttribute(plan.x, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols)), "input M");
-      check_lt(cublasLtMatrixLayoutSetAttribute(plan.out, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols)),
-               "output M");
-      plan.m = m;
-    }
-    if (plan.supported_m.count(m)) return plan;
-    cublasLtMatmulHeuristicResult_t check{};
-    if (cublasLtMatmulAlgoCheck(handle_, plan.op, plan.w, plan.x, plan.out, plan.out, &plan.algo, &check) ==
-            CUBLAS_STATUS_SUCCESS &&
-        check.workspaceSize <= kWorkspaceBytes) {
-      plan.supported_m.insert(m);
-      return plan;
-    }
-    plan.unsupported_m.insert(m);
-  }
+  if (plan.serve(handle_, m, kWorkspaceBytes, op)) return plan;
   key.m = m;
   key.exact_m = true;
   return plan_for(key, op);

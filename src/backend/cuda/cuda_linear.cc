@@ -69,6 +69,8 @@ void CudaBackend::set_gemv_max_rows(DType weight, int64_t rows) {
   (weight == DType::kF8E4M3 ? fp8_gemv_max_rows_ : bf16_gemv_max_rows_) = rows;
 }
 
+int64_t CudaBackend::matmul_rows_class(int64_t rows) const { return CublasLtGemm::m_bucket(rows); }
+
 void CudaBackend::linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) {
   const LinearShape s = check_linear("linear", x, x.ndim() >= 1 ? x.size(-1) : -1, weight, bias, out);
   cuda_check::same_dtype(x, weight, "linear", "x", "weight");

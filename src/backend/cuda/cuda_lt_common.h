@@ -1,17 +1,21 @@
 // What the two cuBLASLt wrappers (cuda_gemm: linear layers; cuda_batched_gemm: strided batches)
-// share: status checks, the data-type mapping, the alignment an algorithm may assume, and the
-// owned descriptors of a cached plan.
+// share: status checks, the data-type mapping, the alignment an algorithm may assume, the owned
+// descriptors of a cached plan, and plans keyed by an M bucket (cuda_gemm.h says why).
 #pragma once
 
 #include <cublasLt.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/logging.h"
 
 namespace specula::cuda_lt {
 
@@ -53,6 +57,51 @@ struct Plan {
     if (x) cublasLtMatrixLayoutDestroy(x);
     if (w) cublasLtMatrixLayoutDestroy(w);
     if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+// The M a plan is keyed by: exact up to 16 (decode batches), else rounded up to a power of two.
+// Row counts of one bucket run one algorithm, hence the same kernels (tensor_parallel_rehearsals.h
+// relies on it).
+inline int64_t m_bucket(int64_t m) {
+  if (m <= 16) return m;
+  int64_t b = 32;
+  while (b < m) b <<= 1;
+  return b;
+}
+
+// A plan keyed by an M bucket: the heuristic chose its algorithm for the bucket's largest M (the
+// layouts it was made with); serve() sets the x and out layouts to the M of a call and checks
+// once per M that the algorithm runs it.
+struct BucketPlan : Plan {
+  int64_t m = 0;  // the M its x and out layouts describe now
+  std::unordered_set<int64_t> supported_m, unsupported_m;
+
+  // false: the algorithm cannot run m rows (or needs more workspace); the caller makes an exact
+  // plan for m.
+  bool serve(cublasLtHandle_t handle, int64_t rows, size_t workspace_bytes, const char* op) {
+    if (unsupported_m.count(rows)) return false;
+    if (m != rows) {
+      const uint64_t cols = static_cast<uint64_t>(rows);
+      check(cublasLtMatrixLayoutSetAttribute(x, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols)), op, "input M");
+      check(cublasLtMatrixLayoutSetAttribute(out, CUBLASLT_MATRIX_LAYOUT_COLS, &cols, sizeof(cols)), op, "output M");
+      m = rows;
+    }
+    if (supported_m.count(rows)) return true;
+    cublasLtMatmulHeuristicResult_t result{};
+    if (cublasLtMatmulAlgoCheck(handle, this->op, w, x, out, out, &algo, &result) == CUBLAS_STATUS_SUCCESS &&
+        result.workspaceSize <= workspace_bytes) {
+      supported_m.insert(rows);
+      return true;
+    }
+    unsupported_m.insert(rows);
+    // Such a plan may load a kernel in the middle of a tensor-parallel step, which its rehearsals
+    // (keyed by bucket) do not foresee: say so, a few times.
+    static std::atomic<int> reported{0};
+    if (reported.fetch_add(1) < 3)
+      LOG_INFO("{}: cuBLASLt's algorithm for {} rows cannot run {} rows; they get a plan of their own", op,
+               supported_m.empty() ? rows : *std::max_element(supported_m.begin(), supported_m.end()), rows);
+    return false;
   }
 };
 

@@ -1,6 +1,7 @@
 // TensorParallelRehearsals: a step is rehearsed at the longest lengths when any of its sizes is
 // larger than every step's before (its scratch may grow), as it is when only its matmul row counts
-// have not run before (a library may load a kernel for them); never twice for the same sizes.
+// are of a class that has not run before (a library may load a kernel for them); never twice for
+// the same sizes.
 #include "model/tensor_parallel_rehearsals.h"
 
 #include <gtest/gtest.h>
@@ -61,6 +62,20 @@ TEST(TensorParallelRehearsals, MoreSequencesTimesWidthThanBefore) {
   EXPECT_EQ(Kind::kAtLongest, r.needed(step(1, 1, 1, 1, 256)));    // one long one
   EXPECT_EQ(Kind::kAtLongest, r.needed(step(64, 64, 64, 1, 8)));   // no size past its largest, but 64 x 8 blocks
   EXPECT_EQ(Kind::kNone, r.needed(step(64, 64, 64, 1, 4)));  // 64 x 4 blocks: within what ran
+}
+
+// Row counts of one class (cuBLASLt's M buckets on CUDA) load no kernel after the first: a served
+// model's prefill and mixed steps have a new token count nearly every step.
+TEST(TensorParallelRehearsals, RowCountsOfAClassThatRan) {
+  TensorParallelRehearsals r([](int64_t rows) { return rows <= 16 ? rows : int64_t{1} << (64 - __builtin_clzll(rows - 1)); });
+  EXPECT_EQ(Kind::kAtLongest, r.needed(step(300, 3, 3, 200, 32)));  // class 512
+  EXPECT_EQ(Kind::kNone, r.needed(step(290, 3, 3, 200, 32)));        // 290: class 512 too
+  EXPECT_EQ(Kind::kAsIs, r.needed(step(200, 3, 3, 100, 32)));        // class 256
+  EXPECT_EQ(Kind::kNone, r.needed(step(129, 3, 3, 100, 32)));
+  EXPECT_EQ(Kind::kAsIs, r.needed(step(17, 2, 2, 15, 32)));          // class 32, 2 logits rows
+  EXPECT_EQ(Kind::kAsIs, r.needed(step(16, 2, 2, 15, 32)));          // 16 and below are exact
+  EXPECT_EQ(Kind::kAsIs, r.needed(step(15, 2, 2, 14, 32)));
+  EXPECT_EQ(r.rehearsed(), 5);
 }
 
 }  // namespace

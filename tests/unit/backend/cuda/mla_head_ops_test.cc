@@ -86,6 +86,30 @@ TEST_F(CudaHeadOps, HeadLinearMatchesCpu) {
   }
 }
 
+// Token counts share a plan per M bucket (cuda_lt_common.h): the plan made for the first count of
+// a bucket serves the others, larger and smaller, with the layouts set to each.
+TEST_F(CudaHeadOps, HeadLinearTokenCountsOfABucketShareItsPlan) {
+  std::mt19937 rng(23);
+  struct Case {
+    int64_t heads, k, n;
+  };
+  for (const Case& c : {Case{4, 32, 32}, Case{3, 24, 40}}) {
+    for (int64_t t : {300, 257, 511, 260, 33, 64, 40, 17, 16}) {
+      Tensor x = random_bf16_values({t, c.heads, c.k}, rng);
+      Tensor w = random_bf16_values({c.heads, c.n, c.k}, rng, 2.0f / std::sqrt(static_cast<float>(c.k)));
+      Tensor out_cpu = Tensor::zeros({t, c.heads, c.n}, DType::kF32);
+      cpu_->head_linear(x, w, out_cpu);
+      Tensor out_gpu = gpu_->empty({t, c.heads, c.n}, DType::kBF16);
+      gpu_->head_linear(to_gpu(*gpu_, x), to_gpu(*gpu_, w), out_gpu);
+      std::vector<float> want = out_cpu.to_f32_vector();
+      double scale = 0;
+      for (float v : want) scale = std::max(scale, std::fabs(double(v)));
+      expect_close(to_host(*gpu_, out_gpu), want, 1e-2, 1e-2 * scale,
+                   "head_linear T=" + std::to_string(t) + " heads=" + std::to_string(c.heads));
+    }
+  }
+}
+
 TEST_F(CudaHeadOps, HeadLinearRejectsMismatchedShapes) {
   Tensor x = gpu_->empty({2, 4, 16}, DType::kBF16), w = gpu_->empty({4, 8, 12}, DType::kBF16),
          out = gpu_->empty({2, 4, 8}, DType::kBF16);
