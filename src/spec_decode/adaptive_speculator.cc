@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -150,10 +151,22 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   const int64_t steady_catch_up = static_cast<int64_t>(batch.requests.size()) * (config_.num_speculative_tokens + 1);
   const bool recorded = drafting > 0 && steady && proposer_->last_catch_up_tokens() <= steady_catch_up;
   if (recorded) depth_.cost().record_draft(drafting, most, seconds);
-  if (spdlog::default_logger_raw()->should_log(spdlog::level::debug))  // acceptance() copies
-    LOG_DEBUG("adaptive depth: {} decoding, depth {}{}, drafted {} x {}, proposer {:.1f} us{}, acceptance {:.2f}",
+  if (spdlog::default_logger_raw()->should_log(spdlog::level::debug)) {  // acceptance() copies
+    // What the choice weighed at this batch size, by depth 0..k: the modelled target, draft and
+    // host times and the tokens per second against plain decoding.
+    const int n = std::max(1, num_decoding);
+    StepCostModel& cost = depth_.cost();
+    std::vector<std::string> model;
+    for (int d = 0; d <= config_.num_speculative_tokens; ++d)
+      model.push_back(fmt::format("{}:{:.0f}+{:.0f}us/{:.2f}", d, 1e6 * cost.target_seconds(n, 1 + d),
+                                  1e6 * cost.draft_seconds(n, d),
+                                  depth_.tokens_per_second(n, d) / std::max(1e-12, depth_.tokens_per_second(n, 0))));
+    LOG_DEBUG("adaptive depth: {} decoding, depth {}{}, drafted {} x {}, proposer {:.1f} us{}, acceptance {:.2f}; "
+              "host {:.0f} us, depth:target+draft/gain {}",
               num_decoding, batch.depth, depth_.plain_probe() ? " (plain probe)" : depth_.draft_probe() ? " (draft probe)" : "",
-              drafting, most, 1e6 * seconds, recorded ? " (recorded)" : "", fmt::join(depth_.acceptance(), " "));
+              drafting, most, 1e6 * seconds, recorded ? " (recorded)" : "", fmt::join(depth_.acceptance(), " "),
+              1e6 * cost.host_seconds(n), fmt::join(model, " "));
+  }
   return batch.depth;
 }
 

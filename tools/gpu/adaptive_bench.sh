@@ -9,6 +9,9 @@
 # With ADAPTIVE_PROFILE=1, one more run each of no speculation and adaptive draft at concurrency
 # ADAPTIVE_PROFILE_C (1), temperature 1 under SPECULA_PROFILE=1 (phase times, synchronised), and
 # one of adaptive draft with SPECULA_LOGGING_LEVEL=DEBUG (each step's depth; trace_*.log).
+# ADAPTIVE_TRACE="METHOD C TEMP" (e.g. "mtp 1 0"): one more adaptive run of METHOD at concurrency
+# C and temperature TEMP with SPECULA_LOGGING_LEVEL=DEBUG: each step's depth and what the cost
+# model weighed (trace_*.log).
 # $OUT receives adaptive_summary.txt (tools/gpu/adaptive_summary.py) and adaptive_logs.tar.gz.
 #   ADAPTIVE_METHODS="draft eagle3 mtp" ADAPTIVE_CONCURRENCY="1 8 64" ADAPTIVE_TEMPS="0 1"
 #   ADAPTIVE_K=5 ADAPTIVE_PINNED="3 5" ADAPTIVE_REPS=2 ADAPTIVE_BUDGET=540
@@ -45,6 +48,11 @@ if [ "${ADAPTIVE_PROFILE:-0}" = 1 ]; then
     --speculative-config "$(spec draft "$K" true)"
   SPECULA_LOGGING_LEVEL=DEBUG run "trace_c${pc}_t1_draft_k${K}adaptive" models/specula-tiny "$pc" 1 \
     --speculative-config "$(spec draft "$K" true)"
+fi
+if [ -n "${ADAPTIVE_TRACE:-}" ]; then
+  read -r tm tc tt <<< "$ADAPTIVE_TRACE"
+  SPECULA_LOGGING_LEVEL=DEBUG run "trace_c${tc}_t${tt}_${tm}_k${K}adaptive" "$(target "$tm")" "$tc" "$tt" \
+    --speculative-config "$(spec "$tm" "$K" true)"
 fi
 METHODS=${ADAPTIVE_METHODS:-draft eagle3 mtp}
 for c in ${ADAPTIVE_CONCURRENCY:-1 8 64}; do
