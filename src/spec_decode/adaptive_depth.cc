@@ -44,7 +44,10 @@ double AdaptiveDepth::expected_tokens(int depth) const {
   // acceptance() without its copy: this runs for every depth of every step.
   double e = 1.0, run = 1.0, a = 0.0;
   for (int i = 0; i < depth && i < static_cast<int>(accept_.size()); ++i) {
-    if (i == 0 || observed_[i] > 0) a = accept_[i];
+    if (i == 0 || observed_[i] >= config_.explore_observations)
+      a = accept_[i];
+    else if (observed_[i] > 0)
+      a = std::max(a, accept_[i]);  // unobserved: the position before it's
     run *= a;
     e += run;
   }
@@ -109,6 +112,13 @@ int AdaptiveDepth::current(int num_seqs) const {
 int AdaptiveDepth::choose(int num_seqs) {
   if (!config_.adaptive) return config_.num_speculative_tokens;
   num_seqs = std::max(1, num_seqs);
+  // A probe from depth 0 goes on while it has steps left, the batch is of its bucket and its
+  // verifications so far have not turned speculation on.
+  if (probe_bucket_ >= 0 && --probe_steps_left_ > 0 && OnlineCostModel::bucket_of(num_seqs) == probe_bucket_ &&
+      best_depth(num_seqs) == 0) {
+    plain_probe_ = false;
+    if (const int probe = probe_depth(num_seqs); probe > 0) return probe;
+  }
   // The verdict on the previous step's probe from depth 0 (its drafts were verified since): still
   // no speculation there means probe that bucket half as often; speculation means start afresh.
   if (probe_bucket_ >= 0) {
@@ -129,6 +139,7 @@ int AdaptiveDepth::choose(int num_seqs) {
       depth = probe;
       probe_bucket_ = static_cast<int>(bucket);
       probe_num_seqs_ = num_seqs;
+      probe_steps_left_ = std::max(1, config_.probe_steps);
     }
   }
   return depth;

@@ -54,6 +54,17 @@ struct AdaptiveDepthConfig {
   // pair's first request left a_1 at 0.65 (0.85 over the run) and adaptive k = 5 at depth 0 for
   // the rest of the run, where pinned k = 5 is 1.5x faster.
   double probe_weight = 0.25;
+  // A probe from depth 0 drafts in up to this many steps in a row (fewer once one has turned
+  // speculation on): at concurrency 1 a step verifies one request's drafts, and a probe whose
+  // first draft happened to be rejected turned speculation off for a doubled interval; on the
+  // H200 one of three MTP runs at concurrency 1 stayed at depth 0.01 where pinned k = 3 was 1.16x.
+  int probe_steps = 4;
+  // A position verified fewer times than this counts as accepting at least as well as the one
+  // before it (optimism while uncertain): a depth whose few verifications went badly (probes into
+  // a cold cache) is otherwise never chosen again, so never measured again. On the H200 MTP at
+  // concurrency 1 ran depth 1 in 1329 of 1470 steps with a_2 at 0.64 after a handful of
+  // verifications, where pinned k = 3 accepted 3.35 tokens a step and ran 1.16x faster.
+  int explore_observations = 16;
 };
 
 class AdaptiveDepth {
@@ -80,6 +91,8 @@ class AdaptiveDepth {
   // cache), and, after that, for the last `feed_steps` steps before each probe.
   bool feeds_proposer(int num_seqs) const;
 
+  // E(depth) with the acceptance the choice uses: a_i, or for a position verified fewer than
+  // explore_observations times, at least the a used for the position before it.
   double expected_tokens(int depth) const;
   // Expected tokens per second of one request at this depth (the objective).
   double tokens_per_second(int num_seqs, int depth) const;
@@ -104,6 +117,7 @@ class AdaptiveDepth {
   std::vector<int> since_probe_;      // steps since that bucket's last probe
   int probe_bucket_ = -1;             // the previous step probed from depth 0 in this bucket
   int probe_num_seqs_ = 0;
+  int probe_steps_left_ = 0;          // of that probe, after the previous step
   bool plain_probe_ = false;
 };
 
