@@ -5,7 +5,9 @@
 # (specula-tiny-moe's own MTP layer). For each concurrency and temperature the configurations
 # (no speculation, adaptive k = ADAPTIVE_K, pinned k in ADAPTIVE_PINNED) are alternated inside each
 # of ADAPTIVE_REPS repetitions. Python prompts (as eagle_bench.sh), 128 in / 128 out; concurrency
-# 1 runs 20 requests a run (the TPOT median over them), larger ones 3 batches (output tok/s).
+# 1 runs ADAPTIVE_C1_REQUESTS (20) requests a run (the TPOT median over them), larger ones
+# ADAPTIVE_BATCHES (3) batches (output tok/s; 3 batches of 8 are ~0.1 s, mostly the adaptive
+# depth's first choices: take 10 or more for the steady state).
 # With ADAPTIVE_PROFILE=1, one more run each of no speculation and adaptive draft at concurrency
 # ADAPTIVE_PROFILE_C (1), temperature 1 under SPECULA_PROFILE=1 (phase times, synchronised), and
 # one of adaptive draft with SPECULA_LOGGING_LEVEL=DEBUG (each step's depth; trace_*.log).
@@ -35,8 +37,8 @@ target() { [ "$1" = mtp ] && echo models/specula-tiny-moe || echo models/specula
 run() {  # NAME TARGET CONCURRENCY TEMPERATURE [ARGS...]
   local name=$1 model=$2 c=$3 temp=$4
   shift 4
-  local iters=3
-  [ "$c" = 1 ] && iters=20
+  local iters=${ADAPTIVE_BATCHES:-3}
+  [ "$c" = 1 ] && iters=${ADAPTIVE_C1_REQUESTS:-20}
   bench "$name" 60 latency "$model" --dataset "$DATASET" --temperature "$temp" --batch-size "$c" --input-len 128 \
     --output-len 128 --num-iters "$iters" --num-iters-warmup 1 --max-model-len 1024 --max-num-seqs "$(( c < 8 ? 8 : c ))" "$@" \
     > /dev/null
