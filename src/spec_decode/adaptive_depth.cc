@@ -10,8 +10,11 @@ AdaptiveDepth::AdaptiveDepth(const AdaptiveDepthConfig& config, std::unique_ptr<
     : config_(config), cost_(std::move(cost)) {
   SPECULA_CHECK(config.num_speculative_tokens >= 1, "adaptive depth: k must be at least 1, got {}", config.num_speculative_tokens);
   SPECULA_CHECK(cost_ != nullptr, "adaptive depth: no cost model");
+  SPECULA_CHECK(config.probe_weight > 0.0 && config.probe_weight <= 1.0, "adaptive depth: probe_weight must be in (0, 1], got {}",
+                config.probe_weight);
   accept_.assign(static_cast<size_t>(config.num_speculative_tokens), config.prior_acceptance);
   observed_.assign(static_cast<size_t>(config.num_speculative_tokens), 0);
+  probe_observed_.assign(static_cast<size_t>(config.num_speculative_tokens), 0);
   probe_every_.assign(static_cast<size_t>(OnlineCostModel::bucket_of(1 << 30)) + 1, config.probe_interval);
   since_probe_.assign(probe_every_.size(), 0);
 }
@@ -27,7 +30,8 @@ void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
     // with depth, but the previous position is a better guess than the fixed prior).
     if (observed_[i] == 0 && i > 0) accept_[i] = accept_[i - 1];
     double w = std::max(config_.acceptance_weight, 1.0 / static_cast<double>(observed_[i] + 2));
-    if (probe_bucket_ >= 0) w = std::max(w, config_.probe_weight);  // the previous step probed from depth 0
+    if (probe_bucket_ >= 0)  // a probe from depth 0 is running: its verifications weigh about their mean
+      w = std::max(w, 1.0 / (1.0 / config_.probe_weight + probe_observed_[i]++));
     accept_[i] += w * (x - accept_[i]);
     observed_[i] += 1;
   }
@@ -140,6 +144,7 @@ int AdaptiveDepth::choose(int num_seqs) {
       probe_bucket_ = static_cast<int>(bucket);
       probe_num_seqs_ = num_seqs;
       probe_steps_left_ = std::max(1, config_.probe_steps);
+      std::fill(probe_observed_.begin(), probe_observed_.end(), 0);
     }
   }
   return depth;

@@ -49,10 +49,14 @@ struct AdaptiveDepthConfig {
   // probe (feeds_proposer): as many as it needs to draft as well as if fed all along
   // (Proposer::steps_to_recover), at most probe_interval.
   int feed_steps = 32;
-  // The least weight of one verification of a probe from depth 0. At the EMA floor a probe every
-  // 32..1024 steps could never move an estimate learned from a bad start: on the H200 the embedded
-  // pair's first request left a_1 at 0.65 (0.85 over the run) and adaptive k = 5 at depth 0 for
-  // the rest of the run, where pinned k = 5 is 1.5x faster.
+  // The least weight of the first verification of a probe from depth 0 at each position; the
+  // n-th after it weighs at least 1 / (1 / probe_weight + n), so that a probe's verifications
+  // move the estimate to about their mean. At the EMA floor a probe every 32..1024 steps could
+  // never move an estimate learned from a bad start: on the H200 the embedded pair's first request
+  // left a_1 at 0.65 (0.85 over the run) and adaptive k = 5 at depth 0 for the rest of the run,
+  // where pinned k = 5 is 1.5x faster. At 0.25 for every verification, a probe of 4 steps of 4
+  // requests kept only its last few: eagle3 at temperature 1, 8 requests (H200) saw a_1 anywhere
+  // from 0.14 to 0.79 after its probes, and turned speculation on after some.
   double probe_weight = 0.25;
   // A probe from depth 0 drafts in up to this many steps in a row (fewer once one has turned
   // speculation on): at concurrency 1 a step verifies one request's drafts, and a probe whose
@@ -118,6 +122,7 @@ class AdaptiveDepth {
   int probe_bucket_ = -1;             // the previous step probed from depth 0 in this bucket
   int probe_num_seqs_ = 0;
   int probe_steps_left_ = 0;          // of that probe, after the previous step
+  std::vector<int> probe_observed_;   // verifications of that probe, per position
   bool plain_probe_ = false;
 };
 

@@ -200,6 +200,24 @@ TEST(AdaptiveDepth, ProbesRunSeveralStepsSoThatOneRejectionDoesNotDecide) {
   EXPECT_EQ(speculating, 18);  // on: all but the plain probes, every 8th step
 }
 
+// A probe's verifications move the estimate to about their mean (the estimate before it counting
+// as 1 / probe_weight - 1 of them), not to its last few: at temperature 1 a probe of 16
+// verifications at 0.25 each left a_1 anywhere from 0.14 to 0.79.
+TEST(AdaptiveDepth, AProbesVerificationsWeighAboutTheirMean) {
+  AdaptiveDepthConfig c;
+  c.num_speculative_tokens = 3;
+  c.probe_interval = 8;
+  AdaptiveDepth d(c, std::make_unique<FusedChainCost>());
+  for (int i = 0; i < 2000; ++i) d.record_verification(3, 0);
+  const double before = d.acceptance()[0];
+  ASSERT_LT(before, 0.01);
+  int step = 1;
+  while (d.choose(1) == 0) ++step;
+  ASSERT_EQ(step, 8);
+  for (int i = 0; i < 16; ++i) d.record_verification(1, i < 8 ? 1 : 0);  // 8 accepted, then 8 rejected
+  EXPECT_NEAR(d.acceptance()[0], (3 * before + 8) / 19.0, 1e-9);
+}
+
 // MTP-like costs (microseconds): a plain step 153, a verification of 2 rows 170 and of more 188;
 // drafting d tokens 124 + 50 (d - 1). At acceptance 0.95 everywhere depth 3 and more pay best.
 class ChainedHeadCost : public StepCostModel {
