@@ -218,6 +218,49 @@ TEST(AdaptiveDepth, AProbesVerificationsWeighAboutTheirMean) {
   EXPECT_NEAR(d.acceptance()[0], (3 * before + 8) / 19.0, 1e-9);
 }
 
+// EAGLE-3 head costs at 8 requests on the H200 (microseconds, the debug trace at 1141bed): the
+// target verifying 1..6 rows a request, the head drafting d tokens.
+class EagleAtEightCost : public StepCostModel {
+ public:
+  double target_seconds(int, int rows) const override {
+    static const double kRows[] = {0, 240, 328, 350, 357, 412, 420};
+    return 1e-6 * kRows[rows];
+  }
+  double draft_seconds(int, int depth) const override { return depth == 0 ? 0.0 : 1e-6 * (47.0 + 95.0 * depth); }
+};
+
+// Where no depth pays (temperature 1: each draft accepted with probability 0.55), what adaptive
+// depth costs over a run of 1400 steps of 8 requests is its probes (4 steps of 4 requests each,
+// at intervals doubling from 32) and the fed steps before them. With every probe verification at
+// weight 0.25, 3 of these 10 runs took 25-31 probe steps and 221-282 fed steps (the H200 trace:
+// 32 and 289), false verdicts resetting the interval; weighed about their mean, 20-23 and
+// 159-189.
+TEST(AdaptiveDepth, WhereNothingPaysProbesStayRare) {
+  for (int seed = 0; seed < 10; ++seed) {
+    AdaptiveDepthConfig c;
+    c.num_speculative_tokens = 5;
+    AdaptiveDepth d(c, std::make_unique<EagleAtEightCost>());
+    std::mt19937 rng(static_cast<unsigned>(seed));
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    int drafting_steps = 0, fed = 0;
+    for (int step = 0; step < 1400; ++step) {
+      const int depth = d.choose(8);
+      if (depth == 0) {
+        fed += d.feeds_proposer(8) ? 1 : 0;
+        continue;
+      }
+      ++drafting_steps;
+      for (int r = 0; r < (d.draft_probe() ? 4 : 8); ++r) {
+        int accepted = 0;
+        while (accepted < depth && u(rng) < 0.55) ++accepted;
+        d.record_verification(depth, accepted);
+      }
+    }
+    EXPECT_LE(drafting_steps, 24) << "seed " << seed;
+    EXPECT_LE(fed, 190) << "seed " << seed;
+  }
+}
+
 // MTP-like costs (microseconds): a plain step 153, a verification of 2 rows 170 and of more 188;
 // drafting d tokens 124 + 50 (d - 1). At acceptance 0.95 everywhere depth 3 and more pay best.
 class ChainedHeadCost : public StepCostModel {
