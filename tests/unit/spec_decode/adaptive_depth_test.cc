@@ -139,6 +139,17 @@ class FusedChainCost : public StepCostModel {
   }
 };
 
+// k drafts at most, speculation off from the start (acceptance prior 0.05) and a probe due every
+// 8 steps, of probe_steps steps each.
+AdaptiveDepthConfig off_with_probes(int k, int probe_steps) {
+  AdaptiveDepthConfig c;
+  c.num_speculative_tokens = k;
+  c.prior_acceptance = 0.05;
+  c.probe_interval = 8;
+  c.probe_steps = probe_steps;
+  return c;
+}
+
 TEST(AdaptiveDepth, ProbesAtTheBestDepthAndRecoversFromABadStart) {
   AdaptiveDepthConfig c;
   c.num_speculative_tokens = 5;
@@ -170,11 +181,7 @@ TEST(AdaptiveDepth, ProbesAtTheBestDepthAndRecoversFromABadStart) {
 // A probe from depth 0 drafts in up to probe_steps steps in a row: at concurrency 1 one rejected
 // first draft does not decide, and a probe that fails costs its steps, then twice the interval.
 TEST(AdaptiveDepth, ProbesRunSeveralStepsSoThatOneRejectionDoesNotDecide) {
-  AdaptiveDepthConfig c;
-  c.num_speculative_tokens = 5;
-  c.prior_acceptance = 0.05;
-  c.probe_interval = 8;
-  c.probe_steps = 4;
+  const AdaptiveDepthConfig c = off_with_probes(5, 4);
   AdaptiveDepth d(c, std::make_unique<FusedChainCost>());
   std::vector<int> probed;
   for (int i = 1; i <= 64; ++i) {
@@ -306,12 +313,7 @@ TEST(AdaptiveDepth, ADeepPositionsBadStartIsMeasuredAgain) {
 }
 
 TEST(AdaptiveDepth, FeedsAnEveryStepProposerWhileMeasuringWhetherSpeculationPays) {
-  AdaptiveDepthConfig c;
-  c.num_speculative_tokens = 5;
-  c.prior_acceptance = 0.05;  // off from the start
-  c.probe_interval = 8;
-  c.probe_steps = 1;
-  AdaptiveDepth d(c, std::make_unique<FusedChainCost>());
+  AdaptiveDepth d(off_with_probes(5, 1), std::make_unique<FusedChainCost>());
   // No probe has failed yet: fed every step, so that the first probe meets a warm cache.
   std::vector<bool> fed;
   for (int i = 1; i <= 8; ++i) {
@@ -341,12 +343,8 @@ TEST(AdaptiveDepth, FeedsAnEveryStepProposerWhileMeasuringWhetherSpeculationPays
 // A proposer that recovers in fewer steps than the probe interval is fed only that many before
 // each probe once one has failed (MTP: 12 of 32).
 TEST(AdaptiveDepth, FeedsOnlyTheStepsTheProposerNeedsToRecover) {
-  AdaptiveDepthConfig c;
-  c.num_speculative_tokens = 5;
-  c.prior_acceptance = 0.05;
-  c.probe_interval = 8;
+  AdaptiveDepthConfig c = off_with_probes(5, 1);
   c.feed_steps = 3;
-  c.probe_steps = 1;
   AdaptiveDepth d(c, std::make_unique<FusedChainCost>());
   for (int i = 1; i <= 8; ++i) {
     EXPECT_EQ(d.choose(1), i == 8 ? 5 : 0);
