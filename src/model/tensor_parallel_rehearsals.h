@@ -15,7 +15,7 @@
 //    before. Nothing larger, it is rehearsed as it is (kAsIs): the arena never shrinks, and the
 //    real run needs exactly the rehearsal's scratch. Keyed by the exact counts instead, a served
 //    Qwen3-8B at TP 2 under prompts of varied lengths rehearsed 59 of its 71 eager forwards,
-//    2.7 s of a 9.7 s benchmark (docs/PERFORMANCE.md). Not foreseen: a row count that its
+//    2.7 s of a 9.7 s benchmark; by class 18, 1.2 s (docs/PERFORMANCE.md). Not foreseen: a row count that its
 //    bucket's algorithm cannot run gets a plan of its own (cuda_lt_common.h logs it). The counts
 //    and their time are logged when the model goes.
 // After the rehearsal the arenas are grown and the kernels loaded, and the real run waits for

@@ -1,6 +1,5 @@
 #include "backend/cuda/cuda_gemm.h"
 
-
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_lt_common.h"
