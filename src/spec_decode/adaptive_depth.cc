@@ -17,6 +17,7 @@ AdaptiveDepth::AdaptiveDepth(const AdaptiveDepthConfig& config, std::unique_ptr<
   probe_observed_.assign(static_cast<size_t>(config.num_speculative_tokens), 0);
   probe_every_.assign(static_cast<size_t>(OnlineCostModel::bucket_of(1 << 30)) + 1, config.probe_interval);
   since_probe_.assign(probe_every_.size(), 0);
+  probes_while_on_.assign(probe_every_.size(), 0);
 }
 
 void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
@@ -30,7 +31,9 @@ void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
     // with depth, but the previous position is a better guess than the fixed prior).
     if (observed_[i] == 0 && i > 0) accept_[i] = accept_[i - 1];
     double w = std::max(config_.acceptance_weight, 1.0 / static_cast<double>(observed_[i] + 2));
-    if (probe_bucket_ >= 0)  // a probe from depth 0 is running: its verifications weigh about their mean
+    // A probe from depth 0 is running, or the previous step probed past the depth chosen: its
+    // verifications weigh about their mean.
+    if (probe_bucket_ >= 0 || (deep_probe_from_ >= 0 && i >= deep_probe_from_))
       w = std::max(w, 1.0 / (1.0 / config_.probe_weight + probe_observed_[i]++));
     accept_[i] += w * (x - accept_[i]);
     observed_[i] += 1;
@@ -116,6 +119,7 @@ int AdaptiveDepth::current(int num_seqs) const {
 int AdaptiveDepth::choose(int num_seqs) {
   if (!config_.adaptive) return config_.num_speculative_tokens;
   num_seqs = std::max(1, num_seqs);
+  deep_probe_from_ = -1;  // the previous step's verifications are in
   // A probe from depth 0 goes on while it has steps left, the batch is of its bucket and its
   // verifications so far have not turned speculation on.
   if (probe_bucket_ >= 0 && --probe_steps_left_ > 0 && OnlineCostModel::bucket_of(num_seqs) == probe_bucket_ &&
@@ -136,7 +140,11 @@ int AdaptiveDepth::choose(int num_seqs) {
   const size_t bucket = static_cast<size_t>(OnlineCostModel::bucket_of(num_seqs));
   if (config_.probe_interval > 0 && ++since_probe_[bucket] >= probe_every_[bucket]) {
     since_probe_[bucket] = 0;
-    if (depth > 0) {
+    if (depth > 0 && depth < config_.num_speculative_tokens && ++probes_while_on_[bucket] % 2 == 0) {
+      deep_probe_from_ = depth;  // re-measure the positions past the chosen depth
+      std::fill(probe_observed_.begin(), probe_observed_.end(), 0);
+      depth = config_.num_speculative_tokens;
+    } else if (depth > 0) {
       depth = 0;  // re-measure a plain decode step
       plain_probe_ = true;
     } else if (const int probe = probe_depth(num_seqs); probe > 0) {

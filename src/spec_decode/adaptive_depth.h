@@ -11,7 +11,8 @@
 // no longer nearly free, or when acceptance is low, the answer is 0 and the step is a plain decode.
 //
 // Exploration: a choice only measures what it runs. Every `probe_interval` steps one step runs a
-// depth that was not chosen lately (0 when speculation is on; when it is off, the depth that
+// depth that was not chosen lately (when speculation is on, by turns 0 and k: a plain step's cost
+// and the acceptance of the positions past the chosen depth; when it is off, the depth that
 // would pay best were every draft accepted) so acceptance and costs stay fresh, but only where
 // the probe could pay (none when even certain acceptance could not beat plain decoding at this
 // batch size). A probe from depth 0 verifies drafts at every position it asks about, and its
@@ -108,6 +109,8 @@ class AdaptiveDepth {
   bool plain_probe() const { return plain_probe_; }
   // The last choice was > 0 only to probe whether speculation pays again (from depth 0).
   bool draft_probe() const { return probe_bucket_ >= 0; }
+  // The last choice was k only to re-measure the positions past the depth speculation runs at.
+  bool deep_probe() const { return deep_probe_from_ >= 0; }
   StepCostModel& cost() { return *cost_; }
 
  private:
@@ -122,7 +125,14 @@ class AdaptiveDepth {
   int probe_bucket_ = -1;             // the previous step probed from depth 0 in this bucket
   int probe_num_seqs_ = 0;
   int probe_steps_left_ = 0;          // of that probe, after the previous step
-  std::vector<int> probe_observed_;   // verifications of that probe, per position
+  std::vector<int> probe_observed_;   // verifications of the running probe, per position
+  // A probe at depth k while speculating at a shallower depth (by turns with plain probes): the
+  // next verifications at positions from this index on weigh as a probe's. Without it a position
+  // that went badly for a while (the first request's text: specula-tiny-moe's third MTP draft was
+  // rejected 18 times in a row in one request, accepted at 0.67 over the others) was never drafted
+  // again once the choice fell below it, so never measured again.
+  int deep_probe_from_ = -1;
+  std::vector<int> probes_while_on_;  // per batch bucket: which kind of probe is next
   bool plain_probe_ = false;
 };
 

@@ -163,7 +163,7 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
                                   depth_.tokens_per_second(n, d) / std::max(1e-12, depth_.tokens_per_second(n, 0))));
     LOG_DEBUG("adaptive depth: {} decoding, depth {}{}, drafted {} x {}, proposer {:.1f} us{}, acceptance {:.2f}; "
               "host {:.0f} us, depth:target+draft/gain {}",
-              num_decoding, batch.depth, depth_.plain_probe() ? " (plain probe)" : depth_.draft_probe() ? " (draft probe)" : "",
+              num_decoding, batch.depth, depth_.plain_probe() ? " (plain probe)" : depth_.draft_probe() ? " (draft probe)" : depth_.deep_probe() ? " (deep probe)" : "",
               drafting, most, 1e6 * seconds, recorded ? " (recorded)" : "", fmt::join(depth_.acceptance(), " "),
               1e6 * cost.host_seconds(n), fmt::join(model, " "));
   }

@@ -312,6 +312,37 @@ TEST(AdaptiveDepth, ADeepPositionsBadStartIsMeasuredAgain) {
   }
 }
 
+// While speculating below k, every other probe runs depth k (the others a plain step), so that a
+// position that went badly for a while is measured again: specula-tiny-moe's third MTP draft was
+// rejected in 18 steps in a row of one request (its text) and accepted at 0.67 over the others.
+TEST(AdaptiveDepth, DeepProbesMeasureAgainWhatWentBadForAWhile) {
+  for (const bool probes : {false, true}) {
+    AdaptiveDepthConfig c;
+    c.num_speculative_tokens = 5;
+    c.probe_interval = probes ? 8 : 0;
+    AdaptiveDepth d(c, std::make_unique<ChainedHeadCost>());
+    for (int i = 0; i < 40; ++i) d.record_verification(5, 2);  // the bad request: position 3 always rejected
+    ASSERT_EQ(d.choose(1), 2);
+    std::mt19937 rng(5);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    int deep = 0, deep_probes = 0;
+    for (int step = 0; step < 600; ++step) {
+      const int depth = d.choose(1);
+      deep_probes += d.deep_probe() ? 1 : 0;
+      int accepted = 0;
+      while (accepted < depth && u(rng) < 0.95) ++accepted;
+      if (depth > 0) d.record_verification(depth, accepted);
+      if (step >= 400 && !d.deep_probe()) deep += depth >= 3 ? 1 : 0;
+    }
+    if (probes) {
+      EXPECT_GT(deep, 170) << "the later requests' third drafts are accepted again";
+      EXPECT_GE(deep_probes, 1);
+    } else {
+      EXPECT_EQ(deep, 0) << "without probes the third position is never drafted again";
+    }
+  }
+}
+
 TEST(AdaptiveDepth, FeedsAnEveryStepProposerWhileMeasuringWhetherSpeculationPays) {
   AdaptiveDepth d(off_with_probes(5, 1), std::make_unique<FusedChainCost>());
   // No probe has failed yet: fed every step, so that the first probe meets a warm cache.
