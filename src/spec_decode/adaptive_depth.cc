@@ -53,8 +53,9 @@ double AdaptiveDepth::expected_tokens(int depth) const {
   for (int i = 0; i < depth && i < static_cast<int>(accept_.size()); ++i) {
     if (i == 0 || observed_[i] >= config_.explore_observations)
       a = accept_[i];
-    else if (observed_[i] > 0)
-      a = std::max(a, accept_[i]);  // unobserved: the position before it's
+    else if (observed_[i] > 0)  // seen too few times: at least the position before it's
+      a = std::max(a, accept_[i]);
+    // (never seen: the position before it's, `a` as it is)
     run *= a;
     e += run;
   }

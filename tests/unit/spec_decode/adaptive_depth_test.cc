@@ -239,9 +239,9 @@ class EagleAtEightCost : public StepCostModel {
 // Where no depth pays (temperature 1: each draft accepted with probability 0.55), what adaptive
 // depth costs over a run of 1400 steps of 8 requests is its probes (4 steps of 4 requests each,
 // at intervals doubling from 32) and the fed steps before them. With every probe verification at
-// weight 0.25, 3 of these 10 runs took 25-31 probe steps and 221-282 fed steps (the H200 trace:
-// 32 and 289), false verdicts resetting the interval; weighed about their mean, 20-23 and
-// 159-189.
+// weight 0.25, 3 of these 10 runs took 26-34 drafting steps (25-31 of them probes) and 221-282
+// fed steps (the H200 trace: 39 and 289), false verdicts resetting the interval; weighed about
+// their mean, 20-24 drafting steps and 159-189 fed.
 TEST(AdaptiveDepth, WhereNothingPaysProbesStayRare) {
   for (int seed = 0; seed < 10; ++seed) {
     AdaptiveDepthConfig c;
