@@ -207,6 +207,7 @@ int run_latency(BenchArgs& a) {
     }
   }
   const nlohmann::json spec = spec_summary(before, engine->metrics());
+  const bool async = engine->async_scheduling();
   engine->shutdown();
   const double total = std::accumulate(latencies.begin(), latencies.end(), 0.0);
   const double avg = latencies.empty() ? 0.0 : total / static_cast<double>(latencies.size());
@@ -218,7 +219,7 @@ int run_latency(BenchArgs& a) {
                              : "";
   std::printf("\n== specula bench latency: %s, batch %d, input %d, output %d, %d iterations (%d warm-up)%s%s%s\n",
               a.engine.model.c_str(), a.batch_size, a.input_len, a.output_len, a.num_iters, a.num_iters_warmup,
-              a.engine.enforce_eager ? ", eager" : "", a.engine.async_scheduling.value_or(false) ? ", async scheduling" : "",
+              a.engine.enforce_eager ? ", eager" : "", async ? ", async scheduling" : "",
               tp.c_str());
   // The spread, not only the median: which prompts a run draws moves the median (PERFORMANCE.md).
   std::printf("%-28s %12s %12s %12s\n", "metric", "p10", "median", "p90");
@@ -242,7 +243,7 @@ int run_latency(BenchArgs& a) {
   j["enforce_eager"] = a.engine.enforce_eager;
   j["tensor_parallel_size"] = a.engine.tensor_parallel_size;
   j["custom_all_reduce"] = a.engine.custom_all_reduce;
-  j["async_scheduling"] = a.engine.async_scheduling.value_or(false);
+  j["async_scheduling"] = async;
   j["quantization"] = a.engine.quantization;
   if (!a.structured_outputs.empty()) j["structured_outputs"] = nlohmann::json::parse(a.structured_outputs);
   j["speculative_config"] = a.engine.speculative_config;

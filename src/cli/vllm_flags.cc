@@ -33,9 +33,13 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_flag("--enable-chunked-prefill,!--no-enable-chunked-prefill", f.enable_chunked_prefill,
                 "Split long prompts over steps beside decodes (on); off: a step fits a whole max-model-len prompt");
-  cmd->add_flag("--async-scheduling,!--no-async-scheduling", f.async_scheduling,
+  // A callback, not add_flag on the optional: CLI11 (2.1) sets an optional flag to false when it
+  // is absent, which would hide the engine's default.
+  cmd->add_flag_function("--async-scheduling,!--no-async-scheduling",
+                         [&f](std::int64_t count) { f.async_scheduling = count > 0; },
                 "Keep one engine step in flight: the host schedules step N+1 and processes step N's tokens "
-                "while the device runs (default: off)");
+                "while the device runs (default: on for one GPU with CUDA graphs and no speculation, where it "
+                "measured faster; off otherwise; the startup log says which and why)");
   cmd->add_flag("--disable-log-stats", f.disable_log_stats, "No periodic stats line");
   cmd->add_flag("--disable-log-requests", f.disable_log_requests,
                 "Accepted for vLLM compatibility (specula does not log request contents)");

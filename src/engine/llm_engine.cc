@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "core/logging.h"
+#include "engine/async_scheduling_default.h"
 #include "sampling/device_sampler.h"
 #include "engine/kv_cache_sizing.h"
 #include "engine/load_progress.h"
@@ -231,10 +232,10 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   cc.enable_chunked_prefill = config.enable_chunked_prefill;
   cc.num_speculative_tokens = num_speculative_tokens;
   cc.spec_adaptive = speculator && speculator->adaptive();
-  cc.async_scheduling = config.async_scheduling.value_or(false);
-  LOG_INFO("Async scheduling: {}", config.async_scheduling
-                                       ? (*config.async_scheduling ? "on (--async-scheduling)" : "off (--no-async-scheduling)")
-                                       : "off (the default until it measures faster; --async-scheduling turns it on)");
+  const AsyncSchedulingChoice async_choice = choose_async_scheduling(
+      config.async_scheduling, {on_cuda, speculator != nullptr, config.tensor_parallel_size, config.enforce_eager});
+  cc.async_scheduling = async_choice.on;
+  LOG_INFO("Async scheduling: {}", async_choice.reason);
   cc.seed = config.seed;
   cc.vocab_size = mc.vocab_size;
   cc.eos_token_ids = eos_token_ids(*parts.tokenizer, parts.generation_config, mc);

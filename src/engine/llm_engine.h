@@ -103,6 +103,8 @@ class LLMEngine {
   virtual const GenerationConfig& generation_config() const = 0;
   virtual const Tokenizer& tokenizer() const = 0;
   virtual int max_model_len() const = 0;
+  // Whether a step stays in flight while the next is planned (the flag, else the default chosen).
+  virtual bool async_scheduling() const = 0;
 
   virtual void start() = 0;     // launches the engine loop thread
   virtual void shutdown() = 0;  // aborts everything in flight, joins the loop

@@ -46,6 +46,7 @@ class ThreadedEngine : public LLMEngine {
   const GenerationConfig& generation_config() const override { return parts_.generation_config; }
   const Tokenizer& tokenizer() const override { return *parts_.tokenizer; }
   int max_model_len() const override { return parts_.core_config.max_model_len; }
+  bool async_scheduling() const override { return parts_.core_config.async_scheduling; }
 
   void start() override {
     std::lock_guard<std::mutex> lock(mu_);

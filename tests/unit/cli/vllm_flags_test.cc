@@ -50,6 +50,20 @@ class VllmFlags : public ::testing::Test {
   std::string model_;
 };
 
+// Absent, the flag leaves the choice to the engine, whose startup log names it and why (on the
+// CPU: off by default); given either way, the log names the flag.
+TEST_F(VllmFlags, AsyncSchedulingUnsetLeavesTheEnginesDefault) {
+  CliRun unset = run_cli(generate(""));
+  EXPECT_EQ(unset.status, 0) << unset.output;
+  EXPECT_NE(unset.output.find("Async scheduling: off (default on the CPU"), std::string::npos) << unset.output;
+  CliRun on = run_cli(generate("--async-scheduling"));
+  EXPECT_EQ(on.status, 0) << on.output;
+  EXPECT_NE(on.output.find("Async scheduling: on (--async-scheduling)"), std::string::npos) << on.output;
+  CliRun off = run_cli(generate("--no-async-scheduling"));
+  EXPECT_EQ(off.status, 0) << off.output;
+  EXPECT_NE(off.output.find("Async scheduling: off (--no-async-scheduling)"), std::string::npos) << off.output;
+}
+
 TEST_F(VllmFlags, EverydayFlagsAreAcceptedWithTheirMeaning) {
   CliRun r = run_cli(generate("--dtype auto --dtype float32 --kv-cache-dtype auto -tp 1 --tensor-parallel-size 1 -pp 1 "
                        "--enable-chunked-prefill --no-enable-chunked-prefill --disable-log-stats "

@@ -125,6 +125,7 @@ class FakeEngine : public LLMEngine {
   const GenerationConfig& generation_config() const override { return generation_config_; }
   const Tokenizer& tokenizer() const override { return tokenizer_; }
   int max_model_len() const override { return max_len; }
+  bool async_scheduling() const override { return false; }
   void start() override {}
   void shutdown() override {
     {
