@@ -60,8 +60,15 @@ METHODS=${ADAPTIVE_METHODS:-draft eagle3 mtp}
 for c in ${ADAPTIVE_CONCURRENCY:-1 8 64}; do
   for temp in ${ADAPTIVE_TEMPS:-0 1}; do
     for rep in $(seq 1 "${ADAPTIVE_REPS:-2}"); do
-      run "c${c}_t${temp}_tiny_nospec_r$rep" models/specula-tiny "$c" "$temp"
-      [[ " $METHODS " == *" mtp "* ]] && run "c${c}_t${temp}_moe_nospec_r$rep" models/specula-tiny-moe "$c" "$temp"
+      # No speculation twice: synchronous like the speculative runs (nospec), and as its default
+      # runs it, with async scheduling on one GPU (nospecasync).
+      for base in tiny moe; do
+        [ $base = moe ] && [[ " $METHODS " != *" mtp "* ]] && continue
+        run "c${c}_t${temp}_${base}_nospec_r$rep" "models/specula-$( [ $base = moe ] && echo tiny-moe || echo tiny )" \
+          "$c" "$temp" --no-async-scheduling
+        run "c${c}_t${temp}_${base}_nospecasync_r$rep" "models/specula-$( [ $base = moe ] && echo tiny-moe || echo tiny )" \
+          "$c" "$temp"
+      done
       for m in $METHODS; do
         run "c${c}_t${temp}_${m}_k${K}adaptive_r$rep" "$(target "$m")" "$c" "$temp" --speculative-config "$(spec "$m" "$K" true)"
         for p in ${ADAPTIVE_PINNED:-3 5}; do

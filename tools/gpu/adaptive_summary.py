@@ -1,8 +1,9 @@
 """Summary of tools/gpu/adaptive_bench.sh: per concurrency, temperature and method, the adaptive
 depth against each pinned depth and no speculation. Concurrency 1: TPOT ms (p10 / median / p90 of
 the requests of each run); larger: output tok/s. Each repetition's ratio is taken against no
-speculation of the same repetition (same target); "vs best pinned" against the best pinned run of
-that repetition."""
+speculation of the same repetition (same target, synchronous like the speculative runs); "vs best
+pinned" against the best pinned run of that repetition; "vs none with async scheduling" against no
+speculation as its default runs it on one GPU."""
 import glob
 import json
 import os
@@ -55,6 +56,10 @@ for c, temp in sorted({(k[0], k[1]) for k in runs}):
                         best.append(speed(reps[r], c) / max(pinned + [speed(base[r], c)] if r in base else pinned))
                 if best:
                     line += f" | vs best of pinned and none {', '.join(f'{x:.2f}' for x in best)}"
+                base_async = runs.get((c, temp, target, "nospecasync"), {})
+                if base_async:
+                    line += " | vs none with async scheduling " + ", ".join(
+                        f"{speed(reps[r], c) / speed(base_async[r], c):.2f}" for r in sorted(reps) if r in base_async)
             print(line)
 
 profiles = sorted(glob.glob(os.path.join(work, "profile_*.log")))
