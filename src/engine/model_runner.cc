@@ -126,6 +126,7 @@ StepCounts ModelRunner::submit(const SchedulerOutput& scheduled) {
   counts.num_sampled.assign(scheduled.scheduled.size(), 0);
   for (const auto& [s, id] : pending_->samplers) counts.num_sampled[s] = 1;
   counts.draft_token_ids.resize(scheduled.scheduled.size());
+  counts.spec_depth = out.spec_depth;
   pending_->out = std::move(out);
   return counts;
 }
@@ -449,8 +450,19 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
                                      drafts, speculator_ ? speculator_->draft_probs_row(plan.sched->req_id) : -1});
     }
   }
+  // A step that verifies no drafts asks the speculator for its depth before sampling: at depth 0
+  // with nothing for the proposer to see (adaptive depth's idle stretches), the step is a plain
+  // one; propose() is not called for it.
+  bool skip_proposer = false;
+  if (speculator_ && verify.empty() && !plain.empty()) {
+    bool cut = false;  // a grammar-cut draft is recorded as a verification before the choice
+    for (const RequestPlan& plan : plans) cut = cut || plan.sched->num_grammar_cut_drafts > 0;
+    skip_proposer = !cut && speculator_->skip_step(static_cast<int>(plain.size()));
+    if (skip_proposer) out.spec_depth = 0;
+  }
   // Deferred: nothing after sampling needs the tokens on the host this step.
-  bool defer = may_defer && !speculator_ && verify.empty() && !plain.empty() && sampler_.can_defer(plain);
+  bool defer = may_defer && (!speculator_ || skip_proposer) && verify.empty() && !plain.empty() &&
+               sampler_.can_defer(plain);
   for (size_t s = 0; s < num_seqs && defer; ++s) defer = plans[s].num_prompt_rows == 0;
   if (defer) {
     {
@@ -517,7 +529,8 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
   }
   if (speculator_) {
     phase_profile::Scope p("runner.propose");
-    propose_drafts(plans, fwd, target_seconds, out);
+    record_target_cost(plans, target_seconds);
+    if (!skip_proposer) propose_drafts(plans, fwd, target_seconds, out);
   }
   return out;
 }
@@ -547,8 +560,7 @@ std::vector<size_t> ModelRunner::fill_grammar_masks(const std::vector<RequestPla
   return offset_of;
 }
 
-void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,
-                                 ModelRunnerOutput& out) {
+void ModelRunner::record_target_cost(const std::vector<RequestPlan>& plans, double target_seconds) {
   // The cost model learns from steps in which every request decoded with the same number of rows,
   // and from ragged decode steps padded to r rows (they cost what an r-row step costs): under load
   // the probes from depth 0 (a few requests with one draft) are the only multi-row steps, and
@@ -559,7 +571,10 @@ void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const Fo
     uniform = uniform && plan.first_sample_row >= 0 &&
               (ragged_rows_ > 0 || (plan.sched->num_scheduled_tokens == rows && plan.num_sample_rows == rows));
   if (uniform) speculator_->record_target_step(static_cast<int>(plans.size()), rows, target_seconds);
+}
 
+void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,
+                                 ModelRunnerOutput& out) {
   ProposeBatch batch;
   batch.target_seconds = target_seconds;
   batch.target_hidden_states = fwd.hidden_states;

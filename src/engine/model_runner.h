@@ -151,10 +151,12 @@ class ModelRunner : public ModelExecutor {
   void update_states(const SchedulerOutput& scheduled);
   ForwardInput prepare_inputs(const SchedulerOutput& scheduled, std::vector<RequestPlan>& plans);
   ForwardInput eager_step_inputs(int num_seqs, int t, int num_logits, int max_query, int max_seq, int max_blocks);
-  // Asks the speculator for the next step's drafts of every request the step ran.
   // Fills grammar_masks_ with the token masks of every sampled row of a request with a grammar;
   // returns each plan's offset into it.
   std::vector<size_t> fill_grammar_masks(const std::vector<RequestPlan>& plans);
+  // Tells the speculator's cost model what the step's target forward and sampling took.
+  void record_target_cost(const std::vector<RequestPlan>& plans, double target_seconds);
+  // Asks the speculator for the next step's drafts of every request the step ran.
   void propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,
                       ModelRunnerOutput& out);
   // The step's input arrays on the device: views into one buffer, at offsets that depend only on

@@ -82,6 +82,22 @@ void AdaptiveSpeculator::measure_host(const ProposeBatch& batch, int num_decodin
   last_proposer_seconds_ = 0.0;
 }
 
+bool AdaptiveSpeculator::idle(int depth, int num_decoding) const {
+  return depth == 0 && num_decoding > 0 && !depth_.plain_probe() &&
+         !(proposer_->needs_every_step() && depth_.feeds_proposer(num_decoding));
+}
+
+bool AdaptiveSpeculator::skip_step(int num_decoding) {
+  if (!config_.adaptive || num_decoding <= 0) return false;
+  chosen_depth_ = depth_.choose(num_decoding);
+  if (!idle(chosen_depth_, num_decoding)) return false;
+  chosen_depth_ = -1;
+  // No propose() this step, so the next one cannot tell this step's host work apart.
+  last_entry_ = -1.0;
+  LOG_DEBUG("adaptive depth: {} decoding, depth 0, step skipped", num_decoding);
+  return true;
+}
+
 int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
   int num_decoding = 0;
   for (const ProposerRequest& r : batch.requests) num_decoding += r.sampled ? 1 : 0;
@@ -89,8 +105,10 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   // Only decoding requests can draft; a step of prompt chunks alone takes the best depth for its
   // batch (no probe), so that the draft mirrors the chunks where speculation will run and stays
   // idle where it will not.
-  batch.depth = num_decoding > 0 ? depth_.choose(num_decoding)
-                                 : depth_.current(static_cast<int>(batch.requests.size()));
+  batch.depth = chosen_depth_ >= 0   ? chosen_depth_
+                : num_decoding > 0 ? depth_.choose(num_decoding)
+                                   : depth_.current(static_cast<int>(batch.requests.size()));
+  chosen_depth_ = -1;
   // Load shedding: a decode step that the adaptive depth runs without speculation (depth 0: the
   // batch is large enough that drafts cost more than they gain) does not call the proposer at
   // all, so that speculation then costs nothing. The draft model catches up when it drafts again;
@@ -108,8 +126,7 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   // a probe with a warm cache found acceptance too low, only the steps the proposer needs to
   // recover before each probe are fed (Proposer::steps_to_recover; fed every step, MTP at
   // temperature 1 ran at 0.6x of no speculation).
-  const bool feed_window = proposer_->needs_every_step() && depth_.feeds_proposer(num_decoding);
-  if (batch.depth == 0 && num_decoding > 0 && !depth_.plain_probe() && !feed_window) {
+  if (idle(batch.depth, num_decoding)) {
     LOG_DEBUG("adaptive depth: {} decoding, depth 0, proposer not called", num_decoding);
     drafts.assign(batch.requests.size(), {});
     return 0;

@@ -55,6 +55,7 @@ class AdaptiveSpeculator final : public Speculator {
     depth_.record_verification(num_drafts, num_accepted);
   }
   void record_target_step(int num_seqs, int rows, double seconds) override;
+  bool skip_step(int num_decoding) override;
   int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
 
   static constexpr int kProbeRequests = 4;  // requests that draft in a probe from depth 0
@@ -68,6 +69,8 @@ class AdaptiveSpeculator final : public Speculator {
   // consecutive decode steps of the same batch size (a prompt's step, or an idle engine waiting
   // for requests, is not a step's host work).
   void measure_host(const ProposeBatch& batch, int num_decoding, double now);
+  // Depth 0 with nothing for the proposer to see: no draft, no probe, no feeding.
+  bool idle(int depth, int num_decoding) const;
 
   std::unique_ptr<Proposer> proposer_;
   AdaptiveSpeculatorConfig config_;
@@ -76,6 +79,7 @@ class AdaptiveSpeculator final : public Speculator {
   double last_entry_ = -1.0;            // clock at the previous propose(), -1 if it was not a decode step
   int last_num_decoding_ = 0;
   double last_proposer_seconds_ = 0.0;  // the proposer's time in the previous propose()
+  int chosen_depth_ = -1;               // chosen by skip_step() for the coming propose(), else -1
 };
 
 }  // namespace specula

@@ -11,6 +11,7 @@
 # With ADAPTIVE_PROFILE=1, one more run each of no speculation and adaptive draft at concurrency
 # ADAPTIVE_PROFILE_C (1), temperature 1 under SPECULA_PROFILE=1 (phase times, synchronised), and
 # one of adaptive draft with SPECULA_LOGGING_LEVEL=DEBUG (each step's depth; trace_*.log).
+# ADAPTIVE_ASYNC=1: each adaptive run once more with --async-scheduling (k5adaptiveasync).
 # ADAPTIVE_TRACE="METHOD C TEMP" (e.g. "mtp 1 0"): one more adaptive run of METHOD at concurrency
 # C and temperature TEMP with SPECULA_LOGGING_LEVEL=DEBUG: each step's depth and what the cost
 # model weighed (trace_*.log).
@@ -71,6 +72,8 @@ for c in ${ADAPTIVE_CONCURRENCY:-1 8 64}; do
       done
       for m in $METHODS; do
         run "c${c}_t${temp}_${m}_k${K}adaptive_r$rep" "$(target "$m")" "$c" "$temp" --speculative-config "$(spec "$m" "$K" true)"
+        [ "${ADAPTIVE_ASYNC:-0}" = 1 ] && run "c${c}_t${temp}_${m}_k${K}adaptiveasync_r$rep" "$(target "$m")" "$c" "$temp" \
+          --speculative-config "$(spec "$m" "$K" true)" --async-scheduling
         for p in ${ADAPTIVE_PINNED:-3 5}; do
           run "c${c}_t${temp}_${m}_k${p}pinned_r$rep" "$(target "$m")" "$c" "$temp" --speculative-config "$(spec "$m" "$p" false)"
         done

@@ -11,6 +11,7 @@
 
 #include "engine/engine_core.h"
 #include "engine/llm_engine.h"
+#include "engine/speculator.h"
 #include "sampling/sampler.h"
 #include "engine_fakes.h"
 #include "model/model.h"
@@ -61,7 +62,7 @@ Reference read_reference(const fs::path& file) {
 // feed, which this checks happened.
 std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& backend, const Tokenizer& tok,
                                              const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
-                                             int budget, bool async = false) {
+                                             int budget, bool async = false, Speculator* speculator = nullptr) {
   EngineCoreConfig c;
   c.max_model_len = 128;
   c.max_num_seqs = 8;
@@ -77,7 +78,12 @@ std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& backend, con
   rc.max_model_len = c.max_model_len;
   rc.block_size = c.block_size;
   rc.num_blocks = c.num_blocks;
+  if (speculator) {
+    c.num_speculative_tokens = rc.num_speculative_tokens = speculator->num_speculative_tokens();
+    c.spec_adaptive = speculator->adaptive();
+  }
   ModelRunner runner(model, backend, *sampler, rc);
+  if (speculator) runner.set_speculator(speculator);
   EngineCore core(c, runner, tok);
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -126,6 +132,54 @@ TEST_P(FixtureModel, GreedyThroughTheEngineMatchesTransformers) {
   const auto async = run_greedy(*model, *backend, tok, ref.prompts, n, /*budget=*/16, /*async=*/true);
   for (size_t i = 0; i < ref.prompts.size(); ++i)
     EXPECT_EQ(async[i], ref.greedy[i]) << GetParam() << " prompt " << i << " (async scheduling)";
+}
+
+// A speculator whose adaptive depth is idle throughout (depth 0, nothing for its proposer to see):
+// every decode step is skipped before sampling, so it runs as a plain step.
+class IdleSpeculator : public Speculator {
+ public:
+  int num_speculative_tokens() const override { return 2; }
+  bool adaptive() const override { return true; }
+  std::string describe() const override { return "idle"; }
+  void drop_request(std::string_view) override {}
+  const Tensor* draft_probs() const override { return nullptr; }
+  int draft_probs_row(std::string_view) const override { return -1; }
+  void record_verification(int, int) override { ++verifications; }
+  void record_target_step(int, int, double) override {}
+  bool skip_step(int num_decoding) override {
+    EXPECT_GT(num_decoding, 0);
+    ++skipped;
+    return true;
+  }
+  int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
+    for (const ProposerRequest& r : batch.requests) decoding_proposals += r.sampled ? 1 : 0;
+    drafts.assign(batch.requests.size(), {});
+    return 0;
+  }
+  int skipped = 0, verifications = 0, decoding_proposals = 0;
+};
+
+// Steps the speculator skips are plain steps: the same greedy tokens, no propose() for a request
+// that decoded, and under async scheduling the tokens stay on the device (fed to the next step)
+// as without a speculator.
+TEST_P(FixtureModel, StepsTheSpeculatorSkipsRunAsPlainSteps) {
+  const fs::path dir = testing::fixtures_dir() / "models" / GetParam();
+  const Reference ref = read_reference(dir / "reference.safetensors");
+  const ModelConfig mc = load_model_config(dir);
+  auto backend = make_cpu_backend(0);
+  auto weights = open_safetensors_checkpoint(dir);
+  auto model = create_model(mc, *weights, *backend);
+  testing::FakeTokenizer tok(mc.vocab_size);
+  const int n = static_cast<int>(ref.greedy[0].size());
+  for (bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async scheduling" : "synchronous");
+    IdleSpeculator spec;
+    const auto out = run_greedy(*model, *backend, tok, ref.prompts, n, /*budget=*/16, async, &spec);
+    for (size_t i = 0; i < ref.prompts.size(); ++i) EXPECT_EQ(out[i], ref.greedy[i]) << GetParam() << " prompt " << i;
+    EXPECT_GT(spec.skipped, 0);
+    EXPECT_EQ(spec.decoding_proposals, 0);
+    EXPECT_EQ(spec.verifications, 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, FixtureModel,

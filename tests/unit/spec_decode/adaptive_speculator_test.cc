@@ -169,6 +169,56 @@ TEST(AdaptiveSpeculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
   for (const auto& d : drafts) EXPECT_TRUE(d.empty());
 }
 
+// The runner asks before sampling a step that verifies nothing (skip_step): where speculation
+// cannot pay it skips the step (no propose(), so its tokens may stay on the device), and the step
+// after it is no host measurement, since nothing timed the step between.
+TEST(AdaptiveSpeculator, DepthZeroStepsAreSkippedBeforeSampling) {
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001 * r);
+  spec.depth().cost().record_draft(64, 1, 0.001);
+  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
+  const double host_before = spec.depth().cost().host_seconds(64);
+  for (int step = 0; step < 100; ++step) {
+    EXPECT_TRUE(spec.skip_step(64)) << "step " << step;
+    p->now += 0.5;  // the skipped step and whatever the engine did meanwhile
+  }
+  EXPECT_EQ(p->calls, 0);
+  std::vector<std::vector<int32_t>> drafts;
+  ProposeBatch b = decode_batch(request_ids(64));
+  EXPECT_EQ(spec.propose(b, drafts), 0);  // not skipped (the runner asked nothing): chooses itself
+  EXPECT_EQ(spec.depth().cost().host_seconds(64), host_before);
+}
+
+// Where the choice is not idle (a probe, a proposer to feed, speculation on) skip_step says no, and
+// the propose() that follows keeps its choice instead of choosing again (a second choice would
+// advance the probe clock twice a step).
+TEST(AdaptiveSpeculator, AStepNotSkippedKeepsTheDepthChosenBeforeSampling) {
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  never_accepted(spec, 4, 0.0001);  // off for want of acceptance, but one draft could pay: probes
+  std::vector<std::vector<int32_t>> drafts;
+  int skipped = 0, probes = 0;
+  for (int step = 1; step <= 64; ++step) {
+    if (spec.skip_step(4)) {
+      ++skipped;
+      continue;
+    }
+    ProposeBatch b = decode_batch(request_ids(4));
+    const int depth = spec.propose(b, drafts);
+    EXPECT_GT(depth, 0) << "step " << step;  // a probe: the only reason not to skip here
+    ++probes;
+  }
+  // One probe in 64 steps (its interval is 32, doubled after it fails), of probe_steps steps in a
+  // row (no verification here ends it early).
+  const int probe_steps = AdaptiveDepthConfig{}.probe_steps;
+  EXPECT_EQ(probes, probe_steps);
+  EXPECT_EQ(skipped, 64 - probe_steps);
+  EXPECT_EQ(p->calls, probes);
+}
+
 // A proposer that must see every step (MTP): a depth-0 step still reaches it where one draft could
 // pay (it is off for want of acceptance, which a stale cache would keep low), for the requests a
 // probe would draft for (all of a small batch, the first 4 under load); where no draft can pay it
