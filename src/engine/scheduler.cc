@@ -174,6 +174,18 @@ SchedulerOutput Scheduler::schedule(double now) {
       out.scheduled[k].grammar = r.grammar.get();
     }
   }
+  // The runner sees only outputs that schedule something (an empty one is dropped: under async
+  // scheduling while every running request waits on the step in flight): the ids whose state it
+  // must drop wait for the next output, or its state (and a proposer's) would outlive them.
+  if (out.empty()) {
+    finished_since_last_step_ = std::move(out.finished_req_ids);
+    out.finished_req_ids.clear();
+    preempted_unreported_.insert(preempted_unreported_.end(), out.preempted_req_ids.begin(), out.preempted_req_ids.end());
+    out.preempted_req_ids.clear();
+  } else if (!preempted_unreported_.empty()) {
+    out.preempted_req_ids.insert(out.preempted_req_ids.begin(), preempted_unreported_.begin(), preempted_unreported_.end());
+    preempted_unreported_.clear();
+  }
   return out;
 }
 

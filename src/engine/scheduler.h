@@ -100,6 +100,8 @@ class Scheduler {
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order; the back is preempted first
   std::vector<std::string> finished_since_last_step_;
+  // Preempted by a step that scheduled nothing (the runner never saw it): for the next output.
+  std::vector<std::string> preempted_unreported_;
   uint64_t step_id_ = 0;
   uint64_t counts_applied_step_ = 0;  // steps up to this one had apply_counts (update must not redo it)
   SchedulerStats stats_;

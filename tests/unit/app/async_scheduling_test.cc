@@ -71,6 +71,41 @@ TEST(AsyncScheduling, TensorParallelTargetAndDraft) {
   expect_same(ec, Workload{16, 16, false}, tiny_prompts());
 }
 
+// Waves of requests on one engine, each queued after the last finished (as `bench latency` runs
+// its batches): with drafts, requests end at different steps, and one ended while the others
+// waited on the step in flight left an output that scheduled nothing. The finished ids it carried
+// never reached the runner, so the draft model kept their state until a later wave found all its
+// max_num_seqs slots taken (on the H200: "proposer tracks more than max_num_seqs (8) requests").
+TEST(AsyncScheduling, WavesOfRequestsEachAfterTheLastFinished) {
+  const std::vector<std::vector<int32_t>> prompts = tiny_prompts();
+  EngineConfig ec = tiny_config(draft_spec(3));
+  ec.async_scheduling = true;
+  ec.max_num_seqs = 4;
+  ec.max_model_len = 256;
+  auto engine = create_engine(ec);
+  engine->start();
+  const Workload w{4, 4, false, 0, false};
+  for (int wave = 0; wave < 8; ++wave) {
+    SCOPED_TRACE("wave " + std::to_string(wave));
+    std::vector<std::shared_ptr<RequestStream>> streams;
+    for (int i = 0; i < w.num_requests; ++i) {
+      SamplingParams p = params_for(i, w);
+      p.n = 1;
+      p.max_tokens = 6 + 3 * i + wave % 3;
+      streams.push_back(engine->add_request(
+          NewRequest{"w" + std::to_string(wave) + "r" + std::to_string(i), prompt_for(i + wave, prompts), p}));
+    }
+    for (auto& stream : streams) {
+      std::map<int, ChoiceResult> choices;
+      collect(*stream, choices);
+      ASSERT_EQ(choices.size(), 1u);
+      EXPECT_EQ(choices[0].finish, FinishReason::kLength);
+    }
+  }
+  EXPECT_EQ(settled_metrics(*engine).kv_cache_usage, 0.0);
+  engine->shutdown();
+}
+
 TEST(AsyncScheduling, PreemptionWithASmallCache) {
   // 16 blocks of 16 tokens for 8 sequences of ~50-110 + ~40 tokens: requests are preempted and
   // recomputed. The step in flight holds its blocks until its values land, so the two modes may

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 
@@ -383,6 +384,35 @@ TEST(Scheduler, AsyncSchedulingDoesNotScheduleAStepPastMaxTokens) {
   s.apply_counts(s2, StepCounts{{1}, {{}}, -1});
   // Two tokens on their way = max_tokens: no third step, whatever their values.
   EXPECT_TRUE(s.schedule().empty());
+}
+
+// Under async scheduling a request can finish while every other running request waits on the
+// step in flight, so the next schedule() has nothing to run; the runner never sees that output,
+// and the finished id must reach it with the next one, or its state (and a proposer's, which
+// counts against max_num_seqs) outlives the request.
+TEST(Scheduler, AnOutputThatSchedulesNothingKeepsTheFinishedIdsForTheNext) {
+  Scheduler s(small_config(64));
+  SamplingParams p;
+  s.add_request(make_request("a", iota_tokens(5), 8, p));
+  s.add_request(make_request("b", iota_tokens(5, 50), 1, p));
+  auto s1 = s.schedule();
+  s.apply_counts(s1, StepCounts{{1, 1}, {{}, {}}, -1});
+  // b's one token is on its way, which ends it: only a is scheduled.
+  auto s2 = s.schedule();
+  ASSERT_EQ(tokens_by_id(s2), (std::map<std::string, int>{{"a", 1}}));
+  s.apply_counts(s2, StepCounts{{1}, {{}}, -1});
+  // Step 1's values: a stops on a stop string, b ends on length.
+  ModelRunnerOutput o;
+  o.sampled_token_ids = {{9}, {9}};
+  EXPECT_EQ(s.update(s1, o).size(), 2u);
+  EXPECT_EQ(s.finish_requests({"a"}, RequestStatus::kFinishedStopped), (std::vector<std::string>{"a"}));
+  EXPECT_TRUE(s.schedule().empty());  // nothing left to run while step 2 is in flight
+  s.add_request(make_request("c", iota_tokens(4, 90), 3, p));
+  auto s3 = s.schedule();
+  ASSERT_FALSE(s3.empty());
+  std::vector<std::string> finished = s3.finished_req_ids;
+  std::sort(finished.begin(), finished.end());
+  EXPECT_EQ(finished, (std::vector<std::string>{"a", "b"}));
 }
 
 TEST(Scheduler, AbortFreesBlocksAndTellsTheRunner) {
