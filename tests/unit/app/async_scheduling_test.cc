@@ -8,6 +8,7 @@
 // (seed 003): equal counts are what would catch that.
 #include <gtest/gtest.h>
 
+#include "unit/app/async_stress.h"
 #include "unit/app/async_workload.h"
 
 namespace specula {
@@ -104,6 +105,17 @@ TEST(AsyncScheduling, WavesOfRequestsEachAfterTheLastFinished) {
   }
   EXPECT_EQ(settled_metrics(*engine).kv_cache_usage, 0.0);
   engine->shutdown();
+}
+
+// Random arrivals, lengths, sampling and client aborts with a step always in flight
+// (async_stress.h): without speculation, with a pinned draft model, and with the adaptive depth
+// (whose idle steps are deferred like plain ones).
+TEST(AsyncScheduling, StressRandomArrivalsAndAborts) {
+  for (const std::string& spec : {std::string(), draft_spec(3), adaptive_draft_spec(3)}) {
+    SCOPED_TRACE(spec.empty() ? "no speculation" : spec);
+    const StressWorkload w{120, 12, 0.25, 7};
+    expect_stress_invariants(run_stress(tiny_config(spec), w, tiny_prompts()), w);
+  }
 }
 
 TEST(AsyncScheduling, PreemptionWithASmallCache) {

@@ -192,6 +192,11 @@ inline std::string draft_spec(int k) {
   return R"({"method": "draft_model", "model": ")" + tiny_draft().string() + R"(", "num_speculative_tokens": )" +
          std::to_string(k) + R"(, "adaptive": false})";
 }
+// The same with the adaptive depth (its idle steps run as plain ones).
+inline std::string adaptive_draft_spec(int k) {
+  return R"({"method": "draft_model", "model": ")" + tiny_draft().string() + R"(", "num_speculative_tokens": )" +
+         std::to_string(k) + R"(, "adaptive": true})";
+}
 // The trained EAGLE-3 head of specula-tiny (models/specula-tiny-eagle3).
 inline std::string eagle3_spec(int k) {
   return R"({"method": "eagle3", "model": ")" + (models_dir() / "specula-tiny-eagle3").string() +

@@ -8,6 +8,9 @@
 // admission a step later under async scheduling.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
+#include "unit/app/async_stress.h"
 #include "unit/app/async_workload.h"
 #include "unit/backend/cuda/cuda_test_util.h"
 
@@ -43,6 +46,18 @@ TEST(CudaAsyncScheduling, PreemptionWithASmallCache) {
   EXPECT_GT(async.metrics.num_preemptions, 0);
   for (const auto& [id, choices] : sync.requests)
     for (const auto& [index, r] : choices) EXPECT_TRUE(r == async.requests.at(id).at(index)) << id << " choice " << index;
+}
+
+// Thousands of steps of random arrivals, lengths, sampling and client aborts with a step always in
+// flight (async_stress.h); tools/gpu/run_tests.sh runs it under compute-sanitizer memcheck too.
+TEST(CudaAsyncScheduling, StressRandomArrivalsAndAborts) {
+  SKIP_WITHOUT_GPU();
+  const int n = std::getenv("SPECULA_STRESS_REQUESTS") ? std::atoi(std::getenv("SPECULA_STRESS_REQUESTS")) : 1000;
+  for (const std::string& spec : {std::string(), draft_spec(3), adaptive_draft_spec(3)}) {
+    SCOPED_TRACE(spec.empty() ? "no speculation" : spec);
+    const StressWorkload w{n, 32, 0.25, 11};
+    expect_stress_invariants(run_stress(tiny_config(spec, "cuda"), w, tiny_prompts()), w);
+  }
 }
 
 }  // namespace
