@@ -111,25 +111,36 @@ std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& backend, con
 
 class FixtureModel : public ::testing::TestWithParam<std::string> {};
 
-TEST_P(FixtureModel, GreedyThroughTheEngineMatchesTransformers) {
-  const fs::path dir = testing::fixtures_dir() / "models" / GetParam();
-  const Reference ref = read_reference(dir / "reference.safetensors");
-  ASSERT_FALSE(ref.prompts.empty());
-  const ModelConfig mc = load_model_config(dir);
-  auto backend = make_cpu_backend(0);
-  auto weights = open_safetensors_checkpoint(dir);
-  auto model = create_model(mc, *weights, *backend);
-  testing::FakeTokenizer tok(mc.vocab_size);
-  const int n = static_cast<int>(ref.greedy[0].size());
+// A fixture checkpoint on the CPU backend with its transformers reference.
+struct LoadedFixture {
+  explicit LoadedFixture(const std::string& name)
+      : dir(testing::fixtures_dir() / "models" / name), ref(read_reference(dir / "reference.safetensors")),
+        mc(load_model_config(dir)), backend(make_cpu_backend(0)), weights(open_safetensors_checkpoint(dir)),
+        model(create_model(mc, *weights, *backend)), tok(mc.vocab_size) {}
+  int num_tokens() const { return static_cast<int>(ref.greedy[0].size()); }
+  fs::path dir;
+  Reference ref;
+  ModelConfig mc;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<WeightSource> weights;
+  std::unique_ptr<Model> model;
+  testing::FakeTokenizer tok;
+};
 
-  const auto together = run_greedy(*model, *backend, tok, ref.prompts, n, /*budget=*/16);
+TEST_P(FixtureModel, GreedyThroughTheEngineMatchesTransformers) {
+  LoadedFixture f(GetParam());
+  const Reference& ref = f.ref;
+  ASSERT_FALSE(ref.prompts.empty());
+  const int n = f.num_tokens();
+
+  const auto together = run_greedy(*f.model, *f.backend, f.tok, ref.prompts, n, /*budget=*/16);
   for (size_t i = 0; i < ref.prompts.size(); ++i) {
     EXPECT_EQ(together[i], ref.greedy[i]) << GetParam() << " prompt " << i << " (batched, chunked)";
     // Alone, in chunks of 8: the first steps of a long prompt ask for no logits at all.
-    const auto alone = run_greedy(*model, *backend, tok, {ref.prompts[i]}, n, /*budget=*/8);
+    const auto alone = run_greedy(*f.model, *f.backend, f.tok, {ref.prompts[i]}, n, /*budget=*/8);
     EXPECT_EQ(alone[0], ref.greedy[i]) << GetParam() << " prompt " << i << " (alone)";
   }
-  const auto async = run_greedy(*model, *backend, tok, ref.prompts, n, /*budget=*/16, /*async=*/true);
+  const auto async = run_greedy(*f.model, *f.backend, f.tok, ref.prompts, n, /*budget=*/16, /*async=*/true);
   for (size_t i = 0; i < ref.prompts.size(); ++i)
     EXPECT_EQ(async[i], ref.greedy[i]) << GetParam() << " prompt " << i << " (async scheduling)";
 }
@@ -163,19 +174,13 @@ class IdleSpeculator : public Speculator {
 // that decoded, and under async scheduling the tokens stay on the device (fed to the next step)
 // as without a speculator.
 TEST_P(FixtureModel, StepsTheSpeculatorSkipsRunAsPlainSteps) {
-  const fs::path dir = testing::fixtures_dir() / "models" / GetParam();
-  const Reference ref = read_reference(dir / "reference.safetensors");
-  const ModelConfig mc = load_model_config(dir);
-  auto backend = make_cpu_backend(0);
-  auto weights = open_safetensors_checkpoint(dir);
-  auto model = create_model(mc, *weights, *backend);
-  testing::FakeTokenizer tok(mc.vocab_size);
-  const int n = static_cast<int>(ref.greedy[0].size());
+  LoadedFixture f(GetParam());
   for (bool async : {false, true}) {
     SCOPED_TRACE(async ? "async scheduling" : "synchronous");
     IdleSpeculator spec;
-    const auto out = run_greedy(*model, *backend, tok, ref.prompts, n, /*budget=*/16, async, &spec);
-    for (size_t i = 0; i < ref.prompts.size(); ++i) EXPECT_EQ(out[i], ref.greedy[i]) << GetParam() << " prompt " << i;
+    const auto out = run_greedy(*f.model, *f.backend, f.tok, f.ref.prompts, f.num_tokens(), /*budget=*/16, async, &spec);
+    for (size_t i = 0; i < f.ref.prompts.size(); ++i)
+      EXPECT_EQ(out[i], f.ref.greedy[i]) << GetParam() << " prompt " << i;
     EXPECT_GT(spec.skipped, 0);
     EXPECT_EQ(spec.decoding_proposals, 0);
     EXPECT_EQ(spec.verifications, 0);

@@ -55,6 +55,14 @@ void never_accepted(AdaptiveSpeculator& spec, int n, double draft_seconds) {
   for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
 }
 
+// Drafts never accepted and a draft step as costly as the target: speculation cannot pay for n
+// requests, not even in a probe.
+void cannot_pay(AdaptiveSpeculator& spec, int n) {
+  for (int r = 1; r <= 4; ++r) spec.record_target_step(n, r, 0.001 * r);
+  spec.depth().cost().record_draft(n, 1, 0.001);
+  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
+}
+
 std::vector<std::string> request_ids(int n) {
   std::vector<std::string> ids;
   for (int i = 0; i < n; ++i) ids.push_back("r" + std::to_string(i));
@@ -157,10 +165,7 @@ TEST(AdaptiveSpeculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
   auto proposer = std::make_unique<CatchUpProposer>();
   CatchUpProposer* p = proposer.get();
   AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
-  // Drafts never accepted and a draft step as costly as the target: speculation cannot pay.
-  for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001 * r);
-  spec.depth().cost().record_draft(64, 1, 0.001);
-  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
+  cannot_pay(spec, 64);
   std::vector<std::vector<int32_t>> drafts;
   ProposeBatch b = decode_batch(request_ids(64));
   EXPECT_EQ(spec.propose(b, drafts), 0);
@@ -176,9 +181,7 @@ TEST(AdaptiveSpeculator, DepthZeroStepsAreSkippedBeforeSampling) {
   auto proposer = std::make_unique<CatchUpProposer>();
   CatchUpProposer* p = proposer.get();
   AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
-  for (int r = 1; r <= 4; ++r) spec.record_target_step(64, r, 0.001 * r);
-  spec.depth().cost().record_draft(64, 1, 0.001);
-  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
+  cannot_pay(spec, 64);
   const double host_before = spec.depth().cost().host_seconds(64);
   for (int step = 0; step < 100; ++step) {
     EXPECT_TRUE(spec.skip_step(64)) << "step " << step;
