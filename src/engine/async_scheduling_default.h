@@ -1,9 +1,9 @@
 // Whether the engine keeps a step in flight (--async-scheduling) when the user did not say: on
 // only where measurements showed it faster (docs/PERFORMANCE.md "Async scheduling"): one GPU,
 // CUDA graphs, no speculation. A speculative step still runs whole under async scheduling (its
-// proposer reads the accepted tokens on the host), so there it only adds a step of latency to
-// stops; tensor parallelism and eager mode were not measured with it; on the CPU the host and the
-// "device" share the same cores. The reason is what the startup log prints.
+// proposer reads the accepted tokens on the host): measured, no clear gain; tensor parallelism and
+// eager mode were not measured with it; on the CPU the host and the "device" share the same
+// cores. The reason is what the startup log prints.
 #pragma once
 
 #include <optional>

@@ -36,7 +36,8 @@ struct StressOutcome {
   EngineMetrics metrics;
 };
 
-inline StressOutcome run_stress(EngineConfig ec, const StressWorkload& w, const std::vector<std::vector<int32_t>>& prompts) {
+inline StressOutcome run_stress(EngineConfig ec, const StressWorkload& w,
+                                const std::vector<std::vector<int32_t>>& prompts) {
   ec.async_scheduling = true;
   ec.max_num_seqs = w.max_in_flight;
   ec.max_model_len = 512;  // the longest prompt (two end to end) plus 40 tokens

@@ -178,7 +178,8 @@ TEST_P(FixtureModel, StepsTheSpeculatorSkipsRunAsPlainSteps) {
   for (bool async : {false, true}) {
     SCOPED_TRACE(async ? "async scheduling" : "synchronous");
     IdleSpeculator spec;
-    const auto out = run_greedy(*f.model, *f.backend, f.tok, f.ref.prompts, f.num_tokens(), /*budget=*/16, async, &spec);
+    const auto out =
+        run_greedy(*f.model, *f.backend, f.tok, f.ref.prompts, f.num_tokens(), /*budget=*/16, async, &spec);
     for (size_t i = 0; i < f.ref.prompts.size(); ++i)
       EXPECT_EQ(out[i], f.ref.greedy[i]) << GetParam() << " prompt " << i;
     EXPECT_GT(spec.skipped, 0);
