@@ -65,10 +65,9 @@ for c in ${ADAPTIVE_CONCURRENCY:-1 8 64}; do
       # runs it, with async scheduling on one GPU (nospecasync).
       for base in tiny moe; do
         [ $base = moe ] && [[ " $METHODS " != *" mtp "* ]] && continue
-        run "c${c}_t${temp}_${base}_nospec_r$rep" "models/specula-$( [ $base = moe ] && echo tiny-moe || echo tiny )" \
-          "$c" "$temp" --no-async-scheduling
-        run "c${c}_t${temp}_${base}_nospecasync_r$rep" "models/specula-$( [ $base = moe ] && echo tiny-moe || echo tiny )" \
-          "$c" "$temp"
+        model=$(target "$( [ $base = moe ] && echo mtp || echo draft )")
+        run "c${c}_t${temp}_${base}_nospec_r$rep" "$model" "$c" "$temp" --no-async-scheduling
+        run "c${c}_t${temp}_${base}_nospecasync_r$rep" "$model" "$c" "$temp"
       done
       for m in $METHODS; do
         run "c${c}_t${temp}_${m}_k${K}adaptive_r$rep" "$(target "$m")" "$c" "$temp" --speculative-config "$(spec "$m" "$K" true)"

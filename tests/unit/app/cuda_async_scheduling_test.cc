@@ -48,8 +48,9 @@ TEST(CudaAsyncScheduling, PreemptionWithASmallCache) {
     for (const auto& [index, r] : choices) EXPECT_TRUE(r == async.requests.at(id).at(index)) << id << " choice " << index;
 }
 
-// Thousands of steps of random arrivals, lengths, sampling and client aborts with a step always in
-// flight (async_stress.h); tools/gpu/run_tests.sh runs it under compute-sanitizer memcheck too.
+// 1000 requests per configuration of random arrivals, lengths, sampling and client aborts with a
+// step always in flight (async_stress.h); tools/gpu/run_tests.sh runs a shorter one under
+// compute-sanitizer memcheck too.
 TEST(CudaAsyncScheduling, StressRandomArrivalsAndAborts) {
   SKIP_WITHOUT_GPU();
   const int n = std::getenv("SPECULA_STRESS_REQUESTS") ? std::atoi(std::getenv("SPECULA_STRESS_REQUESTS")) : 1000;
