@@ -36,6 +36,30 @@ void Backend::argmax_rows(const Tensor& x, const Tensor* rows, Tensor& out) {
   }
 }
 
+std::unique_ptr<DeviceEvent> Backend::record_event() {
+  struct Synchronizing : DeviceEvent {
+    explicit Synchronizing(Backend& b) : backend(b) {}
+    void wait() override { backend.synchronize(); }
+    Backend& backend;
+  };
+  return std::make_unique<Synchronizing>(*this);
+}
+
+void Backend::feed_tokens(Tensor& token_ids, const Tensor& source) {
+  SPECULA_CHECK(token_ids.is_cpu() && source.is_cpu(), "feed_tokens is not implemented by the {} backend for device tensors",
+                name());
+  SPECULA_CHECK(token_ids.dtype() == DType::kI32 && source.dtype() == DType::kI32,
+                "feed_tokens: token_ids {} and source {} must be I32", token_ids.describe(), source.describe());
+  int32_t* ids = token_ids.data_as<int32_t>();
+  const int32_t* src = source.data_as<int32_t>();
+  for (int64_t i = 0; i < token_ids.numel(); ++i) {
+    if (ids[i] >= 0) continue;
+    const int64_t at = -(static_cast<int64_t>(ids[i]) + 1);
+    SPECULA_CHECK(at < source.numel(), "feed_tokens: entry {} of a source of {}", at, source.numel());
+    ids[i] = src[at];
+  }
+}
+
 void Backend::gather_columns(const Tensor& x, const Tensor& columns, float fill, Tensor& out) {
   SPECULA_CHECK(x.is_cpu() && columns.is_cpu() && out.is_cpu(),
                 "gather_columns is not implemented by the {} backend for device tensors", name());

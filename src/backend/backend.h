@@ -37,6 +37,14 @@ class DeviceGraph {
   virtual void replay() = 0;
 };
 
+// A point in a backend's queue of work (a CUDA event): wait() returns once everything issued before
+// it has run, without waiting for what was issued after (as synchronize() would).
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+  virtual void wait() = 0;
+};
+
 // How Backend::moe_route turns one row of router logits l[0..E) into expert ids and weights. It
 // covers DeepSeek-V2 (transformers' DeepseekV2Moe.route_tokens_to_experts) and DeepSeek-V3
 // (DeepseekV3MoE.route_tokens_to_experts), in this order, all in fp32:
@@ -203,6 +211,11 @@ class Backend {
   // out F32 [R, N]. An EAGLE-3 head's logits over its reduced draft vocabulary become logits over
   // the target's (fill -inf: tokens it cannot draft). The default runs on the host over CPU tensors.
   virtual void gather_columns(const Tensor& x, const Tensor& columns, float fill, Tensor& out);
+  // token_ids[i] = source[-(token_ids[i] + 1)] where token_ids[i] < 0: token_ids and source I32.
+  // Async scheduling's draft feed: a step's inputs name the drafts the previous step left on the
+  // device by their index there, so that the host stages the step before they are copied back
+  // (engine/README.md). The default runs on the host over CPU tensors.
+  virtual void feed_tokens(Tensor& token_ids, const Tensor& source);
 
   // ---- MLA and MoE (DeepSeek-V2/V3). Default implementations throw specula::Error naming the op
   // and the backend, so that a backend without them fails loudly, not silently. ----
@@ -288,6 +301,8 @@ class Backend {
   // the host (CUDA: an event recorded on other's stream that this stream waits for). The default
   // waits on the host.
   virtual void wait_for(Backend& other) { other.synchronize(); }
+  // Marks the work issued so far (DeviceEvent). The default's wait() synchronises the backend.
+  virtual std::unique_ptr<DeviceEvent> record_event();
   // Whether everything issued so far has run, without waiting (CUDA: cudaStreamQuery); any thread
   // may ask. A host backend runs its work as it is issued.
   virtual bool idle() { return true; }

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/phase_profile.h"
 #include "sampling/rejection_sampler.h"
+#include "engine/scheduler_output.h"
 #include "engine/speculator.h"
 
 namespace specula {
@@ -107,12 +108,11 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const
 }
 
 ModelRunner::~ModelRunner() {
-  // A deferred step's results are still being copied into the sampler's pinned memory.
-  if (pending_) {
-    try {
-      sampler_.finish_sample();
-    } catch (const std::exception&) {
-    }
+  // A deferred step's results (or drafts) are still being copied into pinned memory.
+  try {
+    if (pending_) sampler_.finish_sample();
+    if (drafts_on_device_) speculator_->finish_drafts();
+  } catch (const std::exception&) {
   }
 }
 
@@ -168,6 +168,39 @@ std::vector<int32_t> ModelRunner::finish_pending() {
   }
   ready_.push_back(std::move(step.out));
   return tokens;
+}
+
+double ModelRunner::collect_drafts(std::vector<RequestPlan>& plans) {
+  double ready = 0.0;
+  if (drafts_on_device_) {
+    drafts_on_device_ = false;
+    draft_source_ = Tensor();
+    std::vector<std::vector<int32_t>> values = [&] {
+      phase_profile::Scope p("runner.wait_for_drafts");
+      return speculator_->finish_drafts();
+    }();
+    ready = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    SPECULA_CHECK(values.size() == draft_owners_.size(), "internal error: {} draft lists collected for {} requests",
+                  values.size(), draft_owners_.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      auto it = requests_.find(draft_owners_[i]);
+      if (it == requests_.end() || it->second.draft_first < 0) continue;
+      it->second.draft_first = -1;
+      it->second.drafts = std::move(values[i]);
+    }
+  }
+  for (RequestPlan& plan : plans) {
+    for (size_t j = 0; j < plan.drafts.size(); ++j)
+      if (plan.drafts[j] == kPlaceholderToken) plan.drafts[j] = draft_input_token(*plan.state, static_cast<int>(j));
+  }
+  return ready;
+}
+
+int32_t ModelRunner::draft_input_token(const RequestState& st, int j) const {
+  if (st.draft_first >= 0) return -(1 + st.draft_first + j * draft_stride_);
+  SPECULA_CHECK(j < static_cast<int>(st.drafts.size()), "internal error: draft {} of a request with {} collected drafts",
+                j, st.drafts.size());
+  return st.drafts[static_cast<size_t>(j)];
 }
 
 void ModelRunner::set_rejection_sampler(std::unique_ptr<RejectionSampler> sampler) {
@@ -237,8 +270,10 @@ ModelRunner::DeviceInputs ModelRunner::upload_inputs(int t, int num_logits, int 
 
 ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::vector<RequestPlan>& plans) {
   // Without a step pending the device is idle from here on, as the step's timing expects; with
-  // one, the packed upload alternates buffers (upload_inputs).
-  if (!pending_) backend_.synchronize();
+  // one, the packed upload alternates buffers (upload_inputs). At most one kind of value is left
+  // on the device: both are fed as -(1 + index).
+  SPECULA_ASSERT(!(pending_ && drafts_on_device_));
+  if (!pending_ && !drafts_on_device_) backend_.synchronize();
   ragged_rows_ = 0;
   const int bs = config_.block_size;
   const int num_seqs = static_cast<int>(scheduled.scheduled.size());
@@ -277,10 +312,12 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
     SPECULA_CHECK(ceil_div(seq_len, bs) <= static_cast<int>(st.block_ids.size()),
                   "internal error: request {} needs {} KV blocks, holds {}", r.req_id, ceil_div(seq_len, bs),
                   st.block_ids.size());
+    plan.drafts = r.spec_token_ids;
     for (int j = 0; j < n; ++j) {
       const int pos = start + j;
       if (j >= n_known)
-        tokens[t + j] = r.spec_token_ids[j - n_known];
+        tokens[t + j] = r.spec_token_ids[j - n_known] != kPlaceholderToken ? r.spec_token_ids[j - n_known]
+                                                                           : draft_input_token(st, j - n_known);
       else
         tokens[t + j] = pos < static_cast<int>(st.tokens.size()) ? st.tokens[pos] : -(1 + st.pending_row);
       positions[t + j] = pos;
@@ -339,6 +376,7 @@ ForwardInput ModelRunner::prepare_inputs(const SchedulerOutput& scheduled, std::
     sampler_.feed_started_tokens(in.token_ids);
     ++fed_steps_;
   }
+  if (drafts_on_device_) backend_.feed_tokens(in.token_ids, draft_source_);
   return in;
 }
 
@@ -380,6 +418,8 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
   out.prompt_logprobs.resize(num_seqs);
   if (num_seqs == 0) {
     finish_pending();
+    std::vector<RequestPlan> none;
+    collect_drafts(none);
     return out;
   }
 
@@ -396,9 +436,11 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     fwd = forward_step(input);
     if (phase_profile::synchronizing()) backend_.synchronize();
   }
-  // The pending step's tokens (fed to this step on the device) reach the host while this forward
-  // runs; everything below reads the requests' tokens.
+  // The pending step's tokens or drafts (fed to this step on the device) reach the host while
+  // this forward runs; everything below reads the requests' tokens. A forward queued behind the
+  // previous step's draft work starts when that ends: its time counts from then.
   finish_pending();
+  const double drafts_ready = collect_drafts(plans);
 
   // Structured outputs' token masks, on the host while the device runs the forward.
   const std::vector<size_t> mask_offset_of = fill_grammar_masks(plans);
@@ -411,7 +453,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     RequestPlan& plan = plans[s];
     if (plan.first_sample_row < 0) continue;
     RequestState& st = *plan.state;
-    const std::vector<int32_t>& drafts = plan.sched->spec_token_ids;
+    const std::vector<int32_t>& drafts = plan.drafts;
     const int num_tokens = static_cast<int>(st.tokens.size());
     st.tokens.insert(st.tokens.end(), drafts.begin(), drafts.end());
     first_row_of[s] = rows.size();
@@ -440,7 +482,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
   for (size_t s = 0; s < num_seqs; ++s) {
     const RequestPlan& plan = plans[s];
     if (plan.first_sample_row < 0) continue;
-    const std::vector<int32_t>& drafts = plan.sched->spec_token_ids;
+    const std::vector<int32_t>& drafts = plan.drafts;
     if (drafts.empty()) {
       index_of[s] = plain.size();
       plain.push_back(rows[first_row_of[s]]);
@@ -487,13 +529,16 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     phase_profile::Scope p("runner.verify");
     verified = rejection_sampler_->verify(fwd.logits, speculator_ ? speculator_->draft_probs() : nullptr, verify);
   }
-  const double target_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double target_start =
+      std::max(std::chrono::duration<double>(t0.time_since_epoch()).count(), drafts_ready);
+  const double target_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() - target_start;
 
   for (size_t s = 0; s < num_seqs; ++s) {
     RequestPlan& plan = plans[s];
     RequestState& st = *plan.state;
     if (plan.first_sample_row >= 0) {
-      const size_t num_drafts = plan.sched->spec_token_ids.size();
+      const size_t num_drafts = plan.drafts.size();
       st.tokens.resize(st.tokens.size() - num_drafts);
       std::vector<int32_t> accepted;
       const int cut = plan.sched->num_grammar_cut_drafts;
@@ -530,7 +575,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
   if (speculator_) {
     phase_profile::Scope p("runner.propose");
     record_target_cost(plans, target_seconds);
-    if (!skip_proposer) propose_drafts(plans, fwd, target_seconds, out);
+    if (!skip_proposer) propose_drafts(plans, fwd, target_seconds, may_defer, out);
   }
   return out;
 }
@@ -542,7 +587,7 @@ std::vector<size_t> ModelRunner::fill_grammar_masks(const std::vector<RequestPla
     const ScheduledRequest& sched = *plans[s].sched;
     if (!sched.grammar || plans[s].first_sample_row < 0) continue;
     offset_of[s] = total;
-    total += static_cast<size_t>(sched.grammar->mask_words()) * (sched.spec_token_ids.size() + 1);
+    total += static_cast<size_t>(sched.grammar->mask_words()) * (plans[s].drafts.size() + 1);
   }
   if (total == 0) return offset_of;
   phase_profile::Scope p("runner.grammar_masks");
@@ -550,12 +595,14 @@ std::vector<size_t> ModelRunner::fill_grammar_masks(const std::vector<RequestPla
   for (size_t s = 0; s < plans.size(); ++s) {
     const ScheduledRequest& sched = *plans[s].sched;
     if (!sched.grammar || plans[s].first_sample_row < 0) continue;
-    const size_t rows = sched.spec_token_ids.size() + 1;
+    const std::vector<int32_t>& drafts = plans[s].drafts;
+    const size_t rows = drafts.size() + 1;
     const std::span<uint32_t> masks(grammar_masks_.data() + offset_of[s],
                                     static_cast<size_t>(sched.grammar->mask_words()) * rows);
-    // The scheduler kept the drafts up to the first one the grammar forbids.
-    const int valid = sched.grammar->fill_draft_masks(sched.spec_token_ids, masks);
-    SPECULA_ASSERT(valid + 1 >= static_cast<int>(sched.spec_token_ids.size()));
+    // The scheduler kept the drafts up to the first one the grammar forbids (a request with a
+    // grammar never has drafts left on the device: the greedy chain does not take it).
+    const int valid = sched.grammar->fill_draft_masks(drafts, masks);
+    SPECULA_ASSERT(valid + 1 >= static_cast<int>(drafts.size()));
   }
   return offset_of;
 }
@@ -574,8 +621,9 @@ void ModelRunner::record_target_cost(const std::vector<RequestPlan>& plans, doub
 }
 
 void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,
-                                 ModelRunnerOutput& out) {
+                                 bool may_leave_on_device, ModelRunnerOutput& out) {
   ProposeBatch batch;
+  batch.may_leave_drafts_on_device = may_leave_on_device;
   batch.target_seconds = target_seconds;
   batch.target_hidden_states = fwd.hidden_states;
   batch.target_aux_hidden_states = fwd.aux_hidden_states;
@@ -615,6 +663,20 @@ void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const Fo
     batch.requests.push_back(p);
   }
   out.spec_depth = speculator_->propose(batch, out.draft_token_ids);
+  const DraftsOnDevice* on_device = speculator_->drafts_on_device();
+  if (!on_device) return;
+  SPECULA_CHECK(may_leave_on_device && on_device->first.size() == plans.size(),
+                "internal error: drafts left on the device for {} of {} requests", on_device->first.size(), plans.size());
+  drafts_on_device_ = true;
+  draft_source_ = on_device->tokens;
+  draft_stride_ = on_device->stride;
+  draft_owners_.clear();
+  for (size_t s = 0; s < plans.size(); ++s) {
+    draft_owners_.push_back(plans[s].sched->req_id);
+    plans[s].state->draft_first = on_device->first[s];
+    plans[s].state->drafts.clear();
+  }
+  ++steps_with_drafts_on_device_;
 }
 
 }  // namespace specula

@@ -70,8 +70,10 @@ class ModelRunner : public ModelExecutor {
   // and proposes nothing (no speculator) returns from submit() with its tokens still on the
   // device. The next step takes them as inputs on the device (the sampler's token feed) when it
   // replays a graph, and its submit() waits for them only after launching its forward; collect()
-  // waits for them too. Other steps run at once. engine/README.md lists which host buffers that
-  // makes safe.
+  // waits for them too. A speculative step returns with its accepted tokens on the host and its
+  // drafts, where the proposer chains them on the device, still there (placeholders in the
+  // counts): the next step feeds them into its inputs on the device likewise. Other steps run at
+  // once. engine/README.md lists which host buffers that makes safe.
   StepCounts submit(const SchedulerOutput& scheduled) override;
   ModelRunnerOutput collect() override;
 
@@ -99,6 +101,8 @@ class ModelRunner : public ModelExecutor {
   int64_t num_ragged_graph_steps() const { return ragged_graph_steps_; }
   // Steps whose inputs took the pending step's tokens through the sampler's token feed, for tests.
   int64_t num_fed_steps() const { return fed_steps_; }
+  // Steps whose drafts stayed on the device until the next step was launched, for tests.
+  int64_t num_steps_with_drafts_on_device() const { return steps_with_drafts_on_device_; }
   static constexpr int kMaxVerifyGraphBatch = 256;
 
   std::vector<KVCacheLayer>& kv_cache() { return kv_; }
@@ -118,6 +122,11 @@ class ModelRunner : public ModelExecutor {
     // Async scheduling: its last token is row pending_row of the pending step's sampling, not yet
     // in `tokens` (-1: none).
     int pending_row = -1;
+    // Async scheduling: where its drafts from the last proposal are while they are on the device
+    // (the index of its first in drafts_on_device_'s tokens; -1: not there), and their values once
+    // collected (for a later step that verifies them).
+    int draft_first = -1;
+    std::vector<int32_t> drafts;
     int num_known_tokens() const { return static_cast<int>(tokens.size()) + (pending_row >= 0 ? 1 : 0); }
     int num_output_tokens() const { return static_cast<int>(tokens.size()) - num_prompt_tokens; }
   };
@@ -132,6 +141,9 @@ class ModelRunner : public ModelExecutor {
     int num_prompt_rows = 0;
     int first_prompt_position = 0; // the prompt position the first prompt row predicts
     int first_token_row = 0;       // its first row of the flattened batch (hidden states)
+    // The drafts it verifies: the scheduled ones, placeholders replaced by their values once
+    // collected (collect_drafts).
+    std::vector<int32_t> drafts;
   };
 
   // A submitted step whose sampled tokens are still on the device.
@@ -148,6 +160,12 @@ class ModelRunner : public ModelExecutor {
   // Waits for the pending step's tokens, appends them to the requests' states and queues its
   // output for collect(); returns the tokens in row order.
   std::vector<int32_t> finish_pending();
+  // Async scheduling: collects the drafts the last step left on the device (waiting for them)
+  // into the requests' states and the plans' drafts. Returns when they were on the host (steady
+  // clock seconds; 0 when none were pending).
+  double collect_drafts(std::vector<RequestPlan>& plans);
+  // The input token of a request's draft j that the scheduler knows as a placeholder.
+  int32_t draft_input_token(const RequestState& st, int j) const;
   void update_states(const SchedulerOutput& scheduled);
   ForwardInput prepare_inputs(const SchedulerOutput& scheduled, std::vector<RequestPlan>& plans);
   ForwardInput eager_step_inputs(int num_seqs, int t, int num_logits, int max_query, int max_seq, int max_blocks);
@@ -157,8 +175,9 @@ class ModelRunner : public ModelExecutor {
   // Tells the speculator's cost model what the step's target forward and sampling took.
   void record_target_cost(const std::vector<RequestPlan>& plans, double target_seconds);
   // Asks the speculator for the next step's drafts of every request the step ran.
+  // may_leave_on_device: async scheduling; the speculator may leave the drafts on the device.
   void propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,
-                      ModelRunnerOutput& out);
+                      bool may_leave_on_device, ModelRunnerOutput& out);
   // The step's input arrays on the device: views into one buffer, at offsets that depend only on
   // (tokens t, logits rows, sequences), so a graph of B sequences of r rows reads the addresses it
   // was captured with. upload_inputs() first packs the host arrays' used entries into a pinned
@@ -170,6 +189,13 @@ class ModelRunner : public ModelExecutor {
   DeviceInputs upload_inputs(int t, int num_logits, int num_seqs, int64_t table_entries);
 
   std::optional<PendingStep> pending_;
+  // Drafts the speculator left on the device in the last step (async scheduling): the next step's
+  // inputs take them there (Backend::feed_tokens) and its host collects them after launching it.
+  bool drafts_on_device_ = false;
+  Tensor draft_source_;
+  int draft_stride_ = 0;
+  std::vector<std::string> draft_owners_;  // the proposal's requests, in its batch order
+  int64_t steps_with_drafts_on_device_ = 0;
   std::deque<ModelRunnerOutput> ready_;  // submitted steps' outputs, oldest first
 
   Model& model_;

@@ -9,6 +9,9 @@
 //      step's target time (record_target_step);
 //   2. calls propose() with every request the step ran; the drafts travel in
 //      ModelRunnerOutput::draft_token_ids to Scheduler::set_draft_tokens.
+// Under async scheduling a proposer may leave its drafts on the device (drafts_on_device): the
+// next step takes them into its inputs there and collects their values (finish_drafts) only after
+// launching its forward, so that the host plans and stages it while the drafts are made.
 #pragma once
 
 #include <cstdint>
@@ -67,8 +70,20 @@ struct ProposerRequest {
   int first_position = 0;
 };
 
+// Drafts a propose() left on the device: draft j of the request at index i of that call's batch
+// is tokens[first[i] + j * stride] (first[i] < 0: it has none there).
+struct DraftsOnDevice {
+  Tensor tokens;  // I32, on the backend's device; valid until the next propose()
+  std::vector<int> first;
+  int stride = 0;
+};
+
 struct ProposeBatch {
   std::vector<ProposerRequest> requests;
+  // Async scheduling: the drafts may stay on the device. propose() then gives kPlaceholderToken
+  // (engine/scheduler_output.h) for each draft it left there, their number exact, and
+  // drafts_on_device() says where they are until finish_drafts().
+  bool may_leave_drafts_on_device = false;
   // Drafts wanted per request this step (chosen by the speculator); each request also caps at its
   // max_drafts. 0: no drafts, but a proposer that cannot catch up later (one that needs the
   // target's hidden states of every position) must still consume this step.
@@ -126,6 +141,11 @@ class Speculator {
   // Chooses this step's depth (setting batch.depth) unless skip_step() chose it, proposes, and
   // returns the depth; drafts[i] are the drafts of batch.requests[i].
   virtual int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) = 0;
+  // After a propose() that left drafts on the device: where they are (nullptr: none pending).
+  virtual const DraftsOnDevice* drafts_on_device() const { return nullptr; }
+  // Waits for the drafts left on the device and returns their values: drafts[i] for request i of
+  // that propose()'s batch (empty where it has none). None are pending afterwards.
+  virtual std::vector<std::vector<int32_t>> finish_drafts() { return {}; }
 };
 
 // What a speculator may need when the engine builds it: the target is loaded, the KV cache is not

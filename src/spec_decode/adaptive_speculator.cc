@@ -167,7 +167,11 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   // speculation off where no steady step corrects it.
   const int64_t steady_catch_up = static_cast<int64_t>(batch.requests.size()) * (config_.num_speculative_tokens + 1);
   const bool recorded = drafting > 0 && steady && proposer_->last_catch_up_tokens() <= steady_catch_up;
-  if (recorded) depth_.cost().record_draft(drafting, most, seconds);
+  if (recorded && proposer_->drafts_on_device()) {
+    uncollected_cost_ = UncollectedDraftCost{drafting, most, seconds};
+  } else if (recorded) {
+    depth_.cost().record_draft(drafting, most, seconds);
+  }
   if (spdlog::default_logger_raw()->should_log(spdlog::level::debug)) {  // acceptance() copies
     // What the choice weighed at this batch size, by depth 0..k: the modelled target, draft and
     // host times and the tokens per second against plain decoding.
@@ -185,6 +189,19 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
               1e6 * cost.host_seconds(n), fmt::join(model, " "));
   }
   return batch.depth;
+}
+
+std::vector<std::vector<int32_t>> AdaptiveSpeculator::finish_drafts() {
+  const double t0 = clock_();
+  std::vector<std::vector<int32_t>> drafts = proposer_->finish_drafts();
+  const double waited = clock_() - t0;
+  last_proposer_seconds_ += waited;
+  if (uncollected_cost_) {
+    const UncollectedDraftCost c = *uncollected_cost_;
+    uncollected_cost_.reset();
+    depth_.cost().record_draft(c.drafting, c.most, c.launch_seconds + waited);
+  }
+  return drafts;
 }
 
 std::string AdaptiveSpeculator::describe() const {

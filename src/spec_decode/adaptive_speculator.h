@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,6 +58,11 @@ class AdaptiveSpeculator final : public Speculator {
   void record_target_step(int num_seqs, int rows, double seconds) override;
   bool skip_step(int num_decoding) override;
   int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
+  // Drafts left on the device are the proposer's. Their cost counts the launch and the time the
+  // collection waited: work the device finished while the host staged the next step cost that
+  // step nothing.
+  const DraftsOnDevice* drafts_on_device() const override { return proposer_->drafts_on_device(); }
+  std::vector<std::vector<int32_t>> finish_drafts() override;
 
   static constexpr int kProbeRequests = 4;  // requests that draft in a probe from depth 0
 
@@ -80,6 +86,13 @@ class AdaptiveSpeculator final : public Speculator {
   int last_num_decoding_ = 0;
   double last_proposer_seconds_ = 0.0;  // the proposer's time in the previous propose()
   int chosen_depth_ = -1;               // chosen by skip_step() for the coming propose(), else -1
+  // A proposal that left its drafts on the device and that the cost model learns from once they
+  // are collected: its drafting requests, most drafts and launch seconds.
+  struct UncollectedDraftCost {
+    int drafting = 0, most = 0;
+    double launch_seconds = 0.0;
+  };
+  std::optional<UncollectedDraftCost> uncollected_cost_;
 };
 
 }  // namespace specula

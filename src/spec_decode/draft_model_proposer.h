@@ -62,6 +62,9 @@ class DraftModelProposer : public ModelProposer {
 
   void plan_catch_up(const ProposeBatch& batch, std::vector<int>& num_drafts, std::vector<Piece>& pieces) override;
   void finish_propose(const ProposeBatch& batch, const std::vector<std::vector<int32_t>>& drafts) override;
+  void drafts_arrived(RequestState& st, const std::vector<int32_t>& drafts) override {
+    static_cast<DraftState&>(st).drafts = drafts;
+  }
   DraftForwardOutput draft_forward(DraftForwardInput& in) override;
   int longest_sequence() const override;
   std::unique_ptr<RequestState> new_request_state() const override { return std::make_unique<DraftState>(); }

@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "core/phase_profile.h"
+#include "engine/scheduler_output.h"
 
 namespace specula {
 
@@ -33,6 +34,7 @@ bool GreedyDraftChain::applies(const ProposeBatch& batch, bool argmax_drafts) {
 }
 
 void GreedyDraftChain::begin(std::vector<size_t> rows, int padded) {
+  SPECULA_CHECK(!pending(), "internal error: a greedy draft chain begun before the last one's drafts were collected");
   SPECULA_CHECK(backend_ != nullptr && padded >= static_cast<int>(rows.size()) && !rows.empty() &&
                     static_cast<int64_t>(padded) <= idx_.device.numel(),
                 "internal error: a greedy draft chain of {} rows padded to {}", rows.size(), padded);
@@ -67,7 +69,7 @@ void GreedyDraftChain::add_first_drafts(const Tensor& logits, const std::vector<
 
 void GreedyDraftChain::run(DraftStepBuffers& step, int max_drafts, const std::vector<int>& num_drafts,
                            const std::function<Tensor(int j)>& forward, std::vector<std::vector<int32_t>>& drafts,
-                           const FusedChain& fused) {
+                           const FusedChain& fused, bool leave_on_device) {
   SPECULA_CHECK(on_ && firsts_ == static_cast<int>(rows_.size()),
                 "internal error: the catch-up drafted {} first drafts for a chain of {} rows", firsts_, rows_.size());
   phase_profile::Scope p("draft.greedy_chain");
@@ -98,14 +100,35 @@ void GreedyDraftChain::run(DraftStepBuffers& step, int max_drafts, const std::ve
   const int64_t total = static_cast<int64_t>(max_drafts) * padded;
   Tensor host = host_.slice(0, total);
   backend_->copy(out_.slice(0, total), host);
+  ++chains_;
+  on_ = false;
+  if (leave_on_device) {
+    copied_ = backend_->record_event();
+    num_drafts_ = num_drafts;
+    for (size_t i : rows_) drafts[i].assign(static_cast<size_t>(num_drafts[i]), kPlaceholderToken);
+    return;
+  }
   backend_->synchronize();
-  const int32_t* got = host.data_as<int32_t>();
+  read_drafts(num_drafts, drafts);
+}
+
+void GreedyDraftChain::finish(std::vector<std::vector<int32_t>>& drafts) {
+  SPECULA_CHECK(pending(), "internal error: no greedy draft chain left its drafts on the device");
+  {
+    phase_profile::Scope p("draft.wait_for_drafts");
+    copied_->wait();
+  }
+  copied_.reset();
+  drafts.assign(num_drafts_.size(), {});
+  read_drafts(num_drafts_, drafts);
+}
+
+void GreedyDraftChain::read_drafts(const std::vector<int>& num_drafts, std::vector<std::vector<int32_t>>& drafts) const {
+  const int32_t* got = host_.data_as<int32_t>();
   for (size_t row = 0; row < rows_.size(); ++row) {
     const size_t i = rows_[row];
     for (int j = 0; j < num_drafts[i]; ++j) drafts[i].push_back(got[static_cast<size_t>(j) * padded_ + row]);
   }
-  ++chains_;
-  on_ = false;
 }
 
 }  // namespace specula

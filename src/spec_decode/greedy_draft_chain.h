@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
@@ -57,19 +58,31 @@ class GreedyDraftChain {
   // drafts 2.. as its outputs) and returns false when it cannot run it; otherwise, or then, each
   // step j moves its staged inputs and tokens into `step` and forward(j) runs the draft step and
   // returns its F32 logits [padded, vocab].
+  // With leave_on_device the copy to the host stays in flight: drafts[rows[r]] gets its
+  // num_drafts placeholders (kPlaceholderToken) and finish() the values.
   using FusedChain = std::function<bool(DecoderChain& chain)>;
   void run(DraftStepBuffers& step, int max_drafts, const std::vector<int>& num_drafts,
            const std::function<Tensor(int j)>& forward, std::vector<std::vector<int32_t>>& drafts,
-           const FusedChain& fused = nullptr);
+           const FusedChain& fused = nullptr, bool leave_on_device = false);
+  // A run that left its drafts on the device: there, draft j of chain row r is
+  // device_tokens()[j * padded() + r] until the next begin().
+  bool pending() const { return copied_ != nullptr; }
+  const Tensor& device_tokens() const { return out_; }
+  // Waits for that run's copy (not for work issued after it) and gives drafts[rows[r]] its values.
+  void finish(std::vector<std::vector<int32_t>>& drafts);
 
   int64_t num_chains() const { return chains_; }
   int64_t num_fused_chains() const { return fused_chains_; }
   int64_t num_multi_step_chains() const { return multi_step_chains_; }  // chains with drafts 2..k
 
  private:
+  void read_drafts(const std::vector<int>& num_drafts, std::vector<std::vector<int32_t>>& drafts) const;
+
   Backend* backend_ = nullptr;
   Tensor out_;         // I32 [num_speculative_tokens * max_num_seqs]
   Tensor host_;        // its pinned twin
+  std::unique_ptr<DeviceEvent> copied_;  // a run's copy into host_ left in flight
+  std::vector<int> num_drafts_;          // that run's drafts per batch request
   StagedTensor idx_;   // logits rows of the first drafts
   std::vector<size_t> rows_;
   int padded_ = 0;

@@ -236,6 +236,8 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   // Depth 0: a proposer that catches up from tokens does not run at all (its next drafting step
   // runs whatever was accepted meanwhile); one that reads the target's hidden states must not
   // miss them.
+  SPECULA_CHECK(!chain_.pending(), "internal error: {} proposer asked to propose before its last drafts were collected",
+                method());
   if (n == 0 || (batch.depth <= 0 && !needs_every_step())) return;
   SPECULA_CHECK(!kv_.empty(), "internal error: {} proposer used before allocate_kv_cache", method());
 
@@ -306,11 +308,30 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   if (chain_.on()) {
     const int padded = chain_.padded();
     chain_.run(step_, max_drafts, num_drafts_, [&](int j) { return run_step(padded, step_variant(j)); }, drafts,
-               fused_chain());
+               fused_chain(), batch.may_leave_drafts_on_device);
+    if (chain_.pending()) {
+      on_device_.tokens = chain_.device_tokens();
+      on_device_.stride = padded;
+      on_device_.first.assign(n, -1);
+      for (size_t r = 0; r < chain_.rows().size(); ++r) on_device_.first[chain_.rows()[r]] = static_cast<int>(r);
+      on_device_ids_.clear();
+      for (const ProposerRequest& r : batch.requests) on_device_ids_.emplace_back(r.req_id);
+    }
   } else if (!rows.empty()) {
     run_draft_steps(batch, rows, max_drafts, drafts);
   }
   finish_propose(batch, drafts);
+}
+
+std::vector<std::vector<int32_t>> ModelProposer::finish_drafts() {
+  std::vector<std::vector<int32_t>> drafts;
+  if (!chain_.pending()) return drafts;
+  chain_.finish(drafts);
+  for (size_t i = 0; i < drafts.size(); ++i) {
+    auto it = states_.find(on_device_ids_[i]);
+    if (!drafts[i].empty() && it != states_.end()) drafts_arrived(*it->second, drafts[i]);
+  }
+  return drafts;
 }
 
 void ModelProposer::run_draft_steps(const ProposeBatch& batch, const std::vector<size_t>& rows, int max_drafts,

@@ -84,7 +84,10 @@ class ModelProposer : public Proposer {
   // Catch-up graphs (r rows per request, batch sizes up to kMaxCatchUpGraphBatch) and draft-step
   // graphs (per step variant and batch size); after allocate_kv_cache.
   size_t capture_graphs(const std::vector<int>& batch_sizes) override;
+  // A greedy chain leaves its drafts on the device where batch.may_leave_drafts_on_device.
   void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
+  const DraftsOnDevice* drafts_on_device() const override { return chain_.pending() ? &on_device_ : nullptr; }
+  std::vector<std::vector<int32_t>> finish_drafts() override;
   void drop_request(std::string_view req_id) override;
   const Tensor* draft_probs() const override { return &q_store_; }
   int draft_probs_row(std::string_view req_id) const override;
@@ -174,8 +177,12 @@ class ModelProposer : public Proposer {
   // The target's rows a hidden-state proposer reads (ProposeBatch::target_hidden_states, or the
   // aux layers' features for EAGLE-3).
   virtual const Tensor& target_features(const ProposeBatch& batch) const { return batch.target_hidden_states; }
-  // After the drafts are made (bookkeeping that needs them).
+  // After the drafts are made (bookkeeping that needs them; a draft left on the device is
+  // kPlaceholderToken here, and its value reaches drafts_arrived).
   virtual void finish_propose(const ProposeBatch& batch, const std::vector<std::vector<int32_t>>& drafts) {}
+  // The values of a request's drafts that propose() left on the device, once on the host (never
+  // for a request dropped meanwhile).
+  virtual void drafts_arrived(RequestState& st, const std::vector<int32_t>& drafts) {}
   // The model's forward over `in` (also run under graph capture: device work only).
   virtual DraftForwardOutput draft_forward(DraftForwardInput& in) = 0;
   // The weights draft j's step runs (graphs are kept per variant); MTP: its layer.
@@ -294,6 +301,9 @@ class ModelProposer : public Proposer {
   CatchUpInputs catch_up_;
   DraftStepBuffers step_;  // static draft-step inputs, [max_num_seqs] rows
   GreedyDraftChain chain_;  // this propose's, when on
+  // A chain that left its drafts on the device: where they are, and whose they are (batch order).
+  DraftsOnDevice on_device_;
+  std::vector<std::string> on_device_ids_;
   // Hidden-state proposers only.
   StagedTensor target_rows_;  // [max_num_batched_tokens]: each catch-up row's row of the target's
   StagedTensor step_rows_;    // [max_num_seqs]: the catch-up rows whose hidden states start the steps

@@ -39,6 +39,11 @@ class Proposer {
   // drafts is resized to batch.requests.size(); drafts[i] gets at most min(depth, max_drafts)
   // tokens for requests[i] (none for requests that did not sample).
   virtual void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) = 0;
+  // Where batch.may_leave_drafts_on_device let propose() leave drafts on the device
+  // (kPlaceholderToken in `drafts`): where they are, and their values once they are on the host
+  // (Speculator::drafts_on_device, finish_drafts). The defaults: nothing is ever left there.
+  virtual const DraftsOnDevice* drafts_on_device() const { return nullptr; }
+  virtual std::vector<std::vector<int32_t>> finish_drafts() { return {}; }
   // The request finished or was preempted: forget its state (a preempted one comes back new).
   virtual void drop_request(std::string_view req_id) {}
 

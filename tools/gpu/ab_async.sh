@@ -6,7 +6,10 @@
 #   tiny_c1_nospec  the embedded target alone at concurrency 1 (plain decode: the deferred path);
 #   qwen_b1         Qwen3-0.6B (dummy weights) batch 1, 20 requests a run, and one SPECULA_PROFILE
 #                   run without async for its graph replay time (the host-work-hidden bound);
-#   qwen_c64/c256   Qwen3-0.6B throughput at 64 and 256 requests (2 batches a run).
+#   qwen_c64/c256   Qwen3-0.6B throughput at 64 and 256 requests (2 batches a run);
+#   tiny_c1_pinned  (only when named in AB_CONFIGS) the embedded pair at pinned k = AB_PINNED_K
+#                   (default 5), concurrency 1: the overlap alone, without adaptive depth's choices.
+# AB_CONFIGS names the configs to run (default: all but tiny_c1_pinned).
 # $OUT receives async_summary.txt and async_logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,26 +25,35 @@ QWEN=bench/configs/Qwen3-0.6B
 tok_qwen=()
 [ -f .gpu/tokenizers/qwen3/tokenizer.json ] && tok_qwen=(--tokenizer .gpu/tokenizers/qwen3)
 SPEC='{"method":"draft_model","model":"models/specula-tiny-draft","num_speculative_tokens":10,"adaptive":true}'
+PINNED='{"method":"draft_model","model":"models/specula-tiny-draft","num_speculative_tokens":'"${AB_PINNED_K:-5}"',"adaptive":false}'
+CONFIGS=" ${AB_CONFIGS:-tiny_c1_spec tiny_c1_nospec qwen_b1 qwen_c64 qwen_c256} "
+wanted() { [[ "$CONFIGS" == *" $1 "* ]]; }
 mode_flag() { [ "$1" = async ] && echo --async-scheduling || echo --no-async-scheduling; }
+tiny_c1() {  # tiny_c1 NAME MODE [ARGS...]
+  local name=$1 f
+  f=$(mode_flag "$2")
+  shift 2
+  bench "$name" 60 latency "$TINY" --dataset "$DATASET" --temperature 0 --batch-size 1 --input-len 128 \
+    --output-len 128 --num-iters "${AB_ITERS_C1:-40}" --num-iters-warmup 1 --max-model-len 1024 --max-num-seqs 8 "$@" $f
+}
 
 for rep in $(seq 1 "${AB_REPS:-3}"); do
   for mode in sync async; do
     f=$(mode_flag $mode)
-    bench "tiny_c1_spec_${mode}_r${rep}" 60 latency "$TINY" --dataset "$DATASET" --temperature 0 --batch-size 1 \
-      --input-len 128 --output-len 128 --num-iters "${AB_ITERS_C1:-40}" --num-iters-warmup 1 --max-model-len 1024 \
-      --max-num-seqs 8 --speculative-config "$SPEC" $f
-    bench "tiny_c1_nospec_${mode}_r${rep}" 60 latency "$TINY" --dataset "$DATASET" --temperature 0 --batch-size 1 \
-      --input-len 128 --output-len 128 --num-iters "${AB_ITERS_C1:-40}" --num-iters-warmup 1 --max-model-len 1024 \
+    wanted tiny_c1_spec && tiny_c1 "tiny_c1_spec_${mode}_r${rep}" $mode --speculative-config "$SPEC"
+    wanted tiny_c1_pinned && tiny_c1 "tiny_c1_pinned_${mode}_r${rep}" $mode --speculative-config "$PINNED"
+    wanted tiny_c1_nospec && tiny_c1 "tiny_c1_nospec_${mode}_r${rep}" $mode
+    wanted qwen_b1 && bench "qwen_b1_${mode}_r${rep}" 60 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" \
+      --batch-size 1 --input-len 128 --output-len 128 --num-iters 20 --num-iters-warmup 1 --max-model-len 4096 \
       --max-num-seqs 8 $f
-    bench "qwen_b1_${mode}_r${rep}" 60 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" --batch-size 1 \
-      --input-len 128 --output-len 128 --num-iters 20 --num-iters-warmup 1 --max-model-len 4096 --max-num-seqs 8 $f
     for c in 64 256; do
-      bench "qwen_c${c}_${mode}_r${rep}" 60 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" --batch-size $c \
-        --input-len 128 --output-len 128 --num-iters 2 --num-iters-warmup 1 --max-model-len 4096 --max-num-seqs $c $f
+      wanted qwen_c$c && bench "qwen_c${c}_${mode}_r${rep}" 60 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" \
+        --batch-size $c --input-len 128 --output-len 128 --num-iters 2 --num-iters-warmup 1 --max-model-len 4096 \
+        --max-num-seqs $c $f
     done
   done
 done
-SPECULA_PROFILE=1 bench qwen_b1_profile 60 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" --batch-size 1 \
+wanted qwen_b1 && SPECULA_PROFILE=1 bench qwen_b1_profile 60 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" --batch-size 1 \
   --input-len 128 --output-len 128 --num-iters 5 --num-iters-warmup 1 --max-model-len 4096 --max-num-seqs 8 --no-async-scheduling
 
 {

@@ -85,6 +85,26 @@ void CudaBackend::wait_for(Backend& other) {
   check_cuda(cudaStreamWaitEvent(stream_, o->handoff_, 0), "wait_for: cudaStreamWaitEvent");
 }
 
+std::unique_ptr<DeviceEvent> CudaBackend::record_event() {
+  class Event : public DeviceEvent {
+   public:
+    explicit Event(cudaStream_t stream) {
+      check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "record_event: cudaEventCreate");
+      const cudaError_t recorded = cudaEventRecord(event_, stream);
+      if (recorded != cudaSuccess) {
+        cudaEventDestroy(event_);
+        check_cuda(recorded, "record_event: cudaEventRecord");
+      }
+    }
+    ~Event() override { cudaEventDestroy(event_); }
+    void wait() override { check_cuda(cudaEventSynchronize(event_), "DeviceEvent::wait"); }
+
+   private:
+    cudaEvent_t event_ = nullptr;
+  };
+  return std::make_unique<Event>(stream_);
+}
+
 std::string CudaBackend::name() const {
   return fmt::format("cuda:{} ({}, {} SMs, bf16)", device_index_, device_name_, sm_count_);
 }

@@ -84,6 +84,7 @@ class CudaBackend final : public Backend {
   void gather_rows(const Tensor& x, const Tensor& indices, Tensor& out) override;
   void argmax_rows(const Tensor& x, const Tensor* rows, Tensor& out) override;
   void gather_columns(const Tensor& x, const Tensor& columns, float fill, Tensor& out) override;
+  void feed_tokens(Tensor& token_ids, const Tensor& source) override;
   void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override;
   void head_linear(const Tensor& x, const Tensor& weight, Tensor& out) override;
   void moe_route(const Tensor& router_logits, const Tensor* bias, const MoeRouting& params, Tensor& topk_ids,
@@ -104,6 +105,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<TokenSampler> make_token_sampler(int max_rows, int64_t vocab) override;
   void bind_thread() override;
   void wait_for(Backend& other) override;
+  std::unique_ptr<DeviceEvent> record_event() override;
 
   // ---- CUDA specifics (for the engine's CUDA graphs, benchmarks and tests) ----
   cudaStream_t stream() const { return stream_; }

@@ -28,6 +28,10 @@ cudaError_t launch_gather_rows(const void* src, int64_t src_rows, size_t row_byt
 // out[r, n] = x[r, columns[n]] or fill where columns[n] < 0 (Backend::gather_columns).
 cudaError_t launch_gather_columns(const float* x, int64_t rows, int64_t x_cols, const int32_t* columns, int64_t n,
                                   float fill, float* out, cudaStream_t stream);
+// token_ids[i] = source[-(token_ids[i] + 1)] where token_ids[i] < 0 (Backend::feed_tokens); an
+// index past source_len gives 0 (the host cannot check device-resident ids).
+cudaError_t launch_feed_tokens(int32_t* token_ids, int64_t n, const int32_t* source, int64_t source_len,
+                               cudaStream_t stream);
 cudaError_t launch_argmax_rows(const float* x, int64_t x_rows, int64_t vocab, const int32_t* rows, int64_t n,
                                int32_t* out, cudaStream_t stream);
 

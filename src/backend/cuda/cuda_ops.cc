@@ -84,6 +84,14 @@ void CudaBackend::gather_columns(const Tensor& x, const Tensor& columns, float f
              "gather_columns");
 }
 
+void CudaBackend::feed_tokens(Tensor& token_ids, const Tensor& source) {
+  cuda_check::index_vector(token_ids, DType::kI32, "feed_tokens", "token_ids");
+  cuda_check::index_vector(source, DType::kI32, "feed_tokens", "source");
+  check_cuda(cuda::launch_feed_tokens(token_ids.data_as<int32_t>(), token_ids.numel(), source.data_as<int32_t>(),
+                                      source.numel(), stream_),
+             "feed_tokens");
+}
+
 void CudaBackend::rms_norm(const Tensor& x, const Tensor& weight, float eps, Tensor& out) {
   cuda_check::float_tensor(x, "rms_norm", "x");
   cuda_check::on_gpu(weight, "rms_norm", "weight");
