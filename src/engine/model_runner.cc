@@ -534,6 +534,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
   const double target_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() - target_start;
 
+  std::optional<phase_profile::Scope> accept_phase(std::in_place, "runner.accept");
   for (size_t s = 0; s < num_seqs; ++s) {
     RequestPlan& plan = plans[s];
     RequestState& st = *plan.state;
@@ -572,6 +573,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
       for (PositionLogprobs& p : lp) chunk.entries.push_back(std::move(p));
     }
   }
+  accept_phase.reset();
   if (speculator_) {
     phase_profile::Scope p("runner.propose");
     record_target_cost(plans, target_seconds);

@@ -122,7 +122,9 @@ void DraftStepBuffers::prepare_chain(const ProposeBatch& batch, const std::vecto
   SPECULA_CHECK(steps >= 1 && steps <= max_chain_steps_,
                 "internal error: a draft chain of {} steps (buffers for {})", steps, max_chain_steps_);
   Backend& backend = *backend_;
-  backend.synchronize();  // pinned staging: earlier uploads must have run
+  // Pinned staging: the last chain's uploads must have run. An event, not a synchronisation: the
+  // proposer stages the chain while its catch-up forward runs.
+  if (chain_uploaded_) chain_uploaded_->wait();
   int32_t* positions = chain_positions_.host.data_as<int32_t>();
   int64_t* slots = chain_slots_.host.data_as<int64_t>();
   int32_t* seq_lens = chain_seq_lens_.host.data_as<int32_t>();
@@ -136,6 +138,7 @@ void DraftStepBuffers::prepare_chain(const ProposeBatch& batch, const std::vecto
   chain_slots_.upload(backend, n);
   chain_seq_lens_.upload(backend, n);
   fill_tables(batch, attended, rows, padded);
+  chain_uploaded_ = backend.record_event();
   chain_steps_ = steps;
   chain_padded_ = padded;
 }

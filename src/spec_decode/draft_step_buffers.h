@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -52,7 +53,7 @@ class DraftStepBuffers {
   // step's positions, slots and lengths at once (rows as prepare() fills them for that step) and
   // uploads them with the block tables; load_chain_step(j) then makes step j current with device
   // copies enqueued behind the previous step's forward (and sets the host lengths input() reports).
-  // Waits for earlier uploads first (pinned staging).
+  // Waits for the last chain's uploads first (pinned staging), not for other work.
   void prepare_chain(const ProposeBatch& batch, const std::vector<AttendedBlocks>& attended,
                      const std::vector<size_t>& rows, int steps, int padded, const std::vector<int>& num_drafts,
                      int first_back);
@@ -95,6 +96,7 @@ class DraftStepBuffers {
   int max_seq_len_ = 1;
   // The staged chain: step j's rows at offset (j - 2) * chain_padded_.
   StagedTensor chain_positions_, chain_slots_, chain_seq_lens_;
+  std::unique_ptr<DeviceEvent> chain_uploaded_;  // after the last chain's uploads
   int max_chain_steps_ = 0, chain_steps_ = 0, chain_padded_ = 0;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -242,6 +243,7 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   SPECULA_CHECK(!kv_.empty(), "internal error: {} proposer used before allocate_kv_cache", method());
 
   // 1. What each request needs: a catch-up piece, and maybe drafts.
+  std::optional<phase_profile::Scope> plan_phase(std::in_place, "draft.plan");
   chain_.end();
   const bool chain =
       config_.greedy_chain && batch.depth > 0 && GreedyDraftChain::applies(batch, config_.argmax_drafts);
@@ -273,11 +275,10 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
     SPECULA_CHECK(padded >= static_cast<int>(rows.size()) && padded <= config_.max_num_seqs,
                   "internal error: {} draft chain of {} rows padded to {} (max_num_seqs {})", method(), rows.size(),
                   padded, config_.max_num_seqs);
-    if (max_drafts >= 2)
-      step_.prepare_chain(batch, attended_, rows, max_drafts - 1, padded, num_drafts_,
-                          /*first_back=*/1 + token_offset());
     chain_.begin(rows, padded);
   }
+
+  plan_phase.reset();
 
   // 2. Catch-up forwards, at most max_num_batched_tokens tokens and max_num_seqs pieces each; the
   // last piece of a drafting request samples its first draft.
@@ -304,9 +305,12 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   }
   if (!chunk.empty()) run_catch_up(batch, chunk, drafts);
 
-  // 3. Drafts 2..k.
+  // 3. Drafts 2..k. A chain's inputs are staged while the catch-up runs on the device.
   if (chain_.on()) {
     const int padded = chain_.padded();
+    if (max_drafts >= 2)
+      step_.prepare_chain(batch, attended_, chain_.rows(), max_drafts - 1, padded, num_drafts_,
+                          /*first_back=*/1 + token_offset());
     chain_.run(step_, max_drafts, num_drafts_, [&](int j) { return run_step(padded, step_variant(j)); }, drafts,
                fused_chain(), batch.may_leave_drafts_on_device);
     if (chain_.pending()) {

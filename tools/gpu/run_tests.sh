@@ -7,7 +7,8 @@
 #      (decode graphs, memory plan, the engine on CUDA), test_app_cuda (speculation's graphs and
 #      fused chains through the whole engine), each that was packed;
 #   2. compute-sanitizer memcheck over a subset of test_backend_cuda (every kernel family once)
-#      and, when test_app_cuda is packed, over async scheduling's stress workload;
+#      and, when test_app_cuda is packed, over async scheduling's stress workload (memcheck,
+#      racecheck and synccheck: STRESS_SANITIZER_TOOLS);
 #   3. cuda_roofline (copy bandwidth, GEMM rate, attention), when packed.
 # Logs go under $OUT (the device tool's output folder). Exit status: the first failing suite's
 # (77: a suite skipped tests, i.e. something it needs was missing), or memcheck's.
@@ -50,16 +51,22 @@ if [ -z "${SKIP_MEMCHECK:-}" ]; then
     [ $status -eq 0 ] && status=$mc
     if command -v test_app_cuda >/dev/null; then
       # Async scheduling's stress workload (random arrivals and aborts, a step always in flight),
-      # shortened: memcheck slows every kernel.
-      echo "== compute-sanitizer memcheck: CudaAsyncScheduling.StressRandomArrivalsAndAborts"
-      start=$(date +%s)
-      SPECULA_STRESS_REQUESTS=${STRESS_MEMCHECK_REQUESTS:-120} "$sanitizer" --tool memcheck --leak-check no \
-        --error-exitcode 9 test_app_cuda --gtest_filter='CudaAsyncScheduling.StressRandomArrivalsAndAborts' \
-        > "$OUT/memcheck_async_stress.log" 2>&1
-      mc=$?
-      grep -E "ERROR SUMMARY|Invalid|^\[  (PASSED|FAILED) " "$OUT/memcheck_async_stress.log" | head -20
-      echo "memcheck (async stress) exit $mc in $(( $(date +%s) - start ))s (log: memcheck_async_stress.log)"
-      [ $status -eq 0 ] && status=$mc
+      # shortened: the sanitizers slow every kernel. memcheck with STRESS_MEMCHECK_REQUESTS
+      # requests per configuration; racecheck (shared-memory hazards) and synccheck (barrier
+      # misuse) with STRESS_RACECHECK_REQUESTS, slower still.
+      for tool in ${STRESS_SANITIZER_TOOLS:-memcheck racecheck synccheck}; do
+        echo "== compute-sanitizer $tool: CudaAsyncScheduling.StressRandomArrivalsAndAborts"
+        start=$(date +%s)
+        n=${STRESS_MEMCHECK_REQUESTS:-120}
+        extra=(--leak-check no)
+        [ "$tool" != memcheck ] && n=${STRESS_RACECHECK_REQUESTS:-40} && extra=()
+        SPECULA_STRESS_REQUESTS=$n "$sanitizer" --tool "$tool" "${extra[@]}" --error-exitcode 9 test_app_cuda \
+          --gtest_filter='CudaAsyncScheduling.StressRandomArrivalsAndAborts' > "$OUT/${tool}_async_stress.log" 2>&1
+        mc=$?
+        grep -E "ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race|Barrier|^\[  (PASSED|FAILED) " "$OUT/${tool}_async_stress.log" | head -20
+        echo "$tool (async stress, $n requests) exit $mc in $(( $(date +%s) - start ))s (log: ${tool}_async_stress.log)"
+        [ $status -eq 0 ] && status=$mc
+      done
     fi
   else
     echo "== compute-sanitizer not found; memcheck skipped"
