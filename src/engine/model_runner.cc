@@ -42,6 +42,10 @@ InputLayout input_layout(int64_t t, int64_t num_logits, int64_t num_seqs, int64_
   return l;
 }
 
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 Tensor byte_view(const Tensor& bytes, size_t offset, int64_t n, DType dtype) {
   return Tensor::from_blob(static_cast<char*>(bytes.data()) + offset, {n}, dtype, bytes.device(),
                            std::make_shared<Tensor>(bytes));
@@ -158,6 +162,12 @@ std::vector<int32_t> ModelRunner::finish_pending() {
   }();
   SPECULA_CHECK(sampled.size() == step.samplers.size(), "internal error: {} tokens for {} deferred rows",
                 sampled.size(), step.samplers.size());
+  // Its time from when the device could start it (its launch, or the step before it ending) to
+  // its tokens: what a plain step costs while the host's work is hidden (async scheduling).
+  const double ready = now_seconds();
+  if (speculator_ && step.num_timed_seqs > 0)
+    speculator_->record_target_step(step.num_timed_seqs, 1, ready - std::max(step.launched_at, last_results_at_));
+  last_results_at_ = ready;
   tokens.reserve(sampled.size());
   for (size_t i = 0; i < sampled.size(); ++i) {
     const size_t s = step.samplers[i].first;
@@ -179,7 +189,8 @@ double ModelRunner::collect_drafts(std::vector<RequestPlan>& plans) {
       phase_profile::Scope p("runner.wait_for_drafts");
       return speculator_->finish_drafts();
     }();
-    ready = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    ready = now_seconds();
+    last_results_at_ = ready;
     SPECULA_CHECK(values.size() == draft_owners_.size(), "internal error: {} draft lists collected for {} requests",
                   values.size(), draft_owners_.size());
     for (size_t i = 0; i < values.size(); ++i) {
@@ -512,6 +523,11 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
       sampler_.start_sample(fwd.logits, plain);
     }
     pending_.emplace();
+    bool uniform = true;
+    for (const RequestPlan& plan : plans)
+      uniform = uniform && plan.first_sample_row >= 0 && plan.sched->num_scheduled_tokens == 1;
+    if (uniform) pending_->num_timed_seqs = static_cast<int>(num_seqs);
+    pending_->launched_at = std::chrono::duration<double>(t0.time_since_epoch()).count();
     for (size_t s = 0; s < num_seqs; ++s) {
       if (plans[s].first_sample_row < 0) continue;
       plans[s].state->pending_row = static_cast<int>(pending_->samplers.size());
@@ -529,10 +545,9 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     phase_profile::Scope p("runner.verify");
     verified = rejection_sampler_->verify(fwd.logits, speculator_ ? speculator_->draft_probs() : nullptr, verify);
   }
-  const double target_start =
-      std::max(std::chrono::duration<double>(t0.time_since_epoch()).count(), drafts_ready);
-  const double target_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() - target_start;
+  const double target_start = std::max(std::chrono::duration<double>(t0.time_since_epoch()).count(), drafts_ready);
+  last_results_at_ = now_seconds();
+  const double target_seconds = last_results_at_ - target_start;
 
   std::optional<phase_profile::Scope> accept_phase(std::in_place, "runner.accept");
   for (size_t s = 0; s < num_seqs; ++s) {

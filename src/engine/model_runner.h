@@ -152,6 +152,10 @@ class ModelRunner : public ModelExecutor {
     // (scheduled index, request id), in row order; a request finished or preempted meanwhile has no
     // state left to append to.
     std::vector<std::pair<size_t, std::string>> samplers;
+    // A uniform decode step (every sequence one row) whose time the speculator's cost model
+    // learns once its tokens arrive: its sequences (0: not timed) and when its forward launched.
+    int num_timed_seqs = 0;
+    double launched_at = 0.0;
   };
 
   // execute() and submit(): with may_defer, a step that can leaves its sampling in flight in
@@ -196,6 +200,9 @@ class ModelRunner : public ModelExecutor {
   int draft_stride_ = 0;
   std::vector<std::string> draft_owners_;  // the proposal's requests, in its batch order
   int64_t steps_with_drafts_on_device_ = 0;
+  // When the last step's results (tokens, drafts) reached the host, steady-clock seconds: a step
+  // queued behind that step started on the device no earlier.
+  double last_results_at_ = 0.0;
   std::deque<ModelRunnerOutput> ready_;  // submitted steps' outputs, oldest first
 
   Model& model_;
