@@ -233,7 +233,8 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   cc.num_speculative_tokens = num_speculative_tokens;
   cc.spec_adaptive = speculator && speculator->adaptive();
   const AsyncSchedulingChoice async_choice = choose_async_scheduling(
-      config.async_scheduling, {on_cuda, speculator != nullptr, config.tensor_parallel_size, config.enforce_eager});
+      config.async_scheduling, {on_cuda, speculator != nullptr, speculator && speculator->leaves_drafts_on_device(),
+                                config.tensor_parallel_size, config.enforce_eager});
   cc.async_scheduling = async_choice.on;
   LOG_INFO("Async scheduling: {}", async_choice.reason);
   cc.seed = config.seed;

@@ -141,6 +141,9 @@ class Speculator {
   // Chooses this step's depth (setting batch.depth) unless skip_step() chose it, proposes, and
   // returns the depth; drafts[i] are the drafts of batch.requests[i].
   virtual int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) = 0;
+  // Whether propose() can leave drafts on the device at all (greedy requests' drafts chained
+  // there); the async scheduling default asks.
+  virtual bool leaves_drafts_on_device() const { return false; }
   // After a propose() that left drafts on the device: where they are (nullptr: none pending).
   virtual const DraftsOnDevice* drafts_on_device() const { return nullptr; }
   // Waits for the drafts left on the device and returns their values: drafts[i] for request i of

@@ -61,6 +61,7 @@ class AdaptiveSpeculator final : public Speculator {
   // Drafts left on the device are the proposer's. Their cost counts the launch and the time the
   // collection waited: work the device finished while the host staged the next step cost that
   // step nothing.
+  bool leaves_drafts_on_device() const override { return proposer_->leaves_drafts_on_device(); }
   const DraftsOnDevice* drafts_on_device() const override { return proposer_->drafts_on_device(); }
   std::vector<std::vector<int32_t>> finish_drafts() override;
 

@@ -86,6 +86,7 @@ class ModelProposer : public Proposer {
   size_t capture_graphs(const std::vector<int>& batch_sizes) override;
   // A greedy chain leaves its drafts on the device where batch.may_leave_drafts_on_device.
   void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
+  bool leaves_drafts_on_device() const override { return config_.greedy_chain; }
   const DraftsOnDevice* drafts_on_device() const override { return chain_.pending() ? &on_device_ : nullptr; }
   std::vector<std::vector<int32_t>> finish_drafts() override;
   void drop_request(std::string_view req_id) override;

@@ -42,6 +42,7 @@ class Proposer {
   // Where batch.may_leave_drafts_on_device let propose() leave drafts on the device
   // (kPlaceholderToken in `drafts`): where they are, and their values once they are on the host
   // (Speculator::drafts_on_device, finish_drafts). The defaults: nothing is ever left there.
+  virtual bool leaves_drafts_on_device() const { return false; }
   virtual const DraftsOnDevice* drafts_on_device() const { return nullptr; }
   virtual std::vector<std::vector<int32_t>> finish_drafts() { return {}; }
   // The request finished or was preempted: forget its state (a preempted one comes back new).
