@@ -176,6 +176,18 @@ std::vector<double> linear_ref(const std::vector<float>& x, const std::vector<fl
   return out;
 }
 
+// Async scheduling's draft feed: each negative id -(1 + i) becomes source[i], others stay; an
+// index past the source is an error on the host (a device backend cannot check it).
+TEST_P(CpuOps, FeedTokensReplacesEachPlaceholderByItsSource) {
+  Tensor ids = Tensor::from_i32({7, -1, 0, -3, 12, -2, -3});
+  const Tensor source = Tensor::from_i32({100, 101, 102});
+  be->feed_tokens(ids, source);
+  const int32_t* got = ids.data_as<int32_t>();
+  EXPECT_EQ(std::vector<int32_t>(got, got + ids.numel()), (std::vector<int32_t>{7, 100, 0, 102, 12, 101, 102}));
+  Tensor bad = Tensor::from_i32({-4});
+  EXPECT_THROW(be->feed_tokens(bad, source), Error);
+}
+
 TEST_P(CpuOps, LinearWithAndWithoutBias) {
   struct Case { int64_t m, n, k; };
   for (Case c : {Case{1, 7, 5}, Case{13, 96, 64}, Case{64, 130, 257}}) {

@@ -156,7 +156,11 @@ class IdleSpeculator : public Speculator {
   const Tensor* draft_probs() const override { return nullptr; }
   int draft_probs_row(std::string_view) const override { return -1; }
   void record_verification(int, int) override { ++verifications; }
-  void record_target_step(int, int, double) override {}
+  void record_target_step(int, int rows, double seconds) override {
+    EXPECT_EQ(rows, 1);
+    EXPECT_GE(seconds, 0.0);
+    ++target_steps;
+  }
   bool skip_step(int num_decoding) override {
     EXPECT_GT(num_decoding, 0);
     ++skipped;
@@ -167,12 +171,12 @@ class IdleSpeculator : public Speculator {
     drafts.assign(batch.requests.size(), {});
     return 0;
   }
-  int skipped = 0, verifications = 0, decoding_proposals = 0;
+  int skipped = 0, verifications = 0, decoding_proposals = 0, target_steps = 0;
 };
 
 // Steps the speculator skips are plain steps: the same greedy tokens, no propose() for a request
 // that decoded, and under async scheduling the tokens stay on the device (fed to the next step)
-// as without a speculator.
+// as without a speculator; either way their time reaches the cost model (record_target_step).
 TEST_P(FixtureModel, StepsTheSpeculatorSkipsRunAsPlainSteps) {
   LoadedFixture f(GetParam());
   for (bool async : {false, true}) {
@@ -183,6 +187,7 @@ TEST_P(FixtureModel, StepsTheSpeculatorSkipsRunAsPlainSteps) {
     for (size_t i = 0; i < f.ref.prompts.size(); ++i)
       EXPECT_EQ(out[i], f.ref.greedy[i]) << GetParam() << " prompt " << i;
     EXPECT_GT(spec.skipped, 0);
+    EXPECT_GT(spec.target_steps, 0) << "plain steps teach the cost model (deferred ones too)";
     EXPECT_EQ(spec.decoding_proposals, 0);
     EXPECT_EQ(spec.verifications, 0);
   }

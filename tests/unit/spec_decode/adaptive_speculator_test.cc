@@ -3,9 +3,11 @@
 // model sees are exact, whatever the machine's load.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <unordered_set>
 
+#include "engine/scheduler_output.h"
 #include "spec_decode/adaptive_speculator.h"
 
 namespace specula {
@@ -104,6 +106,84 @@ TEST(AdaptiveSpeculator, OnlySteadyStepsTeachTheDraftCost) {
   }
   EXPECT_LT(spec.depth().cost().draft_seconds(1, 3), 0.015);
   EXPECT_EQ(p->calls, 21);
+}
+
+// A proposer that leaves its drafts on the device (async scheduling): propose() launches in 0.1 ms
+// and gives placeholders; collecting them waits `wait` seconds more.
+class DeviceDraftsProposer : public CatchUpProposer {
+ public:
+  bool leaves_drafts_on_device() const override { return true; }
+  void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
+    CatchUpProposer::propose(batch, drafts);
+    values = drafts;
+    for (std::vector<int32_t>& d : drafts) std::fill(d.begin(), d.end(), kPlaceholderToken);
+    on_device.first.assign(drafts.size(), 0);
+    pending = batch.may_leave_drafts_on_device;
+    if (!pending) drafts = values;
+  }
+  const DraftsOnDevice* drafts_on_device() const override { return pending ? &on_device : nullptr; }
+  std::vector<std::vector<int32_t>> finish_drafts() override {
+    if (!pending) return {};
+    pending = false;
+    now += wait;
+    return values;
+  }
+  double wait = 0.0;
+  bool pending = false;
+  DraftsOnDevice on_device;
+  std::vector<std::vector<int32_t>> values;
+};
+
+// Records what the cost model is taught about drafting.
+class DraftCostRecorder : public StepCostModel {
+ public:
+  double target_seconds(int, int rows) const override { return 0.001 * (1.0 + 0.05 * (rows - 1)); }
+  double draft_seconds(int, int depth) const override { return 0.0001 * depth; }
+  void record_draft(int num_seqs, int depth, double seconds) override { drafts.push_back({num_seqs, depth, seconds}); }
+  struct Draft {
+    int num_seqs, depth;
+    double seconds;
+  };
+  std::vector<Draft> drafts;
+};
+
+// Drafts left on the device cost what their launch took plus what collecting them waited for (draft
+// work the device did while the host staged the next step cost that step nothing), learned once
+// they are collected, not at the launch.
+TEST(AdaptiveSpeculator, DraftsLeftOnTheDeviceCostTheirLaunchAndTheWait) {
+  auto proposer = std::make_unique<DeviceDraftsProposer>();
+  DeviceDraftsProposer* p = proposer.get();
+  auto cost = std::make_unique<DraftCostRecorder>();
+  DraftCostRecorder* recorded = cost.get();
+  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, false}, std::move(cost),
+                          [p] { return p->now; });
+  EXPECT_TRUE(spec.leaves_drafts_on_device());
+  std::vector<std::vector<int32_t>> drafts;
+  ProposeBatch first = decode_batch({"a", "b"});
+  first.may_leave_drafts_on_device = true;
+  spec.propose(first, drafts);
+  spec.finish_drafts();  // their first call: the prompts' catch-up, not learned
+  ASSERT_TRUE(recorded->drafts.empty());
+  ProposeBatch b = decode_batch({"a", "b"}, /*verified=*/true);
+  b.may_leave_drafts_on_device = true;
+  spec.propose(b, drafts);
+  ASSERT_NE(spec.drafts_on_device(), nullptr);
+  EXPECT_EQ(drafts, (std::vector<std::vector<int32_t>>{{kPlaceholderToken, kPlaceholderToken, kPlaceholderToken},
+                                                      {kPlaceholderToken, kPlaceholderToken, kPlaceholderToken}}));
+  EXPECT_TRUE(recorded->drafts.empty()) << "learned before the drafts were collected";
+  p->wait = 0.00025;
+  EXPECT_EQ(spec.finish_drafts(), (std::vector<std::vector<int32_t>>{{7, 7, 7}, {7, 7, 7}}));
+  EXPECT_EQ(spec.drafts_on_device(), nullptr);
+  ASSERT_EQ(recorded->drafts.size(), 1u);
+  EXPECT_EQ(recorded->drafts[0].num_seqs, 2);
+  EXPECT_EQ(recorded->drafts[0].depth, 3);
+  EXPECT_NEAR(recorded->drafts[0].seconds, 0.0001 + 0.00025, 1e-12);
+  // Synchronously (the drafts on the host at once) the launch is the whole cost.
+  b = decode_batch({"a", "b"}, /*verified=*/true);
+  spec.propose(b, drafts);
+  EXPECT_EQ(drafts[0], (std::vector<int32_t>{7, 7, 7}));
+  ASSERT_EQ(recorded->drafts.size(), 2u);
+  EXPECT_NEAR(recorded->drafts[1].seconds, 0.0001, 1e-12);
 }
 
 // A steady step (every request verified drafts) whose proposer still caught up more than 1 + k

@@ -261,6 +261,30 @@ TEST(SpecEngine, PaddedDraftStepsAndAdaptiveDepthChangeNothing) {
   e.expect_all_blocks_free();
 }
 
+// A draft that disagrees with the target now and then (noise 0.3), k drafts, draft steps padded to
+// the capture sizes 4 and 6.
+SpecOptions noisy_padded_draft(int k) {
+  SpecOptions o;
+  o.method = Method::kDraft;
+  o.k = k;
+  o.draft_noise = 0.3;
+  o.pad_batch = [](int n) { return std::min(6, (n + 3) / 4 * 4); };
+  return o;
+}
+
+void add_greedy(SpecEngine& e, const std::vector<std::pair<std::vector<int32_t>, int>>& reqs) {
+  for (size_t i = 0; i < reqs.size(); ++i) e.add("r" + std::to_string(i), reqs[i].first, greedy(reqs[i].second));
+}
+
+// The same drafts verified and accepted, position by position.
+void expect_same_drafting(const SchedulerStats& a, const SchedulerStats& b) {
+  EXPECT_GT(a.spec_num_draft_tokens, 0);
+  EXPECT_EQ(a.spec_num_drafts, b.spec_num_drafts);
+  EXPECT_EQ(a.spec_num_draft_tokens, b.spec_num_draft_tokens);
+  EXPECT_EQ(a.spec_num_accepted_tokens, b.spec_num_accepted_tokens);
+  EXPECT_EQ(a.spec_accepted_per_pos, b.spec_accepted_per_pos);
+}
+
 // The greedy chain (drafts argmax'd into the next draft step's input without visiting the host)
 // drafts exactly what the draft sampler drafts step by step: same tokens, same drafts and
 // acceptance per position, through chunked prefill, preemption, prefix hits, padded steps and
@@ -273,14 +297,10 @@ TEST(SpecEngine, GreedyChainDraftsWhatTheDraftSamplerDrafts) {
     std::vector<SchedulerStats> stats;
     std::vector<std::vector<std::vector<int32_t>>> outputs;
     for (bool chain : {true, false}) {
-      SpecOptions o;
-      o.method = Method::kDraft;
-      o.k = k;
-      o.draft_noise = 0.3;
+      SpecOptions o = noisy_padded_draft(k);
       o.greedy_chain = chain;
-      o.pad_batch = [](int n) { return std::min(6, (n + 3) / 4 * 4); };
       SpecEngine e(core_config(32, 24, 6), o);
-      for (size_t i = 0; i < reqs.size(); ++i) e.add("r" + std::to_string(i), reqs[i].first, greedy(reqs[i].second));
+      add_greedy(e, reqs);
       e.run();
       if (chain) {
         EXPECT_GT(e.draft_proposer->num_greedy_chains(), 10);
@@ -293,11 +313,7 @@ TEST(SpecEngine, GreedyChainDraftsWhatTheDraftSamplerDrafts) {
       e.expect_all_blocks_free();
     }
     EXPECT_EQ(outputs[0], outputs[1]);
-    EXPECT_GT(stats[0].spec_num_draft_tokens, 0);
-    EXPECT_EQ(stats[0].spec_num_drafts, stats[1].spec_num_drafts);
-    EXPECT_EQ(stats[0].spec_num_draft_tokens, stats[1].spec_num_draft_tokens);
-    EXPECT_EQ(stats[0].spec_num_accepted_tokens, stats[1].spec_num_accepted_tokens);
-    EXPECT_EQ(stats[0].spec_accepted_per_pos, stats[1].spec_accepted_per_pos);
+    expect_same_drafting(stats[0], stats[1]);
   }
   for (bool penalised : {true, false}) {
     SpecOptions o;
@@ -331,15 +347,11 @@ TEST(SpecEngine, DraftsLeftOnTheDeviceUnderAsyncSchedulingChangeNothing) {
     SCOPED_TRACE("k=" + std::to_string(k));
     std::vector<SchedulerStats> stats;
     for (bool chain : {true, false}) {
-      SpecOptions o;
-      o.method = Method::kDraft;
-      o.k = k;
-      o.draft_noise = 0.3;
+      SpecOptions o = noisy_padded_draft(k);
       o.async_scheduling = true;
       o.greedy_chain = chain;
-      o.pad_batch = [](int n) { return std::min(6, (n + 3) / 4 * 4); };
       SpecEngine e(core_config(32, 24, 6), o);
-      for (size_t i = 0; i < reqs.size(); ++i) e.add("r" + std::to_string(i), reqs[i].first, greedy(reqs[i].second));
+      add_greedy(e, reqs);
       e.run();
       if (chain) {
         EXPECT_GT(e.runner->num_steps_with_drafts_on_device(), 10);
@@ -351,13 +363,9 @@ TEST(SpecEngine, DraftsLeftOnTheDeviceUnderAsyncSchedulingChangeNothing) {
         EXPECT_EQ(e.tokens("r" + std::to_string(i)), e.model.reference_greedy(reqs[i].first, reqs[i].second)) << i;
       e.expect_all_blocks_free();
     }
-    EXPECT_GT(stats[0].spec_num_draft_tokens, 0);
     EXPECT_GT(stats[0].num_preemptions, 0);
     EXPECT_EQ(stats[0].num_preemptions, stats[1].num_preemptions);
-    EXPECT_EQ(stats[0].spec_num_drafts, stats[1].spec_num_drafts);
-    EXPECT_EQ(stats[0].spec_num_draft_tokens, stats[1].spec_num_draft_tokens);
-    EXPECT_EQ(stats[0].spec_num_accepted_tokens, stats[1].spec_num_accepted_tokens);
-    EXPECT_EQ(stats[0].spec_accepted_per_pos, stats[1].spec_accepted_per_pos);
+    expect_same_drafting(stats[0], stats[1]);
   }
   SpecOptions o;
   o.method = Method::kDraft;

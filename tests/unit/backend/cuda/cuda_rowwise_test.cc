@@ -90,6 +90,24 @@ TEST_F(CudaRowwise, GatherRowsOfEveryWidth) {
                                                         1007, 1008, 1003, 1004, 1005}));
 }
 
+// Async scheduling's draft feed: the device replaces exactly what the host does (placeholders
+// -(1 + i) by source[i], other ids untouched), over more ids than one block covers; an index past
+// the source gives 0 on the device.
+TEST_F(CudaRowwise, FeedTokensIsTheHostsFeed) {
+  std::vector<int32_t> ids(1000), source(37);
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<int32_t>(5000 + i);
+  for (size_t i = 0; i < ids.size(); ++i)
+    ids[i] = i % 3 == 0 ? -static_cast<int32_t>(1 + (i * 7) % source.size()) : static_cast<int32_t>(i);
+  Tensor want = Tensor::from_i32(ids);
+  cpu_->feed_tokens(want, Tensor::from_i32(source));
+  Tensor got = to_gpu(*gpu_, Tensor::from_i32(ids));
+  gpu_->feed_tokens(got, to_gpu(*gpu_, Tensor::from_i32(source)));
+  expect_equal(to_host(*gpu_, got), want.to_f32_vector(), "feed_tokens");
+  Tensor past = to_gpu(*gpu_, Tensor::from_i32({-38, 3}));
+  gpu_->feed_tokens(past, to_gpu(*gpu_, Tensor::from_i32(source)));
+  expect_equal(to_host(*gpu_, past), {0.0f, 3.0f}, "feed_tokens past the source");
+}
+
 // The greedy draft chain's argmax: exactly the host's first argmax, with repeated maxima (ties
 // go to the lower index), rows of -inf, a row list with repeats, and vocabularies from one
 // element to Llama-3's 128k (several strided passes per thread).
