@@ -38,8 +38,9 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
   cmd->add_flag_function("--async-scheduling,!--no-async-scheduling",
                          [&f](std::int64_t count) { f.async_scheduling = count > 0; },
                 "Keep one engine step in flight: the host schedules step N+1 and processes step N's tokens "
-                "while the device runs (default: on for one GPU with CUDA graphs and no speculation, where it "
-                "measured faster; off otherwise; the startup log says which and why)");
+                "while the device runs (default: on for one GPU with CUDA graphs, without speculation or with "
+                "drafts made on the device (draft_model, eagle/eagle3, mtp), where it measured faster; off "
+                "otherwise; the startup log says which and why)");
   cmd->add_flag("--disable-log-stats", f.disable_log_stats, "No periodic stats line");
   cmd->add_flag("--disable-log-requests", f.disable_log_requests,
                 "Accepted for vLLM compatibility (specula does not log request contents)");

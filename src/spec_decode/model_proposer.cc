@@ -237,8 +237,9 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   // Depth 0: a proposer that catches up from tokens does not run at all (its next drafting step
   // runs whatever was accepted meanwhile); one that reads the target's hidden states must not
   // miss them.
-  SPECULA_CHECK(!chain_.pending(), "internal error: {} proposer asked to propose before its last drafts were collected",
-                method());
+  // Drafts left on the device are collected by the next step; a step that failed after proposing
+  // left them uncollected: wait for their copy and drop them.
+  if (chain_.pending()) finish_drafts();
   if (n == 0 || (batch.depth <= 0 && !needs_every_step())) return;
   SPECULA_CHECK(!kv_.empty(), "internal error: {} proposer used before allocate_kv_cache", method());
 
