@@ -201,8 +201,12 @@ double ModelRunner::collect_drafts(std::vector<RequestPlan>& plans) {
     }
   }
   for (RequestPlan& plan : plans) {
-    for (size_t j = 0; j < plan.drafts.size(); ++j)
-      if (plan.drafts[j] == kPlaceholderToken) plan.drafts[j] = draft_input_token(*plan.state, static_cast<int>(j));
+    if (std::find(plan.drafts.begin(), plan.drafts.end(), kPlaceholderToken) == plan.drafts.end()) continue;
+    plan.collected_drafts.assign(plan.drafts.begin(), plan.drafts.end());
+    for (size_t j = 0; j < plan.collected_drafts.size(); ++j)
+      if (plan.collected_drafts[j] == kPlaceholderToken)
+        plan.collected_drafts[j] = draft_input_token(*plan.state, static_cast<int>(j));
+    plan.drafts = plan.collected_drafts;
   }
   return ready;
 }
@@ -464,7 +468,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     RequestPlan& plan = plans[s];
     if (plan.first_sample_row < 0) continue;
     RequestState& st = *plan.state;
-    const std::vector<int32_t>& drafts = plan.drafts;
+    const std::span<const int32_t> drafts = plan.drafts;
     const int num_tokens = static_cast<int>(st.tokens.size());
     st.tokens.insert(st.tokens.end(), drafts.begin(), drafts.end());
     first_row_of[s] = rows.size();
@@ -493,7 +497,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
   for (size_t s = 0; s < num_seqs; ++s) {
     const RequestPlan& plan = plans[s];
     if (plan.first_sample_row < 0) continue;
-    const std::vector<int32_t>& drafts = plan.drafts;
+    const std::span<const int32_t> drafts = plan.drafts;
     if (drafts.empty()) {
       index_of[s] = plain.size();
       plain.push_back(rows[first_row_of[s]]);
@@ -612,7 +616,7 @@ std::vector<size_t> ModelRunner::fill_grammar_masks(const std::vector<RequestPla
   for (size_t s = 0; s < plans.size(); ++s) {
     const ScheduledRequest& sched = *plans[s].sched;
     if (!sched.grammar || plans[s].first_sample_row < 0) continue;
-    const std::vector<int32_t>& drafts = plans[s].drafts;
+    const std::span<const int32_t> drafts = plans[s].drafts;
     const size_t rows = drafts.size() + 1;
     const std::span<uint32_t> masks(grammar_masks_.data() + offset_of[s],
                                     static_cast<size_t>(sched.grammar->mask_words()) * rows);

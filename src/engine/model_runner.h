@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <memory>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -141,9 +142,10 @@ class ModelRunner : public ModelExecutor {
     int num_prompt_rows = 0;
     int first_prompt_position = 0; // the prompt position the first prompt row predicts
     int first_token_row = 0;       // its first row of the flattened batch (hidden states)
-    // The drafts it verifies: the scheduled ones, placeholders replaced by their values once
-    // collected (collect_drafts).
-    std::vector<int32_t> drafts;
+    // The drafts it verifies: the scheduled ones, or, where those hold placeholders, their values
+    // once collected (collect_drafts), kept in collected_drafts.
+    std::span<const int32_t> drafts;
+    std::vector<int32_t> collected_drafts;
   };
 
   // A submitted step whose sampled tokens are still on the device.
