@@ -30,10 +30,13 @@ struct AttentionMetadata {
 };
 
 // One layer's paged cache: K and V each [num_blocks, block_size, num_kv_heads, head_dim], in the
-// backend's compute dtype.
+// backend's compute dtype or (--kv-cache-dtype fp8) F8_E4M3, which holds K / k_scale and
+// V / v_scale: writers divide by the scale, attention multiplies by it.
 struct KVCacheLayer {
   Tensor k;
   Tensor v;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
 };
 
 }  // namespace specula

@@ -7,6 +7,11 @@
 // MLA form (cache.v undefined or empty): each K entry is DeepSeek's [latent | roped key] and the
 // value of a key is the first Dv dims of its own K entry, so V is read from the K cache with K's
 // row stride; nothing is stored twice.
+//
+// An F8_E4M3 cache (--kv-cache-dtype fp8) holds K / k_scale and V / v_scale: rows are rounded
+// once on the way in and widened (times the scale) row by row on the way out.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -19,18 +24,56 @@ namespace {
 
 bool mla_form(const KVCacheLayer& cache) { return !cache.v.defined() || cache.v.numel() == 0; }
 
+void check_cache_dtype(const Tensor& cache, const char* op, const char* param) {
+  SPECULA_CHECK(cache.is_cpu() && (cache.dtype() == DType::kF32 || cache.dtype() == DType::kF8E4M3),
+                "{}: {} {} must be F32 or F8_E4M3 on cpu", op, param, cache.describe());
+}
+
+// Every e4m3 byte's value, so that widening a row is a table lookup a element.
+const std::array<float, 256>& e4m3_values() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[static_cast<size_t>(i)] = f8e4m3_to_f32(static_cast<uint8_t>(i));
+    return t;
+  }();
+  return table;
+}
+
+// Rows of one cache tensor as fp32: an F32 cache is read in place, an F8_E4M3 one widened into
+// the caller's buffer.
+class CacheRows {
+ public:
+  CacheRows(const Tensor& cache, float scale)
+      : f32_(cache.dtype() == DType::kF32 ? cache.data_as<float>() : nullptr),
+        fp8_(cache.dtype() == DType::kF8E4M3 ? cache.data_as<uint8_t>() : nullptr),
+        scale_(scale) {}
+  // n floats from element `offset` of the cache.
+  const float* row(int64_t offset, int64_t n, float* buffer) const {
+    if (f32_ != nullptr) return f32_ + offset;
+    const std::array<float, 256>& values = e4m3_values();
+    for (int64_t i = 0; i < n; ++i) buffer[i] = values[fp8_[offset + i]] * scale_;
+    return buffer;
+  }
+
+ private:
+  const float* f32_;
+  const uint8_t* fp8_;
+  float scale_;
+};
+
 }  // namespace
 
 void CpuBackend::write_kv_cache(const Tensor& k, const Tensor& v, KVCacheLayer& cache, const Tensor& slot_mapping) {
   const bool mla = mla_form(cache);
   cpu_check::f32(k, "write_kv_cache", "k");
-  cpu_check::f32(cache.k, "write_kv_cache", "cache.k");
+  check_cache_dtype(cache.k, "write_kv_cache", "cache.k");
   cpu_check::index_vector(slot_mapping, DType::kI64, "write_kv_cache", "slot_mapping");
   SPECULA_CHECK(cache.k.ndim() == 4, "write_kv_cache: cache.k {} must be [num_blocks, block_size, Hk, D]",
                 cache.k.describe());
   if (!mla) {
     cpu_check::f32(v, "write_kv_cache", "v");
-    cpu_check::f32(cache.v, "write_kv_cache", "cache.v");
+    SPECULA_CHECK(cache.v.dtype() == cache.k.dtype(), "write_kv_cache: cache.k {} and cache.v {} differ in dtype",
+                  cache.k.describe(), cache.v.describe());
     SPECULA_CHECK(cache.v.ndim() == 4 && cache.k.size(0) == cache.v.size(0) && cache.k.size(1) == cache.v.size(1) &&
                       cache.k.size(2) == cache.v.size(2),
                   "write_kv_cache: cache.k {} and cache.v {} must be [num_blocks, block_size, Hk, D]",
@@ -53,6 +96,20 @@ void CpuBackend::write_kv_cache(const Tensor& k, const Tensor& v, KVCacheLayer& 
   }
   const float* kp = k.data_as<float>();
   const float* vp = mla ? nullptr : v.data_as<float>();
+  if (cache.k.dtype() == DType::kF8E4M3) {
+    SPECULA_CHECK(cache.k_scale > 0.0f && cache.v_scale > 0.0f,
+                  "write_kv_cache: the fp8 cache's scales must be positive (k {}, v {})", cache.k_scale,
+                  cache.v_scale);
+    uint8_t* ck = cache.k.data_as<uint8_t>();
+    uint8_t* cv = mla ? nullptr : cache.v.data_as<uint8_t>();
+    const float inv_k = 1.0f / cache.k_scale, inv_v = 1.0f / cache.v_scale;
+    for (int64_t i = 0; i < t; ++i) {
+      if (slots[i] < 0) continue;
+      for (int64_t c = 0; c < k_row; ++c) ck[slots[i] * k_row + c] = f32_to_f8e4m3(kp[i * k_row + c] * inv_k);
+      for (int64_t c = 0; c < v_row; ++c) cv[slots[i] * v_row + c] = f32_to_f8e4m3(vp[i * v_row + c] * inv_v);
+    }
+    return;
+  }
   float* ck = cache.k.data_as<float>();
   float* cv = mla ? nullptr : cache.v.data_as<float>();
 #pragma omp parallel for num_threads(threads_) schedule(static) if (t * (k_row + v_row) > 65536)
@@ -68,8 +125,9 @@ void CpuBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, con
   const bool mla = mla_form(cache);
   cpu_check::f32(q, "paged_attention", "q");
   cpu_check::f32(out, "paged_attention", "out");
-  cpu_check::f32(cache.k, "paged_attention", "cache.k");
-  if (!mla) cpu_check::f32(cache.v, "paged_attention", "cache.v");
+  check_cache_dtype(cache.k, "paged_attention", "cache.k");
+  SPECULA_CHECK(mla || cache.v.dtype() == cache.k.dtype(), "paged_attention: cache.k {} and cache.v {} differ in dtype",
+                cache.k.describe(), cache.v.describe());
   SPECULA_CHECK(q.ndim() == 3 && cache.k.ndim() == 4 && (mla || cache.v.ndim() == 4) && out.ndim() == 3,
                 "paged_attention: q {} must be [T, Hq, D], out [T, Hq, Dv] and the cache [num_blocks, block_size, "
                 "Hk, D]", q.describe());
@@ -124,9 +182,9 @@ void CpuBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, con
   const int64_t rows = static_cast<int64_t>(row_seq.size());
   const int64_t group = hq / hk;  // query heads sharing one kv head (GQA)
   const float* qp = q.data_as<float>();
-  const float* kc = cache.k.data_as<float>();
-  const float* vc = mla ? kc : cache.v.data_as<float>();
-  const int64_t v_stride = mla ? d : dv;  // floats between consecutive heads' V entries
+  const CacheRows kc(cache.k, cache.k_scale);
+  const CacheRows vc(mla ? cache.k : cache.v, mla ? cache.k_scale : cache.v_scale);
+  const int64_t v_stride = mla ? d : dv;  // elements between consecutive heads' V entries
   float* op = out.data_as<float>();
 
   // One task per (query row, query head): scores over that row's causal prefix, a stable softmax
@@ -134,6 +192,7 @@ void CpuBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, con
 #pragma omp parallel num_threads(threads_) if (rows * hq * longest * d > 65536)
   {
     std::vector<float> probs(static_cast<size_t>(longest));
+    std::vector<float> widened(static_cast<size_t>(std::max(d, dv)));  // an fp8 row as fp32
 #pragma omp for schedule(dynamic, 4)
     for (int64_t task = 0; task < rows * hq; ++task) {
       const int64_t row = task / hq, head = task % hq, kv_head = head / group;
@@ -147,7 +206,7 @@ void CpuBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, con
       float max_score = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < num_keys; ++j) {
         const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
-        const float* kv = kc + (slot * hk + kv_head) * d;
+        const float* kv = kc.row((slot * hk + kv_head) * d, d, widened.data());
         float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)  // lets the compiler vectorise the sum (reassociating it)
         for (int64_t i = 0; i < d; ++i) dot += qv[i] * kv[i];
@@ -165,7 +224,7 @@ void CpuBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, con
       std::memset(o, 0, dv * sizeof(float));
       for (int64_t j = 0; j < num_keys; ++j) {
         const int64_t slot = static_cast<int64_t>(table[j / block_size]) * block_size + j % block_size;
-        const float* vv = vc + (slot * hk + kv_head) * v_stride;
+        const float* vv = vc.row((slot * hk + kv_head) * v_stride, dv, widened.data());
         const float p = probs[j] * inv_sum;
         for (int64_t i = 0; i < dv; ++i) o[i] += p * vv[i];
       }

@@ -27,8 +27,12 @@ void CudaBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, co
   const bool mla = !cache.v.defined() || cache.v.numel() == 0;
   cuda_check::dtype(q, DType::kBF16, op, "q");
   cuda_check::dtype(out, DType::kBF16, op, "out");
-  cuda_check::dtype(cache.k, DType::kBF16, op, "cache.k");
-  if (!mla) cuda_check::dtype(cache.v, DType::kBF16, op, "cache.v");
+  // The cache is bf16, or fp8 e4m3 with per-layer scales (decode and varlen kernels; MLA: bf16).
+  const bool fp8 = !mla && cache.k.dtype() == DType::kF8E4M3;
+  if (!fp8) cuda_check::dtype(cache.k, DType::kBF16, op, "cache.k");
+  if (!mla) cuda_check::same_dtype(cache.k, cache.v, op, "cache.k", "cache.v");
+  SPECULA_CHECK(!fp8 || (cache.k_scale > 0.0f && cache.v_scale > 0.0f),
+                "paged_attention: the fp8 cache's scales must be positive (k {}, v {})", cache.k_scale, cache.v_scale);
   SPECULA_CHECK(q.ndim() == 3 && cache.k.ndim() == 4 && (mla || cache.v.ndim() == 4) && out.ndim() == 3,
                 "paged_attention: q {} must be [T, Hq, D], out [T, Hq, Dv] and the cache [num_blocks, block_size, Hk, "
                 "D] (got {})",
@@ -110,6 +114,9 @@ void CudaBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, co
   p.head_dim = static_cast<int>(d);
   p.v_head_dim = static_cast<int>(dv);
   p.scale = scale;
+  p.cache_fp8 = fp8;
+  p.k_scale = fp8 ? cache.k_scale : 1.0f;
+  p.v_scale = fp8 ? cache.v_scale : 1.0f;
   p.max_query_len = static_cast<int>(max_query_len);
   p.max_seq_len = static_cast<int>(max_seq_len);
   p.num_query_rows = qsl[num_seqs];

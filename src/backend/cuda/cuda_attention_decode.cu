@@ -17,8 +17,9 @@
 //    second kernel's launch and dependency wait cost ~0.5 us a layer at batch 1). More splits
 //    (long contexts, when the GPU has few (sequence, head) pairs) write partials to global memory
 //    for a merge kernel;
-//  - each K/V row (D bf16 = D/8 16-byte vectors) is read by L = D/8 lanes (rounded up to a power
-//    of two) with one 16-byte load each, so a warp reads 32/L rows per instruction, coalesced;
+//  - each K/V row (D elements) is read by L = D/8 lanes (rounded up to a power of two) with one
+//    load of 8 elements each (16 bytes of bf16, 8 of fp8), so a warp reads 32/L rows per
+//    instruction, coalesced; an fp8 cache halves the bytes a step streams;
 //    the q.k dot products are finished with shuffles inside each group of L lanes;
 //  - keys go through the block in tiles of 64: scores for the tile into shared memory, one warp
 //    per query head updates the running max / sum (online softmax, fp32, log2 domain), then the
@@ -32,6 +33,7 @@
 
 #include "backend/cuda/cuda_kernel_attributes.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_kv_element.cuh"
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
@@ -47,25 +49,14 @@ constexpr int kMaxSplits = 64;
 constexpr int kMinKeysPerSplit = 128;  // below this a split's fixed costs outweigh its parallelism
 constexpr float kLog2e = 1.4426950408889634f;
 
-// One 16-byte slice of cache row `row` (ld.global.nc: the cache is not written during the kernel).
-__device__ __forceinline__ uint4 load_row(const bf16* base, int row, int64_t row_stride) {
-  return __ldg(reinterpret_cast<const uint4*>(base + row * row_stride));
-}
-
-__device__ __forceinline__ void bf16x8_to_float(const uint4& v, float (&f)[8]) {
-  Vec16<bf16> raw;
-  raw.raw = v;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) f[e] = to_float(raw.elems[e]);
-}
-
 // L: lanes per K/V row (power of two, 2..32); G: entries per block (1, 2, 4 or 8). Entry e of a
 // sequence is query row e / group, head e % group of the block's kv head. With several splits and
 // no partial_out, the launch is one cluster per (entries, sequence) and the splits merge in it.
 // Launch bounds: with up to 4 entries, 4 blocks (16 warps) must fit an SM, i.e. at most 128
 // registers a thread: this kernel lives on the loads it keeps in flight, and the general entry
 // bookkeeping would otherwise push it just past 128 and cost a quarter of the resident warps.
-template <int L, int G>
+// C: the cache's element type (bf16, or fp8 holding x / k_scale and x / v_scale).
+template <int L, int G, class C>
 __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
     decode_attention_kernel(PagedAttentionParams p, int group, int entry_chunks, float* partial_out,
                             float* partial_stats) {
@@ -126,9 +117,9 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
     run_max[g] = -INFINITY;
     run_sum[g] = 0.0f;
   }
-  // q, pre-scaled so that scores come out in the log2 domain.
+  // q, pre-scaled so that scores come out in the log2 domain (and by the cache's K scale).
   const bf16* q = static_cast<const bf16*>(p.q);
-  const float q_scale = p.scale * kLog2e;
+  const float q_scale = p.scale * kLog2e * p.k_scale;
   float qv[G][8];
   float acc[G][8];
   int limit[G];
@@ -143,8 +134,9 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
       for (int e = 0; e < 8; ++e) qv[g][e] *= q_scale;
     }
   }
-  const bf16* k_cache = static_cast<const bf16*>(p.k_cache) + static_cast<int64_t>(kv_head) * d + dim0;
-  const bf16* v_cache = static_cast<const bf16*>(p.v_cache) + static_cast<int64_t>(kv_head) * dv + dim0;
+  using Raw = typename KvSlice<C>::Raw;
+  const C* k_cache = static_cast<const C*>(p.k_cache) + static_cast<int64_t>(kv_head) * d + dim0;
+  const C* v_cache = static_cast<const C*>(p.v_cache) + static_cast<int64_t>(kv_head) * dv + dim0;
   const int64_t k_row_stride = static_cast<int64_t>(hk) * d, v_row_stride = static_cast<int64_t>(hk) * dv;
   const PagedRows paged(p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq, p.block_size);
   __syncthreads();
@@ -159,23 +151,23 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
       const int j = t0 + pass * kRowsPerPass + slot;
       cache_row[pass] = j < end ? static_cast<int>(paged.row(j)) : -1;
     }
-    uint4 v_raw[kPrefetchV ? kPasses : 1];
+    Raw v_raw[kPrefetchV ? kPasses : 1];
 #pragma unroll
     for (int batch = 0; batch < kPasses; batch += kBatch) {
-      uint4 k_raw[kBatch];
+      Raw k_raw[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int row = cache_row[batch + b];
-        k_raw[b] = row >= 0 && k_active ? load_row(k_cache, row, k_row_stride) : make_uint4(0, 0, 0, 0);
+        k_raw[b] = row >= 0 && k_active ? load_kv_slice(k_cache + row * k_row_stride) : Raw{};
         if constexpr (kPrefetchV) {
-          v_raw[batch + b] = row >= 0 && v_active ? load_row(v_cache, row, v_row_stride) : make_uint4(0, 0, 0, 0);
+          v_raw[batch + b] = row >= 0 && v_active ? load_kv_slice(v_cache + row * v_row_stride) : Raw{};
         }
       }
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int i = (batch + b) * kRowsPerPass + slot, j = t0 + i;
         float kv[8];
-        bf16x8_to_float(k_raw[b], kv);
+        kv_slice_to_float(k_raw[b], kv);
         float dot[G];
 #pragma unroll
         for (int g = 0; g < G; ++g) {
@@ -219,14 +211,14 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
     }
 #pragma unroll
     for (int batch = 0; batch < kPasses; batch += kBatch) {
-      uint4 v_batch[kBatch];
+      Raw v_batch[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int row = cache_row[batch + b];
         if constexpr (kPrefetchV) {
           v_batch[b] = v_raw[batch + b];
         } else {
-          v_batch[b] = row >= 0 && v_active ? load_row(v_cache, row, v_row_stride) : make_uint4(0, 0, 0, 0);
+          v_batch[b] = row >= 0 && v_active ? load_kv_slice(v_cache + row * v_row_stride) : Raw{};
         }
       }
 #pragma unroll
@@ -234,7 +226,7 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
         if (cache_row[batch + b] < 0 || !v_active) continue;
         const int i = (batch + b) * kRowsPerPass + slot;
         float vv[8];
-        bf16x8_to_float(v_batch[b], vv);
+        kv_slice_to_float(v_batch[b], vv);
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           const float w = scores[g][i];
@@ -247,13 +239,14 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
   }
 
   // Sum the accumulators of the lanes that read the same dims (lanes differing in the bits above
-  // log2(L)), then across warps through shared memory.
+  // log2(L)), then across warps through shared memory; the cache's V scale applies here, once.
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
 #pragma unroll
       for (int off = L; off < 32; off <<= 1) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], off);
+      acc[g][e] *= p.v_scale;
     }
   }
   if (lane < L) {
@@ -360,10 +353,10 @@ int lanes_per_row(int max_dim) {
   return lanes;
 }
 
-template <int L, int G>
-cudaError_t launch_lg(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
-                      float* partial_stats, cudaStream_t stream) {
-  const auto kernel = decode_attention_kernel<L, G>;
+template <int L, int G, class C>
+cudaError_t launch_lgc(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
+                       float* partial_stats, cudaStream_t stream) {
+  const auto kernel = decode_attention_kernel<L, G, C>;
   const int entry_chunks = ceil_div(p.max_query_len * group, G);
   LaunchShape shape{dim3(p.num_kv_heads * entry_chunks, p.num_seqs, num_splits), dim3(kThreads)};
   if (num_splits > 1 && partial_out == nullptr) {
@@ -374,6 +367,13 @@ cudaError_t launch_lg(const PagedAttentionParams& p, int group, int num_splits, 
     }
   }
   return launch_overlapped(kernel, shape, stream, p, group, entry_chunks, partial_out, partial_stats);
+}
+
+template <int L, int G>
+cudaError_t launch_lg(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
+                      float* partial_stats, cudaStream_t stream) {
+  if (p.cache_fp8) return launch_lgc<L, G, fp8>(p, group, num_splits, partial_out, partial_stats, stream);
+  return launch_lgc<L, G, bf16>(p, group, num_splits, partial_out, partial_stats, stream);
 }
 
 template <int L>

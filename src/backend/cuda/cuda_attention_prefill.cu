@@ -13,7 +13,9 @@
 //    (verification, or a decode row in a mixed batch) still fills the tile's rows with heads;
 //  - K/V tiles are gathered from the paged cache row by row with cp.async (16-byte, L1 bypass),
 //    K of the next tile in flight while P.V runs and V in flight while Q.K^T runs; rows past the
-//    causal horizon are zero-filled so that padding never injects NaN into P.V;
+//    causal horizon are zero-filled so that padding never injects NaN into P.V. An fp8 cache is
+//    widened to bf16 (times its scale) on the way into shared memory: the tensor cores then run
+//    as for bf16, and the loads are plain ones (cp.async cannot convert);
 //  - shared-memory rows are padded by 16 bytes so that the 8 row addresses of every ldmatrix
 //    phase fall in distinct banks (a row stride that is a multiple of 128 bytes would serialise
 //    them 8-way);
@@ -23,9 +25,11 @@
 //  - the heaviest row tiles (longest causal horizon) are scheduled first; tiles of keys that every
 //    row of the block sees skip the causal mask.
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/cuda_kernel_attributes.h"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_kv_element.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
@@ -59,7 +63,27 @@ __device__ __forceinline__ void load_tile_async(bf16* tile, int dim, RowPtr row_
   }
 }
 
-template <int DMAX, int BC, int ATOMS>
+// The fp8 cache's tile load: 8 elements a thread, widened and scaled to bf16 in shared memory.
+template <int DMAX, int ROWS, class RowPtr>
+__device__ __forceinline__ void load_tile_fp8(bf16* tile, int dim, RowPtr row_ptr, float scale) {
+  constexpr int kChunksPerRow = DMAX / 8;
+  for (int c = threadIdx.x; c < ROWS * kChunksPerRow; c += kThreads) {
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+    const fp8* src = col < dim ? row_ptr(r) : nullptr;
+    Vec16<bf16> out;
+    out.raw = make_uint4(0, 0, 0, 0);
+    if (src != nullptr) {
+      float f[8];
+      kv_slice_to_float(load_kv_slice(src + col), f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) out.elems[e] = __float2bfloat16_rn(f[e] * scale);
+    }
+    *reinterpret_cast<uint4*>(tile + r * (DMAX + 8) + col) = out.raw;
+  }
+}
+
+// C: the cache's element type (bf16, or fp8 holding x / k_scale and x / v_scale).
+template <int DMAX, int BC, int ATOMS, class C>
 __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttentionParams p, int group) {
   constexpr int kRows = rows_per_block<DMAX, BC, ATOMS>();
   constexpr int kStride = DMAX + 8;  // shared-memory row stride, elements
@@ -86,8 +110,8 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
   const int warp_row0 = warp * 16 * ATOMS;  // the warp's first row in the block
 
   const bf16* q = static_cast<const bf16*>(p.q);
-  const bf16* k_cache = static_cast<const bf16*>(p.k_cache);
-  const bf16* v_cache = static_cast<const bf16*>(p.v_cache);
+  const C* k_cache = static_cast<const C*>(p.k_cache);
+  const C* v_cache = static_cast<const C*>(p.v_cache);
   const PagedRows paged(p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq, bs);
 
   load_tile_async<DMAX, kRows>(q_tile, d, [&](int r) -> const bf16* {
@@ -95,14 +119,19 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
     if (pr >= rows) return nullptr;
     return q + (static_cast<int64_t>(q_start + pr / group) * hq + kv_head * group + pr % group) * d;
   }, q);
-  auto load_kv = [&](bf16* tile, const bf16* cache, int dim, int key0) {
-    load_tile_async<DMAX, BC>(tile, dim, [&](int r) -> const bf16* {
+  auto load_kv = [&](bf16* tile, const C* cache, int dim, int key0, float scale) {
+    auto row_ptr = [&](int r) -> const C* {
       const int j = key0 + r;
       if (j >= kv_end) return nullptr;
       return cache + (paged.row(j) * hk + kv_head) * dim;
-    }, cache);
+    };
+    if constexpr (std::is_same_v<C, fp8>) {
+      load_tile_fp8<DMAX, BC>(tile, dim, row_ptr, scale);
+    } else {
+      load_tile_async<DMAX, BC>(tile, dim, row_ptr, cache);
+    }
   };
-  load_kv(k_tile, k_cache, d, 0);
+  load_kv(k_tile, k_cache, d, 0, p.k_scale);
   cp_async_commit();  // group: Q + K(0)
 
   // This thread's rows: in atom a, rows lane/4 and lane/4 + 8 (mma C layout), and the position
@@ -133,7 +162,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
 
   for (int t = 0; t < num_tiles; ++t) {
     const int key0 = t * BC;
-    load_kv(v_tile, v_cache, dv, key0);
+    load_kv(v_tile, v_cache, dv, key0, p.v_scale);
     cp_async_commit();    // group: V(t)
     cp_async_wait<1>();   // Q and K(t) have landed
     __syncthreads();
@@ -208,7 +237,7 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
     }
 
     __syncthreads();  // every warp is done with k_tile
-    if (t + 1 < num_tiles) load_kv(k_tile, k_cache, d, key0 + BC);
+    if (t + 1 < num_tiles) load_kv(k_tile, k_cache, d, key0 + BC, p.k_scale);
     cp_async_commit();   // group: K(t+1) (possibly empty, to keep the group count uniform)
     cp_async_wait<1>();  // V(t) has landed
     __syncthreads();
@@ -266,17 +295,24 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
   }
 }
 
-template <int DMAX, int BC, int ATOMS>
-cudaError_t launch_typed(const PagedAttentionParams& p, cudaStream_t stream) {
+template <int DMAX, int BC, int ATOMS, class C>
+cudaError_t launch_cached(const PagedAttentionParams& p, cudaStream_t stream) {
   constexpr size_t kSmem = prefill_smem_bytes<DMAX, BC, ATOMS>();
+  const auto kernel = prefill_attention_kernel<DMAX, BC, ATOMS, C>;
   // More than 48 KiB of dynamic shared memory needs an explicit opt-in, once per kernel and GPU.
-  const cudaError_t opt_in = raise_kernel_attribute(prefill_attention_kernel<DMAX, BC, ATOMS>,
-                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
+  const cudaError_t opt_in =
+      raise_kernel_attribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kSmem));
   if (opt_in != cudaSuccess) return opt_in;
   const int group = p.num_q_heads / p.num_kv_heads;
   const dim3 grid(ceil_div(p.max_query_len * group, rows_per_block<DMAX, BC, ATOMS>()), p.num_seqs, p.num_kv_heads);
-  prefill_attention_kernel<DMAX, BC, ATOMS><<<grid, kThreads, kSmem, stream>>>(p, group);
+  kernel<<<grid, kThreads, kSmem, stream>>>(p, group);
   return cudaGetLastError();
+}
+
+template <int DMAX, int BC, int ATOMS>
+cudaError_t launch_typed(const PagedAttentionParams& p, cudaStream_t stream) {
+  if (p.cache_fp8) return launch_cached<DMAX, BC, ATOMS, fp8>(p, stream);
+  return launch_cached<DMAX, BC, ATOMS, bf16>(p, stream);
 }
 
 }  // namespace

@@ -21,8 +21,11 @@ struct QkvPrologueParams {
   const float* cos_sin = nullptr;  // [max_pos, rotary_dim]
   const int64_t* slots = nullptr;  // [T]
   void* q_out = nullptr;           // [T, Hq, D]
-  void* k_cache = nullptr;         // [num_slots, Hk, D]
+  void* k_cache = nullptr;         // [num_slots, Hk, D], the compute type or (cache_fp8) e4m3
   void* v_cache = nullptr;
+  bool cache_fp8 = false;          // stores K / k_scale and V / v_scale (KVCacheLayer)
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
   int64_t tokens = 0;
   int64_t max_pos = 0;
   int64_t num_slots = 0;

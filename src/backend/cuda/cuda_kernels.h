@@ -103,12 +103,17 @@ cudaError_t launch_rope(void* q, void* k, const int32_t* positions, const float*
 cudaError_t launch_write_kv_cache(const void* k, const void* v, void* k_cache, void* v_cache, const int64_t* slots,
                                   int64_t tokens, size_t k_row_bytes, size_t v_row_bytes, int64_t num_slots,
                                   cudaStream_t stream);
+// The same into an fp8 (e4m3) cache: k [tokens, k_row] and v [tokens, v_row] of type `from` (BF16
+// or F32), stored as x / k_scale and x / v_scale (v null: the MLA form, k only).
+cudaError_t launch_write_kv_cache_fp8(const void* k, const void* v, DType from, void* k_cache, void* v_cache,
+                                      const int64_t* slots, int64_t tokens, int64_t k_row, int64_t v_row,
+                                      int64_t num_slots, float k_scale, float v_scale, cudaStream_t stream);
 
 // ---- paged attention (bf16 q / cache / out, fp32 softmax) ----
 struct PagedAttentionParams {
   const void* q = nullptr;        // [T, Hq, D]
-  const void* k_cache = nullptr;  // [num_blocks, block_size, Hk, D]
-  const void* v_cache = nullptr;  // [num_blocks, block_size, Hk, Dv]
+  const void* k_cache = nullptr;  // [num_blocks, block_size, Hk, D], bf16 or (cache_fp8) e4m3
+  const void* v_cache = nullptr;  // [num_blocks, block_size, Hk, Dv], the same type
   void* out = nullptr;            // [T, Hq, Dv]
   const int32_t* query_start_loc = nullptr;  // [num_seqs + 1]
   const int32_t* seq_lens = nullptr;         // [num_seqs]
@@ -121,6 +126,10 @@ struct PagedAttentionParams {
   int head_dim = 0;    // D, a multiple of 8, at most 256
   int v_head_dim = 0;  // Dv, a multiple of 8, at most 256
   float scale = 1.0f;
+  // An fp8 cache stores K / k_scale and V / v_scale (KVCacheLayer); MLA caches are bf16 only.
+  bool cache_fp8 = false;
+  float k_scale = 1.0f;
+  float v_scale = 1.0f;
   int max_query_len = 0;  // host-side maxima over the batch; they size the grids
   int max_seq_len = 0;
   int num_query_rows = 0;  // query_start_loc[num_seqs]: rows of q that belong to sequences

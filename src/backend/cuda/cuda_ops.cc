@@ -169,16 +169,23 @@ void CudaBackend::rope(Tensor& q, Tensor& k, const Tensor& positions, const Tens
 void CudaBackend::write_kv_cache(const Tensor& k, const Tensor& v, KVCacheLayer& cache, const Tensor& slot_mapping) {
   // MLA form (cache.v undefined or empty): only K is written; v is ignored and may be undefined.
   const bool mla = !cache.v.defined() || cache.v.numel() == 0;
+  // An fp8 cache takes rows of the compute type and stores x / scale (KVCacheLayer).
+  const bool fp8 = cache.k.dtype() == DType::kF8E4M3;
   cuda_check::on_gpu(k, "write_kv_cache", "k");
   cuda_check::on_gpu(cache.k, "write_kv_cache", "cache.k");
-  cuda_check::same_dtype(k, cache.k, "write_kv_cache", "k", "cache.k");
+  if (fp8) {
+    cuda_check::float_tensor(k, "write_kv_cache", "k");
+  } else {
+    cuda_check::same_dtype(k, cache.k, "write_kv_cache", "k", "cache.k");
+  }
   cuda_check::index_vector(slot_mapping, DType::kI64, "write_kv_cache", "slot_mapping");
   SPECULA_CHECK(cache.k.ndim() == 4, "write_kv_cache: cache.k {} must be [num_blocks, block_size, Hk, D]",
                 cache.k.describe());
   if (!mla) {
     cuda_check::on_gpu(v, "write_kv_cache", "v");
     cuda_check::on_gpu(cache.v, "write_kv_cache", "cache.v");
-    cuda_check::same_dtype(v, cache.v, "write_kv_cache", "v", "cache.v");
+    cuda_check::same_dtype(cache.k, cache.v, "write_kv_cache", "cache.k", "cache.v");
+    cuda_check::same_dtype(k, v, "write_kv_cache", "k", "v");
     SPECULA_CHECK(cache.v.ndim() == 4 && cache.k.size(0) == cache.v.size(0) && cache.k.size(1) == cache.v.size(1) &&
                       cache.k.size(2) == cache.v.size(2),
                   "write_kv_cache: cache.k {} and cache.v {} must be [num_blocks, block_size, Hk, D]",
@@ -194,11 +201,21 @@ void CudaBackend::write_kv_cache(const Tensor& k, const Tensor& v, KVCacheLayer&
                 v.describe(), cache.k.describe(), cache.v.describe());
   SPECULA_CHECK(slot_mapping.size(0) >= t, "write_kv_cache: slot_mapping {} has fewer than {} rows",
                 slot_mapping.describe(), t);
+  const int64_t num_slots = cache.k.size(0) * cache.k.size(1);
+  if (fp8) {
+    SPECULA_CHECK(cache.k_scale > 0.0f && cache.v_scale > 0.0f,
+                  "write_kv_cache: the fp8 cache's scales must be positive (k {}, v {})", cache.k_scale,
+                  cache.v_scale);
+    check_cuda(cuda::launch_write_kv_cache_fp8(k.data(), mla ? nullptr : v.data(), k.dtype(), cache.k.data(),
+                                               mla ? nullptr : cache.v.data(), slot_mapping.data_as<int64_t>(), t,
+                                               k_row, v_row, num_slots, cache.k_scale, cache.v_scale, stream_),
+               "write_kv_cache");
+    return;
+  }
   const size_t elem = dtype_size(k.dtype());
   check_cuda(cuda::launch_write_kv_cache(k.data(), mla ? nullptr : v.data(), cache.k.data(),
                                          mla ? nullptr : cache.v.data(), slot_mapping.data_as<int64_t>(), t,
-                                         k_row * elem, mla ? 0 : v_row * dtype_size(v.dtype()),
-                                         cache.k.size(0) * cache.k.size(1), stream_),
+                                         k_row * elem, mla ? 0 : v_row * dtype_size(v.dtype()), num_slots, stream_),
              "write_kv_cache");
 }
 

@@ -13,8 +13,11 @@ void CudaBackend::qkv_prologue(const Tensor& qkv, const QkvPrologue& p, KVCacheL
   cuda_check::on_gpu(cache.k, op, "cache.k");
   cuda_check::on_gpu(cache.v, op, "cache.v");
   cuda_check::same_dtype(qkv, q_out, op, "qkv", "q_out");
-  cuda_check::same_dtype(qkv, cache.k, op, "qkv", "cache.k");
-  cuda_check::same_dtype(qkv, cache.v, op, "qkv", "cache.v");
+  const bool fp8 = cache.k.dtype() == DType::kF8E4M3;  // else the cache is in the compute type
+  if (!fp8) cuda_check::same_dtype(qkv, cache.k, op, "qkv", "cache.k");
+  cuda_check::same_dtype(cache.k, cache.v, op, "cache.k", "cache.v");
+  SPECULA_CHECK(!fp8 || (cache.k_scale > 0.0f && cache.v_scale > 0.0f),
+                "qkv_prologue: the fp8 cache's scales must be positive (k {}, v {})", cache.k_scale, cache.v_scale);
   cuda_check::index_vector(slot_mapping, DType::kI64, op, "slot_mapping");
   SPECULA_CHECK(p.positions != nullptr && p.cos_sin != nullptr, "qkv_prologue: positions and cos_sin are required");
   cuda_check::index_vector(*p.positions, DType::kI32, op, "positions");
@@ -59,6 +62,9 @@ void CudaBackend::qkv_prologue(const Tensor& qkv, const QkvPrologue& p, KVCacheL
   kp.q_out = q_out.data();
   kp.k_cache = cache.k.data();
   kp.v_cache = cache.v.data();
+  kp.cache_fp8 = fp8;
+  kp.k_scale = cache.k_scale;
+  kp.v_scale = cache.v_scale;
   kp.tokens = t;
   kp.max_pos = p.cos_sin->size(0);
   kp.num_slots = cache.k.size(0) * cache.k.size(1);

@@ -9,9 +9,13 @@
 // (i, i + rotary_dim / 2) (neox) or (2i, 2i + 1) live in different lanes, so the normalised head
 // is staged in the warp's own slice of shared memory and each lane then computes whole pairs.
 // Arithmetic as the separate kernels do it: fp32 math, the normalised head rounded to the
-// storage type before rope (what storing it between the two ops did).
+// storage type before rope (what storing it between the two ops did). An fp8 cache gets the
+// fp32 result divided by its scale, rounded once.
+#include <type_traits>
+
 #include "backend/cuda/cuda_engine_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
+#include "backend/cuda/cuda_kv_element.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
@@ -20,7 +24,8 @@ namespace {
 constexpr int kWarpsPerBlock = 4;
 constexpr int kPerLane = kMaxPrologueHeadDim / 32;
 
-template <class T>
+// T: the compute type (qkv, q_out); C: the cache's (T, or fp8).
+template <class T, class C>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_prologue_kernel(QkvPrologueParams p) {
   __shared__ float stage[kWarpsPerBlock][kMaxPrologueHeadDim];
   allow_next_kernel_start();
@@ -37,16 +42,28 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_prologue_kernel(QkvPr
   if (!is_q && !keep_kv) return;  // padding row or a token whose K/V is not kept
 
   const T* src = static_cast<const T*>(p.qkv) + (token * heads + head) * d;
-  T* dst;
-  if (is_q) {
-    dst = static_cast<T*>(p.q_out) + (token * hq + head) * d;
-  } else if (is_k) {
-    dst = static_cast<T*>(p.k_cache) + (slot * hk + (head - hq)) * d;
-  } else {
-    dst = static_cast<T*>(p.v_cache) + (slot * hk + (head - hq - hk)) * d;
-  }
+  T* q_dst = is_q ? static_cast<T*>(p.q_out) + (token * hq + head) * d : nullptr;
+  C* cache_dst = is_k   ? static_cast<C*>(p.k_cache) + (slot * hk + (head - hq)) * d
+                 : is_v ? static_cast<C*>(p.v_cache) + (slot * hk + (head - hq - hk)) * d
+                        : nullptr;
+  const float inv_scale = is_k ? 1.0f / p.k_scale : 1.0f / p.v_scale;
+  auto store = [&](int i, float x) {
+    if (q_dst != nullptr) {
+      q_dst[i] = from_float<T>(x);
+    } else if constexpr (std::is_same_v<C, T>) {
+      cache_dst[i] = from_float<T>(x);
+    } else {
+      cache_dst[i] = from_float<C>(x * inv_scale);
+    }
+  };
   if (is_v) {  // v: a plain copy into its cache slot
-    for (int i = lane; i < d; i += 32) dst[i] = src[i];
+    for (int i = lane; i < d; i += 32) {
+      if constexpr (std::is_same_v<C, T>) {
+        cache_dst[i] = src[i];
+      } else {
+        store(i, to_float(src[i]));
+      }
+    }
     return;
   }
 
@@ -73,7 +90,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_prologue_kernel(QkvPr
 #pragma unroll
     for (int j = 0; j < kPerLane; ++j) {
       const int i = lane + 32 * j;
-      if (i < d) dst[i] = from_float<T>(x[j]);
+      if (i < d) store(i, x[j]);
     }
     return;
   }
@@ -90,10 +107,17 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_prologue_kernel(QkvPr
   for (int j = lane; j < half; j += 32) {
     const int ia = p.neox ? j : 2 * j, ib = p.neox ? j + half : 2 * j + 1;
     const float a = buf[ia], b = buf[ib], c = cos[j], s = sin[j];
-    dst[ia] = from_float<T>(a * c - b * s);
-    dst[ib] = from_float<T>(b * c + a * s);
+    store(ia, a * c - b * s);
+    store(ib, b * c + a * s);
   }
-  for (int i = p.rotary_dim + lane; i < d; i += 32) dst[i] = from_float<T>(buf[i]);  // partial rotary
+  for (int i = p.rotary_dim + lane; i < d; i += 32) store(i, buf[i]);  // partial rotary
+}
+
+template <class T>
+cudaError_t launch_typed(const QkvPrologueParams& p, dim3 grid, cudaStream_t stream) {
+  const LaunchShape shape{grid, dim3(kWarpsPerBlock * 32)};
+  if (p.cache_fp8) return launch_overlapped(qkv_prologue_kernel<T, fp8>, shape, stream, p);
+  return launch_overlapped(qkv_prologue_kernel<T, T>, shape, stream, p);
 }
 
 }  // namespace
@@ -103,8 +127,8 @@ cudaError_t launch_qkv_prologue(const QkvPrologueParams& p, DType dtype, cudaStr
   if (p.head_dim <= 0 || p.head_dim > kMaxPrologueHeadDim) return cudaErrorInvalidValue;
   const int heads = p.num_q_heads + 2 * p.num_kv_heads;
   const dim3 grid(static_cast<unsigned>(p.tokens), static_cast<unsigned>(ceil_div(heads, kWarpsPerBlock)));
-  if (dtype == DType::kBF16) return launch_overlapped(qkv_prologue_kernel<bf16>, {grid, dim3(kWarpsPerBlock * 32)}, stream, p);
-  if (dtype == DType::kF32) return launch_overlapped(qkv_prologue_kernel<float>, {grid, dim3(kWarpsPerBlock * 32)}, stream, p);
+  if (dtype == DType::kBF16) return launch_typed<bf16>(p, grid, stream);
+  if (dtype == DType::kF32) return launch_typed<float>(p, grid, stream);
   return cudaErrorInvalidValue;
 }
 

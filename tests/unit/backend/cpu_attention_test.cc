@@ -281,5 +281,65 @@ TEST(CpuKvCache, PrefillThenDecodeThroughTheCache) {
   expect_close(got, want, 1e-5, 1e-5, "prefill then decode");
 }
 
+// --kv-cache-dtype fp8: the cache holds e4m3(x / scale), each element rounded once (as the CUDA
+// writers do), and attention reads x back as e4m3 * scale: exactly dense attention over the
+// rounded K/V.
+TEST(CpuKvCache, Fp8CacheHoldsTheRoundedRowsOverTheirScales) {
+  auto be = make_cpu_backend(2);
+  std::mt19937 rng(33);
+  const int64_t blocks = 6, bs = 4, hk = 2, d = 8, row = hk * d;
+  KVCacheLayer cache{be->empty({blocks, bs, hk, d}, DType::kF8E4M3), be->empty({blocks, bs, hk, d}, DType::kF8E4M3)};
+  cache.k_scale = 0.5f;
+  cache.v_scale = 4.0f;  // powers of two: x / scale is exact however it is computed
+  std::fill_n(cache.k.data_as<uint8_t>(), cache.k.numel(), uint8_t{0x11});
+  std::fill_n(cache.v.data_as<uint8_t>(), cache.v.numel(), uint8_t{0x11});
+  const int64_t t = 5;
+  Tensor k = random_tensor({t, hk, d}, rng, 200.0f), v = random_tensor({t, hk, d}, rng, 4.0f);  // k saturates
+  const std::vector<int64_t> slots = {5, -1, 0, 23, 12};
+  be->write_kv_cache(k, v, cache, Tensor::from_i64(slots));
+  const auto kv = values(k), vv = values(v);
+  const uint8_t* ck = cache.k.data_as<uint8_t>();
+  const uint8_t* cv = cache.v.data_as<uint8_t>();
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t e = 0; e < row; ++e) {
+      if (slots[i] < 0) continue;
+      ASSERT_EQ(ck[slots[i] * row + e], f32_to_f8e4m3(kv[i * row + e] / 0.5f)) << "row " << i << " element " << e;
+      ASSERT_EQ(cv[slots[i] * row + e], f32_to_f8e4m3(vv[i * row + e] / 4.0f)) << "row " << i << " element " << e;
+    }
+  }
+  EXPECT_EQ(ck[1 * row], 0x11) << "an unwritten slot changed";
+  cache.v_scale = 0.0f;
+  EXPECT_THROW(be->write_kv_cache(k, v, cache, Tensor::from_i64(slots)), Error);
+}
+
+TEST(CpuPagedAttention, Fp8CacheIsAttentionOverTheRoundedRows) {
+  auto be = make_cpu_backend(2);
+  std::mt19937 rng(41);
+  const int64_t hq = 8, hk = 2, d = 32, dv = 32;
+  PagedBatch b = make_batch({{1, 1}, {17, 17}, {40, 1}, {21, 4}}, hk, d, dv, 16, 2, rng);
+  // The same cache in fp8 (noise included), and the dense reference over what it holds.
+  const float k_scale = 0.25f, v_scale = 2.0f;
+  KVCacheLayer fp8{be->empty(b.cache.k.shape(), DType::kF8E4M3), be->empty(b.cache.v.shape(), DType::kF8E4M3),
+                   k_scale, v_scale};
+  auto quantise = [](const Tensor& from, Tensor& to, float scale) {
+    const float* f = from.data_as<float>();
+    uint8_t* q = to.data_as<uint8_t>();
+    for (int64_t i = 0; i < from.numel(); ++i) q[i] = f32_to_f8e4m3(f[i] / scale);
+  };
+  quantise(b.cache.k, fp8.k, k_scale);
+  quantise(b.cache.v, fp8.v, v_scale);
+  for (auto [dense, scale] : {std::pair{&b.k, k_scale}, std::pair{&b.v, v_scale}}) {
+    for (auto& seq : *dense) {
+      for (float& x : seq) x = f8e4m3_to_f32(f32_to_f8e4m3(x / scale)) * scale;
+    }
+  }
+  Tensor q = random_tensor({b.md.num_tokens, hq, d}, rng, 2.0f);
+  Tensor out = be->empty({b.md.num_tokens, hq, dv}, DType::kF32);
+  be->paged_attention(q, fp8, b.md, 0.2f, out);
+  auto got = values(out);
+  got.resize(static_cast<size_t>(b.rows * hq * dv));
+  expect_close(got, attention_ref(b, values(q), hq, hk, d, dv, 0.2), 1e-5, 1e-5, "fp8 cache attention");
+}
+
 }  // namespace
 }  // namespace specula

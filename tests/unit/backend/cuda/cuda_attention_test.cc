@@ -9,6 +9,9 @@
 // |v| <= 1; the GPU rounds the probabilities to bf16 (relative 2^-9) before P.V on the tensor
 // cores and rounds the output to bf16 (2^-9), so its error is a few 1e-3; any indexing or masking
 // error moves outputs by O(0.1).
+//
+// An fp8 cache (--kv-cache-dtype fp8) is compared with the CPU over the same e4m3 bytes and
+// power-of-two scales, which make every dequantised element exact in bf16: the tolerance stays.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -38,7 +41,18 @@ std::ostream& operator<<(std::ostream& os, const AttnCase& c) { return os << c.n
 
 constexpr float kSentinel = 3.0f;  // what padding rows of `out` hold before and after
 
-void run_case(const AttnCase& c, Backend& cpu, Backend& gpu, unsigned seed) {
+// The cache's K and V as e4m3 of x / scale (NaN stays NaN).
+KVCacheLayer fp8_cache(const std::vector<float>& k, const Shape& k_shape, const std::vector<float>& v,
+                       const Shape& v_shape, float k_scale, float v_scale) {
+  KVCacheLayer cache{Tensor::empty(k_shape, DType::kF8E4M3), Tensor::empty(v_shape, DType::kF8E4M3), k_scale, v_scale};
+  for (auto [from, to, scale] : {std::tuple{&k, &cache.k, k_scale}, std::tuple{&v, &cache.v, v_scale}}) {
+    uint8_t* bytes = to->data_as<uint8_t>();
+    for (size_t i = 0; i < from->size(); ++i) bytes[i] = f32_to_f8e4m3((*from)[i] / scale);
+  }
+  return cache;
+}
+
+void run_case(const AttnCase& c, Backend& cpu, Backend& gpu, unsigned seed, bool fp8 = false) {
   std::mt19937 rng(seed);
   const int num_seqs = static_cast<int>(c.q_lens.size());
   ASSERT_EQ(c.seq_lens.size(), c.q_lens.size());
@@ -72,7 +86,8 @@ void run_case(const AttnCase& c, Backend& cpu, Backend& gpu, unsigned seed) {
       for (int64_t i = slot * c.hk * c.dv; i < (slot + 1) * c.hk * c.dv; ++i) vc[i] = bf16_to_f32(f32_to_bf16(vr[i]));
     }
   }
-  KVCacheLayer cache_cpu{Tensor::from_f32(kc, k_shape), Tensor::from_f32(vc, v_shape)};
+  KVCacheLayer cache_cpu = fp8 ? fp8_cache(kc, k_shape, vc, v_shape, 1.0f / 64, 1.0f / 128)
+                               : KVCacheLayer{Tensor::from_f32(kc, k_shape), Tensor::from_f32(vc, v_shape)};
 
   std::vector<int32_t> qsl = {0};
   for (int s = 0; s < num_seqs; ++s) qsl.push_back(qsl.back() + c.q_lens[s]);
@@ -98,7 +113,7 @@ void run_case(const AttnCase& c, Backend& cpu, Backend& gpu, unsigned seed) {
   md_gpu.query_start_loc = to_gpu(gpu, md_cpu.query_start_loc);
   md_gpu.seq_lens = to_gpu(gpu, md_cpu.seq_lens.numel() ? md_cpu.seq_lens : Tensor::from_i32({0}));
   md_gpu.block_tables = to_gpu(gpu, md_cpu.block_tables);
-  KVCacheLayer cache_gpu{to_gpu(gpu, cache_cpu.k), to_gpu(gpu, cache_cpu.v)};
+  KVCacheLayer cache_gpu{to_gpu(gpu, cache_cpu.k), to_gpu(gpu, cache_cpu.v), cache_cpu.k_scale, cache_cpu.v_scale};
   Tensor q_gpu = to_gpu(gpu, q);
   std::vector<float> sentinel(static_cast<size_t>(t) * c.hq * c.dv, kSentinel);
   Tensor out_gpu = to_gpu(gpu, Tensor::from_f32(sentinel, {t, c.hq, c.dv}));
@@ -132,6 +147,17 @@ TEST_P(CudaAttention, MatchesCpu) {
     SCOPED_TRACE("decode_cluster_splits " + std::to_string(cluster_splits));
     cuda.set_decode_cluster_splits(cluster_splits);
     run_case(GetParam(), *cpu_, *gpu_, 1234);
+  }
+}
+
+// The same batches over an fp8 cache: decode and verification (merged in a cluster and by the
+// merge kernel) and the varlen kernel, which widens fp8 tiles to bf16 in shared memory.
+TEST_P(CudaAttention, Fp8CacheMatchesCpu) {
+  auto& cuda = dynamic_cast<CudaBackend&>(*gpu_);
+  for (int cluster_splits : {cuda.decode_cluster_splits(), 0}) {
+    SCOPED_TRACE("decode_cluster_splits " + std::to_string(cluster_splits));
+    cuda.set_decode_cluster_splits(cluster_splits);
+    run_case(GetParam(), *cpu_, *gpu_, 4321, /*fp8=*/true);
   }
 }
 
@@ -257,6 +283,31 @@ TEST(CudaKvCache, WriteMatchesCpu) {
     const std::string what = "hk " + std::to_string(hk) + " d " + std::to_string(d) + " bs " + std::to_string(bs);
     expect_equal(to_host(*gpu, cache_gpu.k), cache_cpu.k.to_f32_vector(), what + " k");
     expect_equal(to_host(*gpu, cache_gpu.v), cache_cpu.v.to_f32_vector(), what + " v");
+  }
+}
+
+// write_kv_cache into an fp8 cache: the same e4m3 bytes as the CPU's from the same bf16 rows
+// (saturating at 448 after the scale, here for K), the MLA form (K only) included.
+TEST(CudaKvCache, Fp8WriteMatchesCpu) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend(1);
+  auto gpu = make_cuda_backend(0);
+  std::mt19937 rng(4);
+  for (bool mla : {false, true}) {
+    const int hk = 2, d = 128, bs = 16, t = 19, num_blocks = 3;
+    const Shape shape{num_blocks, bs, hk, d};
+    auto fp8_zeros = [&] { return Tensor::zeros(shape, DType::kF8E4M3); };
+    KVCacheLayer cache_cpu{fp8_zeros(), mla ? Tensor() : fp8_zeros(), 0.125f, 0.25f};
+    KVCacheLayer cache_gpu{to_gpu(*gpu, cache_cpu.k), mla ? Tensor() : to_gpu(*gpu, cache_cpu.v), 0.125f, 0.25f};
+    Tensor k = random_bf16_values({t, hk, d}, rng, 100.0f), v = random_bf16_values({t, hk, d}, rng, 30.0f);
+    std::vector<int64_t> slots(t);
+    std::iota(slots.begin(), slots.end(), 7);
+    slots[5] = -1;
+    Tensor slot_t = Tensor::from_i64(slots);
+    cpu->write_kv_cache(k, v, cache_cpu, slot_t);
+    gpu->write_kv_cache(to_gpu(*gpu, k), mla ? Tensor() : to_gpu(*gpu, v), cache_gpu, to_gpu(*gpu, slot_t));
+    expect_equal(to_host(*gpu, cache_gpu.k), cache_cpu.k.to_f32_vector(), mla ? "mla k" : "k");
+    if (!mla) expect_equal(to_host(*gpu, cache_gpu.v), cache_cpu.v.to_f32_vector(), "v");
   }
 }
 

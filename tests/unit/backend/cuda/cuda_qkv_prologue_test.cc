@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <utility>
 
 #include "cuda_test_util.h"
 
@@ -26,9 +27,13 @@ struct PrologueCase {
 
 class CudaQkvPrologue : public ::testing::TestWithParam<PrologueCase> {};
 
-TEST_P(CudaQkvPrologue, MatchesTheCpuOpSequence) {
-  SKIP_WITHOUT_GPU();
-  const PrologueCase c = GetParam();
+struct PrologueOut {
+  std::vector<float> q, k, v;  // the q heads, and the caches dequantised (fp8: times their scales)
+};
+
+// The prologue of case c on the CPU (F32, the op sequence) and on the GPU (BF16), writing a cache
+// of the compute type or (fp8) e4m3 with scales 1/4 for K and 1/16 for V.
+std::pair<PrologueOut, PrologueOut> run_prologue(const PrologueCase& c, bool fp8) {
   auto gpu = make_cuda_backend(0);
   auto cpu = make_cpu_backend(2);
   std::mt19937 rng(7 + c.tokens * 31 + c.d);
@@ -58,7 +63,12 @@ TEST_P(CudaQkvPrologue, MatchesTheCpuOpSequence) {
     auto put = [&](const Tensor& h, DType want) { return on_gpu ? to_gpu(be, h, want) : h; };
     Tensor x = put(qkv, dt), qn = put(q_norm, dt), kn = put(k_norm, dt), cs = put(cos_sin, DType::kF32);
     Tensor pos = put(Tensor::from_i32(positions), DType::kI32), sl = put(Tensor::from_i64(slots), DType::kI64);
-    KVCacheLayer cache{be.empty({blocks, bs, c.hk, c.d}, dt), be.empty({blocks, bs, c.hk, c.d}, dt)};
+    const DType cache_dt = fp8 ? DType::kF8E4M3 : dt;
+    KVCacheLayer cache{be.empty({blocks, bs, c.hk, c.d}, cache_dt), be.empty({blocks, bs, c.hk, c.d}, cache_dt)};
+    if (fp8) {
+      cache.k_scale = 0.25f;
+      cache.v_scale = 1.0f / 16;
+    }
     be.zero(cache.k);
     be.zero(cache.v);
     Tensor q = be.empty({t, c.hq, c.d}, dt);
@@ -74,18 +84,39 @@ TEST_P(CudaQkvPrologue, MatchesTheCpuOpSequence) {
     p.neox = c.neox;
     be.reset_scratch();
     be.qkv_prologue(x, p, cache, sl, q);
-    struct Out {
-      std::vector<float> q, k, v;
-    };
-    if (!on_gpu) return Out{q.to_f32_vector(), cache.k.to_f32_vector(), cache.v.to_f32_vector()};
-    return Out{to_host(be, q), to_host(be, cache.k), to_host(be, cache.v)};
+    PrologueOut out = on_gpu ? PrologueOut{to_host(be, q), to_host(be, cache.k), to_host(be, cache.v)}
+                             : PrologueOut{q.to_f32_vector(), cache.k.to_f32_vector(), cache.v.to_f32_vector()};
+    for (float& x : out.k) x *= cache.k_scale;
+    for (float& x : out.v) x *= cache.v_scale;
+    return out;
   };
-  const auto want = run(*cpu, DType::kF32, false);
-  const auto got = run(*gpu, DType::kBF16, true);
+  return {run(*cpu, DType::kF32, false), run(*gpu, DType::kBF16, true)};
+}
+
+TEST_P(CudaQkvPrologue, MatchesTheCpuOpSequence) {
+  SKIP_WITHOUT_GPU();
+  const PrologueCase c = GetParam();
+  const auto [want, got] = run_prologue(c, /*fp8=*/false);
   // bf16 storage: the GPU rounds the normalised head and the roped output (2 roundings of 2^-9).
   expect_close(got.q, want.q, 1e-2, 2e-2, c.name + " q");
   expect_close(got.k, want.k, 1e-2, 2e-2, c.name + " cache.k");
   expect_close(got.v, want.v, 0.0, 0.0, c.name + " cache.v");  // v is copied, exactly
+}
+
+// An fp8 cache gets each K/V element rounded once from fp32. V is the same rounding of the same
+// bf16 value on both sides; K differs from the CPU's by the GPU's bf16 rounding of the normalised
+// head (2^-9), which moves a value across an e4m3 rounding boundary (one step: 2^-3 relative) for
+// a few elements only.
+TEST_P(CudaQkvPrologue, Fp8CacheMatchesTheCpuOpSequence) {
+  SKIP_WITHOUT_GPU();
+  const PrologueCase c = GetParam();
+  const auto [want, got] = run_prologue(c, /*fp8=*/true);
+  expect_close(got.q, want.q, 1e-2, 2e-2, c.name + " q");
+  expect_close(got.v, want.v, 0.0, 0.0, c.name + " cache.v");
+  expect_close(got.k, want.k, 0.13, 0.25 * std::ldexp(1.0, -9), c.name + " cache.k");
+  size_t same = 0;
+  for (size_t i = 0; i < got.k.size(); ++i) same += got.k[i] == want.k[i];
+  EXPECT_GE(same, got.k.size() * 9 / 10) << c.name << ": " << same << " of " << got.k.size() << " K elements agree";
 }
 
 INSTANTIATE_TEST_SUITE_P(
