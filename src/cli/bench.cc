@@ -245,6 +245,7 @@ int run_latency(BenchArgs& a) {
   j["custom_all_reduce"] = a.engine.custom_all_reduce;
   j["async_scheduling"] = async;
   j["quantization"] = a.engine.quantization;
+  j["kv_cache_dtype"] = a.engine.kv_cache_dtype;
   if (!a.structured_outputs.empty()) j["structured_outputs"] = nlohmann::json::parse(a.structured_outputs);
   j["speculative_config"] = a.engine.speculative_config;
   j["temperature"] = a.temperature;

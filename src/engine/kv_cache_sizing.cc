@@ -6,10 +6,9 @@
 
 namespace specula {
 
-KVCachePlan plan_kv_cache(const EngineConfig& config, const KVCacheSpec& spec, DType dtype, Device device,
-                          int max_model_len, int max_num_seqs, std::optional<size_t> device_kv_budget) {
+KVCachePlan plan_kv_cache(const EngineConfig& config, size_t bytes_per_token, Device device, int max_model_len,
+                          int max_num_seqs, std::optional<size_t> device_kv_budget) {
   const int bs = config.block_size;
-  const size_t bytes_per_token = spec.bytes_per_token(dtype);
   SPECULA_CHECK(bytes_per_token > 0, "the model's KV cache spec is empty");
   const size_t bytes_per_block = bytes_per_token * static_cast<size_t>(bs);
   KVCachePlan plan;

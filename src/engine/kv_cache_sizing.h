@@ -15,7 +15,6 @@
 
 #include "backend/backend.h"
 #include "engine/llm_engine.h"
-#include "model/model.h"
 
 namespace specula {
 
@@ -28,9 +27,9 @@ struct KVCachePlan {
   std::string source;      // how the size was chosen, for the log
 };
 
+// bytes_per_token: K and V of every layer of every cache a block holds (target and draft);
 // device_kv_budget: bytes the device memory plan leaves for the KV cache (CUDA).
-KVCachePlan plan_kv_cache(const EngineConfig& config, const KVCacheSpec& spec, DType dtype, Device device,
-                          int max_model_len, int max_num_seqs,
-                          std::optional<size_t> device_kv_budget = std::nullopt);
+KVCachePlan plan_kv_cache(const EngineConfig& config, size_t bytes_per_token, Device device, int max_model_len,
+                          int max_num_seqs, std::optional<size_t> device_kv_budget = std::nullopt);
 
 }  // namespace specula

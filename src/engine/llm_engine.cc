@@ -10,6 +10,7 @@
 #include "core/logging.h"
 #include "sampling/device_sampler.h"
 #include "engine/async_scheduling_default.h"
+#include "engine/kv_cache_dtype.h"
 #include "engine/kv_cache_sizing.h"
 #include "engine/load_progress.h"
 #include "engine/memory_plan.h"
@@ -57,7 +58,7 @@ std::vector<int32_t> eos_token_ids(const Tokenizer& tok, const GenerationConfig&
   return ids;
 }
 
-// --dtype / --kv-cache-dtype name the backend's compute type or auto; -pp is 1; -tp splits the
+// --dtype names the backend's compute type or auto; -pp is 1; -tp splits the
 // model over that many backends of the device's kind (model/tensor_parallel_model.h).
 void check_parallel_and_types(const EngineConfig& config, const Backend& backend) {
   SPECULA_CHECK(config.tensor_parallel_size >= 1, "--tensor-parallel-size must be positive, got {}",
@@ -83,12 +84,6 @@ void check_parallel_and_types(const EngineConfig& config, const Backend& backend
     SPECULA_CHECK(*want == compute, "--dtype {}: the {} backend computes in {} (use auto or that type)", config.dtype,
                   backend.name(), dtype_name(compute));
   }
-  if (config.kv_cache_dtype != "auto") {
-    const std::optional<DType> want = type_of(config.kv_cache_dtype);
-    SPECULA_CHECK(want.has_value() && *want == compute,
-                  "--kv-cache-dtype {}: not supported yet; the KV cache is kept in the compute type ({}), use auto",
-                  config.kv_cache_dtype, dtype_name(compute));
-  }
 }
 
 }  // namespace
@@ -110,6 +105,8 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
                         : Tokenizer::from_dir(config.tokenizer.empty() ? config.model : config.tokenizer);
   parts.backend = make_backend(config);
   check_parallel_and_types(config, *parts.backend);
+  const DType compute_dtype = parts.backend->compute_dtype();
+  const DType kv_dtype = kv_cache_dtype_of(config.kv_cache_dtype, compute_dtype);
   const ModelConfig& mc = parts.model_config;
   // --shared-expert-fusion -1 (auto) becomes a number here; an MTP proposer reads the same one.
   parts.config.shared_expert_fusion =
@@ -138,6 +135,11 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
     progress.finish();
     LOG_INFO("Model loading took {:.2f} seconds",
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  check_kv_cache_dtype_fits(kv_dtype, compute_dtype, parts.model->kv_cache_spec(), config.kv_cache_dtype);
+  if (kv_dtype == DType::kF8E4M3) {  // vLLM's line
+    LOG_INFO("Using fp8 data type to store kv cache. It reduces the GPU memory footprint and boosts the performance. "
+             "Meanwhile, it may cause accuracy drop without a proper scaling factor (k_scale = v_scale = 1.0).");
   }
 
   // ---- limits ----
@@ -197,24 +199,23 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   }
 
   // ---- KV cache ----
-  KVCacheSpec kv_spec = parts.model->kv_cache_spec();
+  // A draft cache shares the target's blocks, so a block costs both: size the cache by their
+  // summed bytes per token (the target's in --kv-cache-dtype, a draft's in the compute type).
+  size_t kv_bytes_per_token = parts.model->kv_cache_spec().bytes_per_token(kv_dtype);
   if (speculator && speculator->kv_cache_spec().num_layers > 0) {
-    // A draft cache shares the target's blocks, so a block costs both: size the cache by their
-    // summed bytes per token (plan_kv_cache only reads bytes_per_token).
-    auto elems = [](const KVCacheSpec& s) { return s.num_layers * s.num_kv_heads * (s.head_dim + s.v_head_dim); };
-    kv_spec = KVCacheSpec{1, 1, elems(kv_spec) + elems(speculator->kv_cache_spec()), 0};
+    kv_bytes_per_token += speculator->kv_cache_spec().bytes_per_token(compute_dtype);
   }
   std::optional<size_t> kv_budget;
   if (device_plan) {  // one max_model_len sequence must fit, or the error names every size
-    check_kv_budget_fits(*device_plan, mp, kv_spec.bytes_per_token(parts.backend->compute_dtype()));
+    check_kv_budget_fits(*device_plan, mp, kv_bytes_per_token);
     kv_budget = device_plan->kv_budget;
   }
-  const KVCachePlan plan = plan_kv_cache(config, kv_spec, parts.backend->compute_dtype(), parts.backend->device(),
-                                         max_model_len, config.max_num_seqs, kv_budget);
-  LOG_INFO("KV cache: {} blocks of {} tokens ({} tokens, {:.2f} GiB, {}); maximum concurrency for {} tokens per "
-           "request: {:.2f}x",
+  const KVCachePlan plan = plan_kv_cache(config, kv_bytes_per_token, parts.backend->device(), max_model_len,
+                                         config.max_num_seqs, kv_budget);
+  LOG_INFO("KV cache: {} blocks of {} tokens ({} tokens, {:.2f} GiB, {}, {}); maximum concurrency for {} tokens "
+           "per request: {:.2f}x",
            plan.num_blocks, config.block_size, static_cast<int64_t>(plan.num_blocks) * config.block_size,
-           static_cast<double>(plan.bytes) / (1 << 30), plan.source, max_model_len,
+           static_cast<double>(plan.bytes) / (1 << 30), dtype_name(kv_dtype), plan.source, max_model_len,
            static_cast<double>(plan.num_blocks) * config.block_size / max_model_len);
   if (on_cuda) {  // vLLM's lines
     LOG_INFO("GPU KV cache size: {} tokens", static_cast<int64_t>(plan.num_blocks) * config.block_size);
@@ -248,6 +249,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   rc.block_size = cc.block_size;
   rc.num_blocks = cc.num_blocks;
   rc.num_speculative_tokens = cc.num_speculative_tokens;
+  rc.kv_cache_dtype = kv_dtype;
   auto runner = std::make_unique<ModelRunner>(*parts.model, *parts.backend, *parts.sampler, rc);
   if (speculator) {
     speculator->allocate_kv_cache(cc.num_blocks, cc.block_size);

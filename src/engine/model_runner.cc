@@ -78,7 +78,7 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const
       config_(config) {
   SPECULA_CHECK(config.num_blocks > 0, "model runner: the KV cache needs at least one block");
   const KVCacheSpec spec = model.kv_cache_spec();
-  const DType dtype = backend.compute_dtype();
+  const DType dtype = config.kv_cache_dtype.value_or(backend.compute_dtype());
   kv_.resize(static_cast<size_t>(spec.num_layers));
   for (KVCacheLayer& layer : kv_) {
     layer.k = backend.empty({config.num_blocks, config.block_size, spec.num_kv_heads, spec.head_dim}, dtype);

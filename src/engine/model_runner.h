@@ -57,11 +57,12 @@ struct ModelRunnerConfig {
   int block_size = 16;
   int num_blocks = 0;
   int num_speculative_tokens = 0;
+  std::optional<DType> kv_cache_dtype;  // unset: the backend's compute type (engine/kv_cache_dtype.h)
 };
 
 class ModelRunner : public ModelExecutor {
  public:
-  // Allocates the KV cache (num_blocks blocks per layer, in the backend's compute dtype) and the
+  // Allocates the KV cache (num_blocks blocks per layer, in config.kv_cache_dtype) and the
   // persistent device input buffers.
   ModelRunner(Model& model, Backend& backend, Sampler& sampler, const ModelRunnerConfig& config);
   ~ModelRunner() override;

@@ -348,6 +348,8 @@ class TensorParallelModel final : public Model {
       mine.clear();
       for (const KVCacheLayer& layer : kv) {
         KVCacheLayer copy;
+        copy.k_scale = layer.k_scale;
+        copy.v_scale = layer.v_scale;
         for (auto [from, to] : {std::pair{&layer.k, &copy.k}, std::pair{&layer.v, &copy.v}}) {
           if (!from->defined()) continue;
           *to = backend.empty(from->shape(), from->dtype());

@@ -97,7 +97,7 @@ TEST_F(VllmFlags, WhatCannotBeDoneIsRefusedInOneLine) {
   for (const Case& c : {Case{"-tp 3", "num_attention_heads (8) is not divisible by 3"},
                         Case{"--pipeline-parallel-size 2", "pipeline parallelism is not supported"},
                         Case{"--dtype float16", "computes in F32"},
-                        Case{"--kv-cache-dtype fp8", "--kv-cache-dtype fp8: not supported yet"},
+                        Case{"--kv-cache-dtype fp8_e5m2", "--kv-cache-dtype fp8_e5m2: not supported; the fp8 cache is e4m3"},
                         Case{"--no-enable-chunked-prefill --max-model-len 256 --max-num-batched-tokens 64 --max-num-seqs 8",
                              "is smaller than max_model_len"}}) {
     // serve: it has every engine flag, and fails before it would listen

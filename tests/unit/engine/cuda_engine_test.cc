@@ -4,6 +4,8 @@
 // issue's bar: the first 32), and each other's on any prompts.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "engine/llm_engine.h"
 #include "engine/memory_plan.h"
 #include "model/model.h"
@@ -93,6 +95,32 @@ TEST(CudaEngine, GraphsGiveTheEagerEnginesTokens) {
       EXPECT_EQ(graphs[i], eager[i]) << "batch " << batch << " prompt " << i;
     }
   }
+}
+
+// --kv-cache-dtype fp8 on the GPU: decode graphs give the eager engine's tokens (both read the
+// e4m3 cache through the same kernels), and the embedded model's continuations follow the bf16
+// cache's for most tokens (printed).
+TEST(CudaEngine, Fp8KvCacheGraphsGiveTheEagerTokensCloseToBf16) {
+  SKIP_WITHOUT_GPU();
+  EngineConfig c = tiny_config("cuda");
+  const auto ref = testing::read_greedy_reference(testing::fixtures_dir() / "embedded" / "specula-tiny" /
+                                                  "reference.safetensors");
+  const int tokens = static_cast<int>(ref.greedy[0].size());
+  const auto bf16 = run_engine(c, false, ref.prompts, tokens);
+  c.kv_cache_dtype = "fp8";
+  const auto eager = run_engine(c, true, ref.prompts, tokens), graphs = run_engine(c, false, ref.prompts, tokens);
+  size_t agree = 0, total = 0;
+  for (size_t i = 0; i < ref.prompts.size(); ++i) {
+    EXPECT_EQ(graphs[i], eager[i]) << "prompt " << i;
+    size_t same = 0;
+    while (same < bf16[i].size() && same < graphs[i].size() && graphs[i][same] == bf16[i][same]) ++same;
+    agree += same;
+    total += bf16[i].size();
+  }
+  std::printf("[ fp8 kv ] specula-tiny on the GPU: greedy tokens before the first difference from the bf16 cache "
+              "%zu of %zu\n",
+              agree, total);
+  EXPECT_GE(agree * 2, total);
 }
 
 TEST(CudaEngine, KvCacheTakesWhatGpuMemoryUtilizationLeaves) {

@@ -170,15 +170,18 @@ TEST(MemoryPlan, TheKvCacheTakesTheDeviceBudget) {
   EngineConfig ec;
   ec.block_size = 16;
   const KVCacheSpec spec{32, 8, 128, 128};  // Llama-3.1-8B
-  const size_t per_block = spec.bytes_per_token(DType::kBF16) * 16;
-  const KVCachePlan plan = plan_kv_cache(ec, spec, DType::kBF16, Device::kCUDA, 64, 256, 10 * per_block + 5);
+  const size_t per_token = spec.bytes_per_token(DType::kBF16), per_block = per_token * 16;
+  const KVCachePlan plan = plan_kv_cache(ec, per_token, Device::kCUDA, 64, 256, 10 * per_block + 5);
   EXPECT_EQ(plan.num_blocks, 10);
   EXPECT_EQ(plan.source, "gpu_memory_utilization");
   ec.num_gpu_blocks_override = 7;
-  EXPECT_EQ(plan_kv_cache(ec, spec, DType::kBF16, Device::kCUDA, 64, 256, 10 * per_block).num_blocks, 7);
+  EXPECT_EQ(plan_kv_cache(ec, per_token, Device::kCUDA, 64, 256, 10 * per_block).num_blocks, 7);
   ec.num_gpu_blocks_override.reset();
-  EXPECT_THROW(plan_kv_cache(ec, spec, DType::kBF16, Device::kCUDA, 4096, 256, 100 * per_block), Error)
+  EXPECT_THROW(plan_kv_cache(ec, per_token, Device::kCUDA, 4096, 256, 100 * per_block), Error)
       << "100 blocks of 16 tokens cannot hold one 4096-token sequence";
+  // An fp8 cache: the same budget holds twice the blocks.
+  EXPECT_EQ(plan_kv_cache(ec, spec.bytes_per_token(DType::kF8E4M3), Device::kCUDA, 64, 256, 10 * per_block).num_blocks,
+            20);
   EXPECT_GT(graph_and_buffer_reserve(MemoryPlanConfig{}, spec), size_t{128} << 20);
 }
 
