@@ -17,7 +17,7 @@ BUDGET=${KV_BUDGET:-560}
 SKIP=" ${KV_SKIP:-} "
 source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 
-tests='CudaAttention.*Fp8*:CudaKvCache.*:CudaQkvPrologue.*Fp8*'
+tests='*CudaAttention.Fp8*:CudaKvCache.*:*CudaQkvPrologue.Fp8*'
 if ! skipped tests; then
   stage test_backend_cuda_fp8kv 120 test_backend_cuda --gtest_brief=1 --gtest_filter="$tests"
   stage test_engine_cuda_fp8kv 120 test_engine_cuda --gtest_filter='CudaEngine.Fp8*'

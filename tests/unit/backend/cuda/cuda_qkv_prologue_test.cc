@@ -104,16 +104,16 @@ TEST_P(CudaQkvPrologue, MatchesTheCpuOpSequence) {
 }
 
 // An fp8 cache gets each K/V element rounded once from fp32. V is the same rounding of the same
-// bf16 value on both sides; K differs from the CPU's by the GPU's bf16 rounding of the normalised
-// head (2^-9), which moves a value across an e4m3 rounding boundary (one step: 2^-3 relative) for
-// a few elements only.
+// bf16 value on both sides, exactly. K carries the bf16 test's error (the GPU rounds the normalised
+// head before rope, whose cancellations turn that into 2e-2 absolute) plus one e4m3 step (2^-3
+// relative) where it moves a value across a rounding boundary, which only a few elements do.
 TEST_P(CudaQkvPrologue, Fp8CacheMatchesTheCpuOpSequence) {
   SKIP_WITHOUT_GPU();
   const PrologueCase c = GetParam();
   const auto [want, got] = run_prologue(c, /*fp8=*/true);
   expect_close(got.q, want.q, 1e-2, 2e-2, c.name + " q");
   expect_close(got.v, want.v, 0.0, 0.0, c.name + " cache.v");
-  expect_close(got.k, want.k, 0.13, 0.25 * std::ldexp(1.0, -9), c.name + " cache.k");
+  expect_close(got.k, want.k, 0.13, 2e-2, c.name + " cache.k");
   size_t same = 0;
   for (size_t i = 0; i < got.k.size(); ++i) same += got.k[i] == want.k[i];
   EXPECT_GE(same, got.k.size() * 9 / 10) << c.name << ": " << same << " of " << got.k.size() << " K elements agree";
