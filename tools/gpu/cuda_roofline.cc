@@ -2,9 +2,11 @@
 // against a measured roofline: device-to-device copy bandwidth, bf16 GEMM rate (cuBLASLt at
 // 8192^3 and at the Llama-3.1-8B layer shapes), decode attention bandwidth and prefill attention
 // rate. Every figure is the median of several timed repetitions (CUDA events on the backend's
-// stream) after a warm-up. Prints one line per measurement; `--quick` runs fewer repetitions.
+// stream) after a warm-up. Prints one line per measurement; `--quick` runs fewer repetitions,
+// `--attention` only the copy bandwidth, the square GEMM and the attention kernels (bf16 and fp8
+// caches).
 //
-//   cuda_roofline [--quick]
+//   cuda_roofline [--quick] [--attention]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -81,6 +83,21 @@ Tensor random_bf16(Backend& be, const Shape& shape, float scale, unsigned seed) 
   Tensor t = be.empty(shape, DType::kBF16);
   Tensor src = Tensor::from_blob(host.data(), shape, DType::kBF16, Device::kCPU);
   be.copy(src, t);
+  return t;
+}
+
+// Random e4m3 values (|x| <= 1, no NaN), as an fp8 KV cache holds them.
+Tensor random_fp8(Backend& be, const Shape& shape, unsigned seed) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<uint8_t> host(static_cast<size_t>(n));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const size_t pattern = std::min<size_t>(host.size(), 1 << 20);
+  for (size_t i = 0; i < pattern; ++i) host[i] = f32_to_f8e4m3(u(rng));
+  for (size_t i = pattern; i < host.size(); ++i) host[i] = host[i % pattern];
+  Tensor t = be.empty(shape, DType::kF8E4M3);
+  be.copy(Tensor::from_blob(host.data(), shape, DType::kF8E4M3, Device::kCPU), t);
   return t;
 }
 
@@ -173,14 +190,18 @@ void fused_projection(CudaBackend& be, const char* label, int64_t m, int64_t n, 
 
 // Llama-3.1-8B attention: 32 query heads, 8 kv heads, head_dim 128, block size 16. capture_len >
 // seq_len: the launch is sized as a decode CUDA graph captured for sequences of capture_len keys
-// (the host's lengths) and runs on seq_len (the device's), as in serving.
+// (the host's lengths) and runs on seq_len (the device's), as in serving. fp8: an e4m3 cache
+// (--kv-cache-dtype fp8), whose bytes are half of bf16's.
 void attention(CudaBackend& be, int batch, int seq_len, int query_len, double roofline_tbs, double gemm_tflops,
-               int capture_len = 0) {
+               int capture_len = 0, bool fp8 = false) {
   const int hq = 32, hk = 8, d = 128, bs = 16;
   capture_len = std::max(capture_len, seq_len);
   const int blocks_per_seq = (capture_len + bs - 1) / bs;
   const int num_blocks = batch * blocks_per_seq;
-  KVCacheLayer cache{random_bf16(be, {num_blocks, bs, hk, d}, 1.0f, 3), random_bf16(be, {num_blocks, bs, hk, d}, 1.0f, 4)};
+  const Shape cache_shape{num_blocks, bs, hk, d};
+  KVCacheLayer cache = fp8 ? KVCacheLayer{random_fp8(be, cache_shape, 3), random_fp8(be, cache_shape, 4), 0.5f, 0.5f}
+                           : KVCacheLayer{random_bf16(be, cache_shape, 1.0f, 3), random_bf16(be, cache_shape, 1.0f, 4)};
+  const char* cache_name = fp8 ? "fp8 " : "bf16";
   std::vector<int32_t> ids(num_blocks);
   std::iota(ids.begin(), ids.end(), 0);
   std::shuffle(ids.begin(), ids.end(), std::mt19937(5));  // pages scattered as in a real pool
@@ -214,11 +235,11 @@ void attention(CudaBackend& be, int batch, int seq_len, int query_len, double ro
     be.set_decode_cluster_splits(0);
     const double merge_kernel_ms = time_ms(be, step, 10, /*graph=*/true);
     be.set_decode_cluster_splits(cluster_splits);
-    const double bytes = 2.0 * batch * seq_len * hk * d * 2;  // K and V, bf16
+    const double bytes = 2.0 * batch * seq_len * hk * d * (fp8 ? 1 : 2);  // K and V
     const double tbs = bytes / (ms * 1e-3) / 1e12;
-    std::printf("decode  attention batch=%-3d seq=%-6d graph for %-5d: %8.4f ms  %5.2f TB/s (%3.0f%% of copy); eager %.4f ms; "
-                "merge kernel %.4f ms\n",
-                batch, seq_len, capture_len, ms, tbs, 100 * tbs / roofline_tbs, eager_ms, merge_kernel_ms);
+    std::printf("decode  attention %s batch=%-3d seq=%-6d graph for %-5d: %8.4f ms  %5.2f TB/s (%3.0f%% of copy); eager "
+                "%.4f ms; merge kernel %.4f ms\n",
+                cache_name, batch, seq_len, capture_len, ms, tbs, 100 * tbs / roofline_tbs, eager_ms, merge_kernel_ms);
   } else {
     const double ms = time_ms(be, step);
     // Causal: query row i (of query_len, after seq_len - query_len cached keys) sees
@@ -226,18 +247,41 @@ void attention(CudaBackend& be, int batch, int seq_len, int query_len, double ro
     const double context = seq_len - query_len;
     const double pairs = static_cast<double>(batch) * query_len * (context + (query_len + 1) / 2.0);
     const double tflops = 4.0 * pairs * hq * d / (ms * 1e-3) / 1e12;
-    std::printf("prefill attention batch=%-3d seq=%-6d query=%-5d: %8.4f ms  %6.1f TFLOP/s (%3.0f%% of the 8192^3 GEMM)\n",
-                batch, seq_len, query_len, ms, tflops, 100 * tflops / gemm_tflops);
+    std::printf("prefill attention %s batch=%-3d seq=%-6d query=%-5d: %8.4f ms  %6.1f TFLOP/s (%3.0f%% of the 8192^3 "
+                "GEMM)\n",
+                cache_name, batch, seq_len, query_len, ms, tflops, 100 * tflops / gemm_tflops);
+  }
+}
+
+// Every attention shape of the report, with a bf16 and an fp8 cache.
+void attention_shapes(CudaBackend& be, double roofline, double peak) {
+  for (bool fp8 : {false, true}) {
+    for (int batch : {1, 64}) {
+      for (int seq : {256, 1024, 4096}) attention(be, batch, seq, 1, roofline, peak, 0, fp8);
+    }
+    attention(be, 1, 256, 1, roofline, peak, 4608, fp8);  // the batch-1 decode graph of bench/ab_decode.sh
+    attention(be, 1, 4096, 4096, roofline, peak, 0, fp8);  // one 4096-token prompt
+    attention(be, 1, 1024, 1024, roofline, peak, 0, fp8);
+    attention(be, 1, 8192, 512, roofline, peak, 0, fp8);  // a 512-token chunk after 7680 cached tokens
+    attention(be, 16, 1024, 4, roofline, peak, 0, fp8);   // verification of 3 draft tokens, batch 16
   }
 }
 
 int run(int argc, char** argv) {
-  if (argc > 1 && std::strcmp(argv[1], "--quick") == 0) g_reps = 5;
+  bool attention_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) g_reps = 5;
+    if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;
+  }
   auto backend = make_cuda_backend(0);
   auto& be = dynamic_cast<CudaBackend&>(*backend);
   std::printf("device: %s\n", be.name().c_str());
   const double roofline = copy_bandwidth(be);
   const double peak = gemm(be, "square", 8192, 8192, 8192, roofline);
+  if (attention_only) {
+    attention_shapes(be, roofline, peak);
+    return 0;
+  }
   // Llama-3.1-8B linear layers (hidden 4096, intermediate 14336, 32/8 heads of 128, vocab 128256)
   // at decode batch 1 and 64 and at a 4096-token prefill.
   struct Shape3 {
@@ -265,14 +309,7 @@ int run(int argc, char** argv) {
       fused_projection(be, "down+add", m, 4096, 14336, false, Epilogue::kAccumulate, wdt, roofline);
     }
   }
-  for (int batch : {1, 64}) {
-    for (int seq : {256, 1024, 4096}) attention(be, batch, seq, 1, roofline, peak);
-  }
-  attention(be, 1, 256, 1, roofline, peak, 4608);  // the batch-1 decode graph of bench/ab_decode.sh
-  attention(be, 1, 4096, 4096, roofline, peak);  // one 4096-token prompt
-  attention(be, 1, 1024, 1024, roofline, peak);
-  attention(be, 1, 8192, 512, roofline, peak);    // a 512-token chunk after 7680 cached tokens
-  attention(be, 16, 1024, 4, roofline, peak);     // verification of 3 draft tokens, batch 16
+  attention_shapes(be, roofline, peak);
   return 0;
 }
 

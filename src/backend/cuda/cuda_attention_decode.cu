@@ -67,8 +67,9 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
   constexpr int kBatch = kPasses < 8 ? kPasses : kPasses > 8 ? 4 : 8;
   // V rows are loaded together with the K rows of the tile (held raw in registers until P.V), so
   // that twice the bytes are in flight and P.V waits for nothing, where the registers allow (a
-  // block of 4+ entries holds 64 registers of q and accumulators a thread); otherwise V is
-  // loaded after the softmax.
+  // block of 4+ entries holds 64 registers of q and accumulators a thread: with 4, even fp8's
+  // half-size V slices spill); otherwise V is loaded after the softmax.
+  using Raw = typename KvSlice<C>::Raw;
   constexpr bool kPrefetchV = kPasses <= 8 && G <= 2;
   __shared__ float scores[G][kTile];
   __shared__ float run_max[G], run_sum[G], tile_scale[G];
@@ -134,7 +135,6 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
       for (int e = 0; e < 8; ++e) qv[g][e] *= q_scale;
     }
   }
-  using Raw = typename KvSlice<C>::Raw;
   const C* k_cache = static_cast<const C*>(p.k_cache) + static_cast<int64_t>(kv_head) * d + dim0;
   const C* v_cache = static_cast<const C*>(p.v_cache) + static_cast<int64_t>(kv_head) * dv + dim0;
   const int64_t k_row_stride = static_cast<int64_t>(hk) * d, v_row_stride = static_cast<int64_t>(hk) * dv;
