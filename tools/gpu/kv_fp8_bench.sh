@@ -6,10 +6,10 @@
 #   2. cuda_roofline --quick: the copy bandwidth the roofline uses;
 #   3. Llama-3.1-8B (dummy weights) with the bf16 cache against the fp8 one, alternated KV_REPS
 #      times, where attention streams the most cache: batch 64 x (2048 + 128) tokens and batch 1
-#      at 8192 + 128 tokens (20 requests a run).
+#      at 8192 + 128 tokens (20 requests a run); and a 4096-token prefill (TTFT, 5 requests).
 # $OUT receives kv_fp8_summary.txt (tools/gpu/kv_fp8_summary.py: TPOT spreads, tok/s, each against
 # the roofline of the weight and cache bytes a step reads) and kv_fp8_logs.tar.gz.
-#   KV_REPS=2 KV_SKIP="tests memcheck roofline b64 b1" KV_BUDGET=560
+#   KV_REPS=2 KV_SKIP="tests memcheck roofline b64 b1 prefill" KV_BUDGET=560
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -30,8 +30,8 @@ if ! skipped memcheck; then
   grep -E "ERROR SUMMARY|Invalid|^\[  (PASSED|FAILED) " "$WORK/memcheck_fp8kv.log" | head -20
 fi
 if ! skipped roofline; then
-  stage roofline 90 cuda_roofline --quick
-  grep -E "^copy" "$WORK/roofline.log" | head -5
+  stage roofline 90 cuda_roofline --quick --attention
+  grep -E "^copy|attention" "$WORK/roofline.log" | head -40
 fi
 
 LLAMA=bench/configs/Llama-3.1-8B-Instruct
@@ -42,6 +42,8 @@ for rep in $(seq 1 "${KV_REPS:-2}"); do
       --input-len 2048 --output-len 128 --num-iters 2 --num-iters-warmup 1 --max-num-seqs 64
     skipped b1 || bench "b1_${kv}_r$rep" 100 "${common[@]}" --kv-cache-dtype "$kv" --batch-size 1 \
       --input-len 8192 --output-len 128 --num-iters 20 --num-iters-warmup 2 --max-num-seqs 8
+    skipped prefill || bench "prefill4096_${kv}_r$rep" 75 "${common[@]}" --kv-cache-dtype "$kv" --batch-size 1 \
+      --input-len 4096 --output-len 1 --num-iters 5 --num-iters-warmup 2 --max-num-seqs 1
   done
 done
 

@@ -48,3 +48,11 @@ for shape in ("b64", "b1"):
         ratio = statistics.median(medians["fp8"]) / statistics.median(medians["auto"])
         print(f"{shape}: fp8 / bf16 TPOT median {ratio:.3f} (medians bf16 {min(medians['auto']):.3f}-"
               f"{max(medians['auto']):.3f}, fp8 {min(medians['fp8']):.3f}-{max(medians['fp8']):.3f} ms)\n")
+
+ttft = {"auto": [], "fp8": []}
+for path in sorted(glob.glob(os.path.join(work, "prefill4096_*_r*.json"))):
+    kv = os.path.basename(path).split("_")[1]
+    ttft[kv].append(json.load(open(path))["ttft_ms"]["median"])
+for kv in ("auto", "fp8"):
+    if ttft[kv]:
+        print(f"prefill 4096 {kv}: TTFT medians {', '.join(f'{t:.1f}' for t in ttft[kv])} ms")
