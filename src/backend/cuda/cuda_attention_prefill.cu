@@ -66,20 +66,31 @@ __device__ __forceinline__ void load_tile_async(bf16* tile, int dim, RowPtr row_
   }
 }
 
-// cp.async of the first `bytes` (0..16) of 16 bytes; the rest of the destination is zero-filled.
-__device__ __forceinline__ void cp_async16_partial(void* smem, const void* gmem, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(bytes));
+// cp.async of 8 bytes (.ca: .cg copies only 16), zero-filled unless `pred`; the source must be
+// 8-byte aligned.
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem, bool pred) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem), "r"(pred ? 8 : 0));
 }
 
-// An fp8 [ROWS, dim] tile into a [ROWS, DMAX]-byte staging buffer, 16 elements a copy; rows with
-// no source and columns past `dim` are zero-filled (e4m3 zero).
+// An fp8 [ROWS, dim] tile into a [ROWS, DMAX]-byte staging buffer; rows with no source and
+// columns past `dim` are zero-filled (e4m3 zero). Rows of a multiple of 16 elements start 16-byte
+// aligned and go 16 elements a copy; others (dim = 8 mod 16) 8 a copy.
 template <int DMAX, int ROWS, class RowPtr>
 __device__ __forceinline__ void load_raw_tile_async(uint8_t* raw, int dim, RowPtr row_ptr, const fp8* any_valid) {
-  constexpr int kChunksPerRow = DMAX / 16;
-  for (int c = threadIdx.x; c < ROWS * kChunksPerRow; c += kThreads) {
-    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 16;
-    const fp8* src = col < dim ? row_ptr(r) : nullptr;
-    cp_async16_partial(raw + r * DMAX + col, src ? src + col : any_valid, src ? min(16, dim - col) : 0);
+  if (dim % 16 == 0) {
+    constexpr int kChunksPerRow = DMAX / 16;
+    for (int c = threadIdx.x; c < ROWS * kChunksPerRow; c += kThreads) {
+      const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 16;
+      const fp8* src = col < dim ? row_ptr(r) : nullptr;
+      cp_async16(raw + r * DMAX + col, src ? src + col : any_valid, src != nullptr);
+    }
+  } else {
+    constexpr int kChunksPerRow = DMAX / 8;
+    for (int c = threadIdx.x; c < ROWS * kChunksPerRow; c += kThreads) {
+      const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
+      const fp8* src = col < dim ? row_ptr(r) : nullptr;
+      cp_async8(raw + r * DMAX + col, src ? src + col : any_valid, src != nullptr);
+    }
   }
 }
 
