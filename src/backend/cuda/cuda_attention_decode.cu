@@ -17,10 +17,13 @@
 //    second kernel's launch and dependency wait cost ~0.5 us a layer at batch 1). More splits
 //    (long contexts, when the GPU has few (sequence, head) pairs) write partials to global memory
 //    for a merge kernel;
-//  - each K/V row (D elements) is read by L = D/8 lanes (rounded up to a power of two) with one
-//    load of 8 elements each (16 bytes of bf16, 8 of fp8), so a warp reads 32/L rows per
-//    instruction, coalesced; an fp8 cache halves the bytes a step streams;
-//    the q.k dot products are finished with shuffles inside each group of L lanes;
+//  - each K/V row (D elements) is read by L = D/E lanes (rounded up to a power of two) with one
+//    16-byte load of E elements each (8 of bf16; 16 of fp8, 8 bytes where a row is not 16-byte
+//    aligned), so a warp reads 32/L rows per instruction, coalesced; the q.k dot products are
+//    finished with shuffles inside each group of L lanes. An fp8 cache halves the bytes, and 16
+//    elements a lane halve the rows, shuffles and loads a thread handles: with 8 a lane, the
+//    fp8 kernel took 0.90x of bf16's time for half the bytes (the per-row instructions bound
+//    it). 16 elements of q and of the output a lane cap a block at 2 entries;
 //  - keys go through the block in tiles of 64: scores for the tile into shared memory, one warp
 //    per query head updates the running max / sum (online softmax, fp32, log2 domain), then the
 //    same lanes accumulate p * V in registers. Nothing is sized by the sequence length. A tile's
@@ -55,8 +58,9 @@ constexpr float kLog2e = 1.4426950408889634f;
 // Launch bounds: with up to 4 entries, 4 blocks (16 warps) must fit an SM, i.e. at most 128
 // registers a thread: this kernel lives on the loads it keeps in flight, and the general entry
 // bookkeeping would otherwise push it just past 128 and cost a quarter of the resident warps.
-// C: the cache's element type (bf16, or fp8 holding x / k_scale and x / v_scale).
-template <int L, int G, class C>
+// C: the cache's element type (bf16, or fp8 holding x / k_scale and x / v_scale); E: elements of
+// a row a lane reads with one load (KvSlice).
+template <int L, int G, class C, int E>
 __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
     decode_attention_kernel(PagedAttentionParams p, int group, int entry_chunks, float* partial_out,
                             float* partial_stats) {
@@ -69,11 +73,12 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
   // that twice the bytes are in flight and P.V waits for nothing, where the registers allow (a
   // block of 4+ entries holds 64 registers of q and accumulators a thread: with 4, even fp8's
   // half-size V slices spill); otherwise V is loaded after the softmax.
-  using Raw = typename KvSlice<C>::Raw;
+  using Slice = KvSlice<C, E>;
+  using Raw = typename Slice::Raw;
   constexpr bool kPrefetchV = kPasses <= 8 && G <= 2;
   __shared__ float scores[G][kTile];
   __shared__ float run_max[G], run_sum[G], tile_scale[G];
-  __shared__ float partial[kWarps][G][L * 8];
+  __shared__ float partial[kWarps][G][L * E];
   allow_next_kernel_start();
   wait_for_previous_kernels();  // q (and the K/V of this step) come from the previous kernels
 
@@ -109,9 +114,9 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
     return;
   }
 
-  const int sub = tid % L;   // which 8-element slice of a row this thread reads
+  const int sub = tid % L;   // which E-element slice of a row this thread reads
   const int slot = tid / L;  // which row of a pass
-  const int dim0 = sub * 8;
+  const int dim0 = sub * E;
   const bool k_active = dim0 < d, v_active = dim0 < dv;
 
   for (int g = tid; g < G; g += kThreads) {
@@ -121,18 +126,23 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
   // q, pre-scaled so that scores come out in the log2 domain (and by the cache's K scale).
   const bf16* q = static_cast<const bf16*>(p.q);
   const float q_scale = p.scale * kLog2e * p.k_scale;
-  float qv[G][8];
-  float acc[G][8];
+  float qv[G][E];
+  float acc[G][E];
   int limit[G];
 #pragma unroll
   for (int g = 0; g < G; ++g) {
     limit[g] = g < entries ? context + (entry0 + g) / group : -1;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) qv[g][e] = acc[g][e] = 0.0f;
+    for (int e = 0; e < E; ++e) qv[g][e] = acc[g][e] = 0.0f;
     if (g < entries && k_active) {
-      load_vec(q + (static_cast<int64_t>(entry_row(g)) * hq + entry_head(g)) * d + dim0, qv[g]);
+      const bf16* q_row = q + (static_cast<int64_t>(entry_row(g)) * hq + entry_head(g)) * d + dim0;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) qv[g][e] *= q_scale;
+      for (int part = 0; part < E / 8; ++part) {
+        float eight[8];
+        load_vec(q_row + 8 * part, eight);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) qv[g][8 * part + e] = eight[e] * q_scale;
+      }
     }
   }
   const C* k_cache = static_cast<const C*>(p.k_cache) + static_cast<int64_t>(kv_head) * d + dim0;
@@ -158,22 +168,22 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int row = cache_row[batch + b];
-        k_raw[b] = row >= 0 && k_active ? load_kv_slice(k_cache + row * k_row_stride) : Raw{};
+        k_raw[b] = row >= 0 && k_active ? load_kv_slice<C, E>(k_cache + row * k_row_stride) : Raw{};
         if constexpr (kPrefetchV) {
-          v_raw[batch + b] = row >= 0 && v_active ? load_kv_slice(v_cache + row * v_row_stride) : Raw{};
+          v_raw[batch + b] = row >= 0 && v_active ? load_kv_slice<C, E>(v_cache + row * v_row_stride) : Raw{};
         }
       }
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         const int i = (batch + b) * kRowsPerPass + slot, j = t0 + i;
-        float kv[8];
-        kv_slice_to_float(k_raw[b], kv);
+        float kv[E];
+        Slice::widen(k_raw[b], kv);
         float dot[G];
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           dot[g] = 0.0f;
 #pragma unroll
-          for (int e = 0; e < 8; ++e) dot[g] += qv[g][e] * kv[e];
+          for (int e = 0; e < E; ++e) dot[g] += qv[g][e] * kv[e];
 #pragma unroll
           for (int off = L / 2; off > 0; off >>= 1) dot[g] += __shfl_xor_sync(0xffffffffu, dot[g], off);
         }
@@ -207,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
     for (int g = 0; g < G; ++g) {
       const float alpha = tile_scale[g];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[g][e] *= alpha;
+      for (int e = 0; e < E; ++e) acc[g][e] *= alpha;
     }
 #pragma unroll
     for (int batch = 0; batch < kPasses; batch += kBatch) {
@@ -218,20 +228,20 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
         if constexpr (kPrefetchV) {
           v_batch[b] = v_raw[batch + b];
         } else {
-          v_batch[b] = row >= 0 && v_active ? load_kv_slice(v_cache + row * v_row_stride) : Raw{};
+          v_batch[b] = row >= 0 && v_active ? load_kv_slice<C, E>(v_cache + row * v_row_stride) : Raw{};
         }
       }
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         if (cache_row[batch + b] < 0 || !v_active) continue;
         const int i = (batch + b) * kRowsPerPass + slot;
-        float vv[8];
-        kv_slice_to_float(v_batch[b], vv);
+        float vv[E];
+        Slice::widen(v_batch[b], vv);
 #pragma unroll
         for (int g = 0; g < G; ++g) {
           const float w = scores[g][i];
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[g][e] += w * vv[e];
+          for (int e = 0; e < E; ++e) acc[g][e] += w * vv[e];
         }
       }
     }
@@ -243,7 +253,7 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
 #pragma unroll
   for (int g = 0; g < G; ++g) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
+    for (int e = 0; e < E; ++e) {
 #pragma unroll
       for (int off = L; off < 32; off <<= 1) acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], off);
       acc[g][e] *= p.v_scale;
@@ -253,7 +263,7 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
 #pragma unroll
     for (int g = 0; g < G; ++g) {
 #pragma unroll
-      for (int e = 0; e < 8; ++e) partial[warp][g][lane * 8 + e] = acc[g][e];
+      for (int e = 0; e < E; ++e) partial[warp][g][lane * E + e] = acc[g][e];
     }
   }
   __syncthreads();
@@ -345,18 +355,27 @@ __global__ void decode_merge_kernel(PagedAttentionParams p, int num_splits, cons
   }
 }
 
-int heads_per_block(int group) { return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8; }
+// Elements a lane reads with one load: 16 for an fp8 cache whose rows start 16-byte aligned.
+int slice_elems(const PagedAttentionParams& p) {
+  return p.cache_fp8 && p.head_dim % 16 == 0 && p.v_head_dim % 16 == 0 ? 16 : 8;
+}
 
-int lanes_per_row(int max_dim) {
+// Entries a block takes: up to 8, or 2 with 16 elements a lane (their q and outputs in registers).
+int heads_per_block(int entries, int elems) {
+  const int g = entries <= 1 ? 1 : entries <= 2 ? 2 : entries <= 4 ? 4 : 8;
+  return elems == 16 ? std::min(g, 2) : g;
+}
+
+int lanes_per_row(int max_dim, int elems) {
   int lanes = 2;
-  while (lanes * 8 < max_dim) lanes *= 2;
+  while (lanes * elems < max_dim) lanes *= 2;
   return lanes;
 }
 
-template <int L, int G, class C>
-cudaError_t launch_lgc(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
-                       float* partial_stats, cudaStream_t stream) {
-  const auto kernel = decode_attention_kernel<L, G, C>;
+template <int L, int G, class C, int E>
+cudaError_t launch_lgce(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
+                        float* partial_stats, cudaStream_t stream) {
+  const auto kernel = decode_attention_kernel<L, G, C, E>;
   const int entry_chunks = ceil_div(p.max_query_len * group, G);
   LaunchShape shape{dim3(p.num_kv_heads * entry_chunks, p.num_seqs, num_splits), dim3(kThreads)};
   if (num_splits > 1 && partial_out == nullptr) {
@@ -372,14 +391,21 @@ cudaError_t launch_lgc(const PagedAttentionParams& p, int group, int num_splits,
 template <int L, int G>
 cudaError_t launch_lg(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
                       float* partial_stats, cudaStream_t stream) {
-  if (p.cache_fp8) return launch_lgc<L, G, fp8>(p, group, num_splits, partial_out, partial_stats, stream);
-  return launch_lgc<L, G, bf16>(p, group, num_splits, partial_out, partial_stats, stream);
+  if (!p.cache_fp8) return launch_lgce<L, G, bf16, 8>(p, group, num_splits, partial_out, partial_stats, stream);
+  if (slice_elems(p) == 16) {
+    // heads_per_block and lanes_per_row pick at most 2 entries and 16 lanes for 16 elements.
+    if constexpr (G <= 2 && L <= 16) {
+      return launch_lgce<L, G, fp8, 16>(p, group, num_splits, partial_out, partial_stats, stream);
+    }
+    return cudaErrorInvalidValue;
+  }
+  return launch_lgce<L, G, fp8, 8>(p, group, num_splits, partial_out, partial_stats, stream);
 }
 
 template <int L>
 cudaError_t launch_l(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
                      float* partial_stats, cudaStream_t stream) {
-  switch (heads_per_block(p.max_query_len * group)) {
+  switch (heads_per_block(p.max_query_len * group, slice_elems(p))) {
     case 1: return launch_lg<L, 1>(p, group, num_splits, partial_out, partial_stats, stream);
     case 2: return launch_lg<L, 2>(p, group, num_splits, partial_out, partial_stats, stream);
     case 4: return launch_lg<L, 4>(p, group, num_splits, partial_out, partial_stats, stream);
@@ -391,7 +417,7 @@ cudaError_t launch_l(const PagedAttentionParams& p, int group, int num_splits, f
 
 int decode_num_splits(const PagedAttentionParams& p, int sm_count) {
   const int entries = p.max_query_len * (p.num_q_heads / p.num_kv_heads);
-  const int blocks = p.num_seqs * p.num_kv_heads * ceil_div(entries, heads_per_block(entries));
+  const int blocks = p.num_seqs * p.num_kv_heads * ceil_div(entries, heads_per_block(entries, slice_elems(p)));
   // Aim for ~4 blocks per SM (enough loads in flight to cover HBM latency), but give every split
   // at least kMinKeysPerSplit keys of the longest sequence.
   const int wanted = ceil_div(4 * sm_count, std::max(blocks, 1));
@@ -405,7 +431,7 @@ cudaError_t launch_decode_attention(const PagedAttentionParams& p, int num_split
   if (num_splits < 1 || num_splits > kMaxSplits || p.max_query_len > kMaxDecodeQueryLen) return cudaErrorInvalidValue;
   const int group = p.num_q_heads / p.num_kv_heads;
   cudaError_t err;
-  switch (lanes_per_row(std::max(p.head_dim, p.v_head_dim))) {
+  switch (lanes_per_row(std::max(p.head_dim, p.v_head_dim), slice_elems(p))) {
     case 2: err = launch_l<2>(p, group, num_splits, partial_out, partial_stats, stream); break;
     case 4: err = launch_l<4>(p, group, num_splits, partial_out, partial_stats, stream); break;
     case 8: err = launch_l<8>(p, group, num_splits, partial_out, partial_stats, stream); break;

@@ -101,7 +101,7 @@ __device__ __forceinline__ void widen_tile(const uint8_t* raw, bf16* tile, float
   for (int c = threadIdx.x; c < ROWS * kChunksPerRow; c += kThreads) {
     const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
     float f[8];
-    kv_slice_to_float(*reinterpret_cast<const uint2*>(raw + r * DMAX + col), f);
+    KvSlice<fp8, 8>::widen(*reinterpret_cast<const uint2*>(raw + r * DMAX + col), f);
     Vec16<bf16> out;
 #pragma unroll
     for (int e = 0; e < 8; ++e) out.elems[e] = __float2bfloat16_rn(f[e] * scale);
