@@ -120,6 +120,7 @@ void CudaBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, co
   p.max_query_len = static_cast<int>(max_query_len);
   p.max_seq_len = static_cast<int>(max_seq_len);
   p.num_query_rows = qsl[num_seqs];
+  p.sm_count = sm_count_;
 
   if (mla) {
     const int splits = cuda::mla_num_splits(p, sm_count_);

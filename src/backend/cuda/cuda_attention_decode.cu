@@ -20,10 +20,10 @@
 //  - each K/V row (D elements) is read by L = D/E lanes (rounded up to a power of two) with one
 //    16-byte load of E elements each (8 of bf16; 16 of fp8, 8 bytes where a row is not 16-byte
 //    aligned), so a warp reads 32/L rows per instruction, coalesced; the q.k dot products are
-//    finished with shuffles inside each group of L lanes. An fp8 cache halves the bytes, and 16
-//    elements a lane halve the rows, shuffles and loads a thread handles: with 8 a lane, the
-//    fp8 kernel took 0.90x of bf16's time for half the bytes (the per-row instructions bound
-//    it). 16 elements of q and of the output a lane cap a block at 2 entries;
+//    finished with shuffles inside each group of L lanes. An fp8 cache halves the bytes; 16
+//    elements a lane halve the rows, shuffles and loads a thread handles (the per-row
+//    instructions, not the bytes, bound a split) but cap a block at 2 entries, so they serve
+//    batches too small to fill the GPU (slice_elems);
 //  - keys go through the block in tiles of 64: scores for the tile into shared memory, one warp
 //    per query head updates the running max / sum (online softmax, fp32, log2 domain), then the
 //    same lanes accumulate p * V in registers. Nothing is sized by the sequence length. A tile's
@@ -355,15 +355,22 @@ __global__ void decode_merge_kernel(PagedAttentionParams p, int num_splits, cons
   }
 }
 
-// Elements a lane reads with one load: 16 for an fp8 cache whose rows start 16-byte aligned.
-int slice_elems(const PagedAttentionParams& p) {
-  return p.cache_fp8 && p.head_dim % 16 == 0 && p.v_head_dim % 16 == 0 ? 16 : 8;
-}
-
 // Entries a block takes: up to 8, or 2 with 16 elements a lane (their q and outputs in registers).
 int heads_per_block(int entries, int elems) {
   const int g = entries <= 1 ? 1 : entries <= 2 ? 2 : entries <= 4 ? 4 : 8;
   return elems == 16 ? std::min(g, 2) : g;
+}
+
+// Elements a lane reads with one load: 16 for an fp8 cache whose rows start 16-byte aligned, in
+// batches whose (sequence, kv head, entries) blocks do not fill the GPU (they split keys to fill
+// it, and fewer instructions a row shorten each split); where they fill it, 8 and up to 8 entries
+// a block, which read each K/V row once for 4-8 query heads (H200, fp8, batch 64 x 4096 keys:
+// 0.331 ms with 8 elements and 4 entries, 0.385 ms with 16 and 2; batch 1: 13.7 against 12.7 us).
+int slice_elems(const PagedAttentionParams& p) {
+  if (!p.cache_fp8 || p.head_dim % 16 != 0 || p.v_head_dim % 16 != 0) return 8;
+  const int entries = p.max_query_len * (p.num_q_heads / p.num_kv_heads);
+  const int blocks = p.num_seqs * p.num_kv_heads * ceil_div(entries, heads_per_block(entries, 8));
+  return blocks < p.sm_count ? 16 : 8;
 }
 
 int lanes_per_row(int max_dim, int elems) {

@@ -133,6 +133,7 @@ struct PagedAttentionParams {
   int max_query_len = 0;  // host-side maxima over the batch; they size the grids
   int max_seq_len = 0;
   int num_query_rows = 0;  // query_start_loc[num_seqs]: rows of q that belong to sequences
+  int sm_count = 0;        // the GPU's: how a decode batch fills it picks the kernel's shape
 };
 
 // Largest head dim the attention kernels take; head dims must be multiples of this granule.
