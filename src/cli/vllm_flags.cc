@@ -18,8 +18,8 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "half", "float16", "bfloat16", "float", "float32"}));
   cmd->add_option("--kv-cache-dtype", f.kv_cache_dtype,
-                  "KV cache type: auto (the compute type), or fp8 / fp8_e4m3 (e4m3, scale 1.0 per layer: half the "
-                  "bytes, so twice the tokens fit; not for MLA models)")
+                  "KV cache type: auto (the compute type), or fp8 / fp8_e4m3 (e4m3 with the checkpoint's k/v "
+                  "scales or 1.0: half the bytes, so twice the tokens fit; not for MLA models)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"}));
   cmd->add_option("-q,--quantization", f.quantization,

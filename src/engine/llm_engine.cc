@@ -137,9 +137,15 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   check_kv_cache_dtype_fits(kv_dtype, compute_dtype, parts.model->kv_cache_spec(), config.kv_cache_dtype);
-  if (kv_dtype == DType::kF8E4M3) {  // vLLM's line
+  if (kv_dtype == DType::kF8E4M3) {  // vLLM's lines
     LOG_INFO("Using fp8 data type to store kv cache. It reduces the GPU memory footprint and boosts the performance. "
-             "Meanwhile, it may cause accuracy drop without a proper scaling factor (k_scale = v_scale = 1.0).");
+             "Meanwhile, it may cause accuracy drop without a proper scaling factor.");
+    if (parts.model->kv_cache_scales().empty()) {
+      LOG_WARN("Using KV cache scaling factor 1.0 for fp8_e4m3. This may cause accuracy issues. Please make sure "
+               "k/v_scale scaling factors are available in the fp8 checkpoint.");
+    } else {
+      LOG_INFO("Using the checkpoint's KV cache scaling factors (self_attn.k_scale / v_scale) for fp8_e4m3.");
+    }
   }
 
   // ---- limits ----

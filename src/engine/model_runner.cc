@@ -80,6 +80,15 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const
   const KVCacheSpec spec = model.kv_cache_spec();
   const DType dtype = config.kv_cache_dtype.value_or(backend.compute_dtype());
   kv_.resize(static_cast<size_t>(spec.num_layers));
+  // An fp8 cache takes the checkpoint's scales where it has them (1.0 otherwise).
+  const std::vector<KVCacheScales> scales =
+      dtype == DType::kF8E4M3 ? model.kv_cache_scales() : std::vector<KVCacheScales>{};
+  SPECULA_CHECK(scales.empty() || scales.size() == kv_.size(),
+                "internal error: {} KV cache scales for {} cache layers", scales.size(), kv_.size());
+  for (size_t i = 0; i < scales.size(); ++i) {
+    kv_[i].k_scale = scales[i].k;
+    kv_[i].v_scale = scales[i].v;
+  }
   for (KVCacheLayer& layer : kv_) {
     layer.k = backend.empty({config.num_blocks, config.block_size, spec.num_kv_heads, spec.head_dim}, dtype);
     layer.v = backend.empty({config.num_blocks, config.block_size, spec.num_kv_heads, spec.v_head_dim}, dtype);

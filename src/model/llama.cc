@@ -39,6 +39,7 @@ class LlamaModel final : public Model {
   KVCacheSpec kv_cache_spec() const override {
     return KVCacheSpec{config_.num_hidden_layers, num_kv_heads_, head_dim_, head_dim_};
   }
+  std::vector<KVCacheScales> kv_cache_scales() const override;
   ForwardOutput forward(const ForwardInput& input, std::vector<KVCacheLayer>& kv) override;
   Tensor shared_weight(const std::string& name) const override;
   void set_aux_hidden_state_layers(const std::vector<int>& layers) override;
@@ -92,6 +93,19 @@ LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend
   norm_ = w.load("model.norm.weight", {hidden_});
   // A tied lm_head is the embedding: both hold the rank's vocabulary rows.
   lm_head_ = config.tie_word_embeddings ? embed_tokens_ : w.load("lm_head.weight", {vocab_rows_, hidden_});
+}
+
+// Every layer's, or none: a checkpoint calibrated for an fp8 cache scales all of them.
+std::vector<KVCacheScales> LlamaModel::kv_cache_scales() const {
+  std::vector<KVCacheScales> scales;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    SPECULA_CHECK(layers_[i].kv_cache_scales.has_value() == layers_.front().kv_cache_scales.has_value(),
+                  "{}: layer 0 {} KV cache scales (self_attn.k_scale / v_scale) but layer {} {}",
+                  architecture_name(config_.arch), layers_.front().kv_cache_scales ? "has" : "has no", i,
+                  layers_[i].kv_cache_scales ? "has" : "has none");
+    if (layers_[i].kv_cache_scales) scales.push_back(*layers_[i].kv_cache_scales);
+  }
+  return scales;
 }
 
 Tensor LlamaModel::shared_weight(const std::string& name) const {

@@ -63,6 +63,19 @@ LinearWeight LlamaWeightLoader::load_fp8_checkpoint(const std::vector<std::pair<
   return fused;
 }
 
+std::optional<float> LlamaWeightLoader::load_scalar(const std::string& name) {
+  const std::optional<Shape> shape = source_.stored_shape(name);
+  if (!shape) return std::nullopt;
+  int64_t numel = 1;
+  for (int64_t d : *shape) numel *= d;
+  SPECULA_CHECK(numel == 1, "{}: '{}' has shape {}: expected one value", source_.describe(), name, shape_str(*shape));
+  Tensor dev = source_.load(name, *shape, DType::kF32, backend_);
+  Tensor host = Tensor::empty(*shape, DType::kF32, Device::kCPU);
+  backend_.copy(dev, host);
+  backend_.synchronize();
+  return host.to_f32_vector().front();
+}
+
 std::vector<float> LlamaWeightLoader::load_row_scales(const std::string& weight_name, int64_t rows) {
   const std::string name = weight_name + "_scale";
   const std::optional<Shape> shape = source_.stored_shape(name);
@@ -115,6 +128,32 @@ LlamaDecoderLayer::LlamaDecoderLayer(const ModelConfig& config, Backend& backend
                 architecture_name(config.arch), config.hidden_act);
 }
 
+namespace {
+
+// The layer's fp8 KV cache scales under the names checkpoints give them: self_attn.k_scale and
+// v_scale (llm-compressor, vLLM), one self_attn.kv_scale for both, or AutoFP8's
+// k_proj.output_scale and v_proj.output_scale.
+std::optional<KVCacheScales> load_kv_cache_scales(LlamaWeightLoader& w, const std::string& p,
+                                                  const std::string& source) {
+  auto first_of = [&](std::initializer_list<std::string> names) -> std::pair<std::string, std::optional<float>> {
+    for (const std::string& n : names) {
+      if (std::optional<float> v = w.load_scalar(p + n)) return {p + n, v};
+    }
+    return {"", std::nullopt};
+  };
+  const auto [k_name, k] = first_of({"self_attn.k_scale", "self_attn.kv_scale", "self_attn.k_proj.output_scale"});
+  const auto [v_name, v] = first_of({"self_attn.v_scale", "self_attn.kv_scale", "self_attn.v_proj.output_scale"});
+  if (!k && !v) return std::nullopt;
+  SPECULA_CHECK(k && v, "{}: '{}' has no {} scale beside it", source, k ? k_name : v_name, k ? "V" : "K");
+  for (const auto& [name, value] : {std::pair{k_name, *k}, std::pair{v_name, *v}}) {
+    SPECULA_CHECK(std::isfinite(value) && value > 0.0f, "{}: KV cache scale '{}' is {}: it must be positive",
+                  source, name, value);
+  }
+  return KVCacheScales{*k, *v};
+}
+
+}  // namespace
+
 LlamaLayerWeights LlamaDecoderLayer::load(LlamaWeightLoader& w, const std::string& p, int64_t k,
                                           bool with_input_layernorm) const {
   const int64_t nq = num_heads_ * head_dim_, nk = num_kv_heads_ * head_dim_;
@@ -143,6 +182,7 @@ LlamaLayerWeights LlamaDecoderLayer::load(LlamaWeightLoader& w, const std::strin
                                      {p + "mlp.up_proj.bias", {intermediate_}}});
     l.down_bias = w.load(p + "mlp.down_proj.bias", {hidden_});
   }
+  l.kv_cache_scales = load_kv_cache_scales(w, p, w.describe());
   return l;
 }
 

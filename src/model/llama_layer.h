@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,7 @@ struct LlamaLayerWeights {
   Tensor gate_up_bias;              // [2 I]; mlp_bias
   LinearWeight down_proj;           // [H, I]
   Tensor down_bias;                 // [H]; mlp_bias
+  std::optional<KVCacheScales> kv_cache_scales;  // the checkpoint's, for an fp8 cache
 };
 
 // Loads HF-named tensors in the backend's compute dtype, fusing row-stacked projections so that
@@ -47,6 +49,10 @@ class LlamaWeightLoader {
   Tensor load_stacked(const std::vector<std::pair<std::string, Shape>>& parts);
   // A linear layer's weight from its row-stacked parts ("<module>.weight" [n_i, K] each).
   LinearWeight load_linear(const std::vector<std::pair<std::string, Shape>>& parts);
+  // A one-element tensor's value (any shape of one element), or nothing where the source has no
+  // tensor of that name.
+  std::optional<float> load_scalar(const std::string& name);
+  std::string describe() const { return source_.describe(); }
 
  private:
   LinearWeight load_fp8_checkpoint(const std::vector<std::pair<std::string, Shape>>& parts);

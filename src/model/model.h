@@ -28,6 +28,13 @@ struct KVCacheSpec {
   }
 };
 
+// One layer's scales for an fp8 KV cache (KVCacheLayer::k_scale / v_scale), as a checkpoint
+// calibrated them.
+struct KVCacheScales {
+  float k = 1.0f;
+  float v = 1.0f;
+};
+
 struct ForwardInput {
   Tensor token_ids;       // I32 [T] on the backend's device
   Tensor positions;       // I32 [T]
@@ -48,6 +55,9 @@ class Model {
   virtual ~Model() = default;
   virtual const ModelConfig& config() const = 0;
   virtual KVCacheSpec kv_cache_spec() const = 0;
+  // Per layer, the scales the checkpoint holds for an fp8 KV cache (llm-compressor's and vLLM's
+  // `self_attn.k_scale` / `v_scale`); empty when it holds none (the cache then uses 1.0).
+  virtual std::vector<KVCacheScales> kv_cache_scales() const { return {}; }
   // Runs every layer over the batch, writing the new tokens' K/V into `kv` (one entry per layer)
   // first, then attending. Activations come from backend scratch memory.
   virtual ForwardOutput forward(const ForwardInput& input, std::vector<KVCacheLayer>& kv) = 0;

@@ -267,6 +267,7 @@ class TensorParallelModel final : public Model {
 
   const ModelConfig& config() const override { return config_; }
   KVCacheSpec kv_cache_spec() const override { return models_.front()->kv_cache_spec(); }
+  std::vector<KVCacheScales> kv_cache_scales() const override { return models_.front()->kv_cache_scales(); }
 
   // Per rank: the collectives its host has entered and whether its device has run all it was
   // given. Ranks that entered fewer are stuck on the host before a collective; equal counts with

@@ -3,11 +3,16 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "engine/kv_cache_dtype.h"
 #include "engine/llm_engine.h"
 #include "test_paths.h"
+#include "unit/model/weights_test_util.h"
 #include "unit/spec_decode/reference_fixture.h"
 
 namespace specula {
@@ -53,10 +58,14 @@ TEST(KvCacheDtype, AnMlaModelRefusesFp8) {
   expect_error([&] { LLMEngine::create(c); }, "MLA latent cache");
 }
 
+std::filesystem::path tiny() { return testing::models_dir() / "specula-tiny"; }
+
 std::vector<std::vector<int32_t>> greedy(const std::string& kv_cache_dtype,
-                                         const std::vector<std::vector<int32_t>>& prompts, int tokens) {
+                                         const std::vector<std::vector<int32_t>>& prompts, int tokens,
+                                         const std::filesystem::path& model = tiny()) {
   EngineConfig c;
-  c.model = (testing::models_dir() / "specula-tiny").string();
+  c.model = model.string();
+  c.skip_tokenizer_init = true;  // prompts are token ids; a rewritten checkpoint has no tokenizer
   c.device = "cpu";
   c.max_model_len = 512;
   c.max_num_seqs = 8;
@@ -107,6 +116,35 @@ TEST(KvCacheDtype, Fp8CacheServesTheEmbeddedModelCloseToFullPrecision) {
   std::printf("[ fp8 kv ] specula-tiny: greedy tokens before the first difference from full precision %zu of %zu\n",
               agree, total);
   EXPECT_GE(agree * 2, total);
+}
+
+// The checkpoint's k_scale / v_scale reach an fp8 cache and nothing else: scales of 1 give the
+// tokens of no scales, scales of 1e-4 (every element saturates at 448 x 1e-4) change them, and a
+// cache in the compute type ignores them.
+TEST(KvCacheDtype, AnFp8CacheTakesTheCheckpointsScales) {
+  const auto ref = testing::read_greedy_reference(testing::fixtures_dir() / "embedded" / "specula-tiny" /
+                                                  "reference.safetensors");
+  const auto tensors = testing::read_checkpoint_f32(tiny());
+  const nlohmann::json config = nlohmann::json::parse(std::ifstream(tiny() / "config.json"));
+  const int layers = config["num_hidden_layers"];
+  testing::TempDir tmp;
+  auto with_scales = [&](const std::string& name, float scale) {
+    auto t = tensors;
+    for (int i = 0; i < layers; ++i) {
+      for (const char* which : {"k_scale", "v_scale"}) {
+        t.emplace_back("model.layers." + std::to_string(i) + ".self_attn." + which,
+                       Tensor::from_f32({scale}, Shape{}));
+      }
+    }
+    testing::write_checkpoint(tmp / name, config, t);
+    return tmp / name;
+  };
+  const auto ones = with_scales("ones", 1.0f), tiny_scales = with_scales("tiny", 1e-4f);
+  const int tokens = 16;
+  const auto fp8 = greedy("fp8", ref.prompts, tokens);
+  EXPECT_EQ(greedy("fp8", ref.prompts, tokens, ones), fp8);
+  EXPECT_NE(greedy("fp8", ref.prompts, tokens, tiny_scales), fp8);
+  EXPECT_EQ(greedy("auto", ref.prompts, tokens, tiny_scales), greedy("auto", ref.prompts, tokens));
 }
 
 }  // namespace
