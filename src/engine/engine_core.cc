@@ -274,6 +274,10 @@ EngineMetrics EngineCore::metrics() const {
   m.iteration_tokens_sum = iteration_tokens_sum_;
   m.spec_depth_sum = spec_depth_sum_;
   m.num_gpu_blocks = kv.num_blocks();
+  m.block_size = config_.block_size;
+  m.cache_dtype = config_.cache_dtype;
+  m.enable_prefix_caching = config_.enable_prefix_caching;
+  m.gpu_memory_utilization = config_.gpu_memory_utilization;
   return m;
 }
 

@@ -27,6 +27,8 @@ struct EngineCoreConfig {
   int block_size = 16;
   int num_blocks = 0;
   bool enable_prefix_caching = true;
+  std::string cache_dtype = "auto";    // (for the metrics) --kv-cache-dtype as given
+  double gpu_memory_utilization = 0.9; // (for the metrics)
   int num_speculative_tokens = 0;      // k: KV slots reserved ahead of each request for its drafts
   bool enable_chunked_prefill = true;
   bool spec_adaptive = false;   // (for the metrics) the speculator adapts the depth per step

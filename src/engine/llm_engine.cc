@@ -236,6 +236,8 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   cc.block_size = config.block_size;
   cc.num_blocks = plan.num_blocks;
   cc.enable_prefix_caching = config.enable_prefix_caching;
+  cc.cache_dtype = config.kv_cache_dtype;
+  cc.gpu_memory_utilization = config.gpu_memory_utilization;
   cc.enable_chunked_prefill = config.enable_chunked_prefill;
   cc.num_speculative_tokens = num_speculative_tokens;
   cc.spec_adaptive = speculator && speculator->adaptive();

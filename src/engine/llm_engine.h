@@ -78,7 +78,12 @@ struct EngineMetrics {
   bool spec_adaptive = false;              // the depth adapts per step (0..k)
   int64_t spec_depth_steps = 0;            // steps that chose a depth
   int64_t spec_depth_sum = 0;              // sum of the depths chosen (mean depth = sum / steps)
+  // vllm:cache_config_info's labels
   int64_t num_gpu_blocks = 0;
+  int64_t block_size = 0;
+  std::string cache_dtype = "auto";
+  bool enable_prefix_caching = true;
+  double gpu_memory_utilization = 0.0;
   // vllm:iteration_tokens_total: tokens scheduled per engine step, counts per bucket of
   // kIterationTokenBuckets (non-cumulative; the last entry counts the steps above the last bound).
   std::vector<int64_t> iteration_tokens_buckets;

@@ -123,6 +123,14 @@ std::string ServerMetrics::render(const EngineMetrics& m, const std::string& mod
     h.render(&out, name, labels);
   };
 
+  // vLLM's info gauge: the cache's configuration as labels, value 1 (Python spellings).
+  header(&out, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+  sample(&out, "vllm:cache_config_info",
+         fmt::format("block_size=\"{}\",cache_dtype=\"{}\",enable_prefix_caching=\"{}\",engine=\"0\","
+                     "gpu_memory_utilization=\"{}\",num_gpu_blocks=\"{}\"",
+                     m.block_size, m.cache_dtype, m.enable_prefix_caching ? "True" : "False",
+                     py_float(m.gpu_memory_utilization), m.num_gpu_blocks),
+         1.0);
   gauge("vllm:num_requests_running", "Number of requests in model execution batches.", m.num_requests_running);
   gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", m.num_requests_waiting);
   gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", m.kv_cache_usage);

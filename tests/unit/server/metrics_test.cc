@@ -73,9 +73,16 @@ TEST(Metrics, RendersVllmNamesWithModelLabel) {
   e.num_preemptions = 2;
   e.spec_num_drafts = 4;
   e.spec_accepted_per_pos = {7, 3};
+  e.num_gpu_blocks = 1024;
+  e.block_size = 16;
+  e.cache_dtype = "fp8";
+  e.gpu_memory_utilization = 0.9;
   std::string text = m.render(e, "my \"model\"");
   const std::string labels = "{engine=\"0\",model_name=\"my \\\"model\\\"\"}";
   for (const std::string& line : std::vector<std::string>{
+           "# TYPE vllm:cache_config_info gauge",
+           "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"fp8\",enable_prefix_caching=\"True\",engine=\"0\","
+           "gpu_memory_utilization=\"0.9\",num_gpu_blocks=\"1024\"} 1.0",
            "# TYPE vllm:num_requests_running gauge", "vllm:num_requests_running" + labels + " 3.0",
            "vllm:num_requests_waiting" + labels + " 1.0", "vllm:kv_cache_usage_perc" + labels + " 0.25",
            "# TYPE vllm:prompt_tokens_total counter", "vllm:prompt_tokens_total" + labels + " 100.0",
