@@ -23,6 +23,7 @@
 #include "test_paths.h"
 #include "tokenizer/tokenizer.h"
 #include "unit/backend/cuda/cuda_test_util.h"
+#include "unit/engine/greedy_streams.h"
 #include "unit/spec_decode/reference_fixture.h"
 
 namespace specula {
@@ -67,23 +68,7 @@ std::vector<std::vector<int32_t>> greedy(const EngineConfig& c, const std::vecto
                                          int tokens, EngineMetrics* metrics = nullptr) {
   auto engine = create_engine(c);
   engine->start();
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    SamplingParams p;
-    p.temperature = 0.0f;
-    p.max_tokens = tokens;
-    p.ignore_eos = true;
-    streams.push_back(engine->add_request(NewRequest{"g" + std::to_string(i), prompts[i], p}));
-  }
-  std::vector<std::vector<int32_t>> out(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestOutput o;
-    while (streams[i]->pop(&o, std::chrono::seconds(60))) {
-      EXPECT_FALSE(o.error.has_value()) << *o.error;
-      for (const ChoiceDelta& d : o.choices) out[i].insert(out[i].end(), d.token_ids.begin(), d.token_ids.end());
-      if (o.finished) break;
-    }
-  }
+  auto out = testing::greedy_streams(*engine, prompts, tokens);
   if (metrics) {  // once the loop has published its last step
     *metrics = engine->metrics();
     for (int i = 0; i < 500 && metrics->num_requests_running + metrics->num_requests_waiting > 0; ++i) {

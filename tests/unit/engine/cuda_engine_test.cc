@@ -10,6 +10,7 @@
 #include "engine/memory_plan.h"
 #include "model/model.h"
 #include "test_paths.h"
+#include "unit/engine/greedy_streams.h"
 #include "tokenizer/tokenizer.h"
 #include "unit/backend/cuda/cuda_test_util.h"
 #include "unit/spec_decode/reference_fixture.h"
@@ -27,34 +28,12 @@ EngineConfig tiny_config(const std::string& device) {
   return c;
 }
 
-std::vector<std::vector<int32_t>> greedy(LLMEngine& engine, const std::vector<std::vector<int32_t>>& prompts,
-                                         int tokens) {
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    SamplingParams p;
-    p.temperature = 0.0f;
-    p.max_tokens = tokens;
-    p.ignore_eos = true;
-    streams.push_back(engine.add_request(NewRequest{"g" + std::to_string(i), prompts[i], p}));
-  }
-  std::vector<std::vector<int32_t>> out(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestOutput o;
-    while (streams[i]->pop(&o, std::chrono::seconds(60))) {
-      EXPECT_FALSE(o.error.has_value()) << *o.error;
-      for (const ChoiceDelta& d : o.choices) out[i].insert(out[i].end(), d.token_ids.begin(), d.token_ids.end());
-      if (o.finished) break;
-    }
-  }
-  return out;
-}
-
 std::vector<std::vector<int32_t>> run_engine(EngineConfig c, bool eager,
                                              const std::vector<std::vector<int32_t>>& prompts, int tokens) {
   c.enforce_eager = eager;
   auto engine = LLMEngine::create(c);
   engine->start();
-  auto out = greedy(*engine, prompts, tokens);
+  auto out = testing::greedy_streams(*engine, prompts, tokens);
   engine->shutdown();
   return out;
 }

@@ -12,20 +12,14 @@
 #include "engine/kv_cache_dtype.h"
 #include "engine/llm_engine.h"
 #include "test_paths.h"
+#include "unit/engine/greedy_streams.h"
 #include "unit/model/weights_test_util.h"
 #include "unit/spec_decode/reference_fixture.h"
 
 namespace specula {
 namespace {
 
-void expect_error(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; wanted one containing: " << needle;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using testing::expect_error_mentions;
 
 TEST(KvCacheDtype, NamesResolveToTheComputeTypeOrFp8) {
   EXPECT_EQ(kv_cache_dtype_of("auto", DType::kBF16), DType::kBF16);
@@ -37,14 +31,15 @@ TEST(KvCacheDtype, NamesResolveToTheComputeTypeOrFp8) {
 }
 
 TEST(KvCacheDtype, WhatIsNotSupportedIsRefusedNamingIt) {
-  expect_error([] { kv_cache_dtype_of("fp8_e5m2", DType::kBF16); }, "--kv-cache-dtype fp8_e5m2: not supported; the fp8 cache is e4m3");
-  expect_error([] { kv_cache_dtype_of("bfloat16", DType::kF32); }, "kept in the compute type (F32) or in fp8");
-  expect_error([] { kv_cache_dtype_of("int4", DType::kBF16); }, "expected auto, fp8, fp8_e4m3");
+  expect_error_mentions([] { kv_cache_dtype_of("fp8_e5m2", DType::kBF16); },
+                        {"--kv-cache-dtype fp8_e5m2: not supported; the fp8 cache is e4m3"});
+  expect_error_mentions([] { kv_cache_dtype_of("bfloat16", DType::kF32); }, {"kept in the compute type (F32) or in fp8"});
+  expect_error_mentions([] { kv_cache_dtype_of("int4", DType::kBF16); }, {"expected auto, fp8, fp8_e4m3"});
   const KVCacheSpec mla{27, 1, 576, 0}, llama{32, 8, 128, 128};
   EXPECT_NO_THROW(check_kv_cache_dtype_fits(DType::kF8E4M3, DType::kBF16, llama, "fp8"));
   EXPECT_NO_THROW(check_kv_cache_dtype_fits(DType::kBF16, DType::kBF16, mla, "auto"));
-  expect_error([&] { check_kv_cache_dtype_fits(DType::kF8E4M3, DType::kBF16, mla, "fp8"); },
-               "--kv-cache-dtype fp8: the model's MLA latent cache is kept in the compute type (BF16)");
+  expect_error_mentions([&] { check_kv_cache_dtype_fits(DType::kF8E4M3, DType::kBF16, mla, "fp8"); },
+                        {"--kv-cache-dtype fp8: the model's MLA latent cache is kept in the compute type (BF16)"});
 }
 
 // A DeepSeek checkpoint is refused after its config is read, naming the MLA cache.
@@ -55,7 +50,7 @@ TEST(KvCacheDtype, AnMlaModelRefusesFp8) {
   c.max_model_len = 128;
   c.kv_cache_dtype = "fp8";
   c.skip_tokenizer_init = true;
-  expect_error([&] { LLMEngine::create(c); }, "MLA latent cache");
+  expect_error_mentions([&] { LLMEngine::create(c); }, {"MLA latent cache"});
 }
 
 std::filesystem::path tiny() { return testing::models_dir() / "specula-tiny"; }
@@ -73,23 +68,7 @@ std::vector<std::vector<int32_t>> greedy(const std::string& kv_cache_dtype,
   c.kv_cache_dtype = kv_cache_dtype;
   auto engine = LLMEngine::create(c);
   engine->start();
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    SamplingParams p;
-    p.temperature = 0.0f;
-    p.max_tokens = tokens;
-    p.ignore_eos = true;
-    streams.push_back(engine->add_request(NewRequest{"g" + std::to_string(i), prompts[i], p}));
-  }
-  std::vector<std::vector<int32_t>> out(prompts.size());
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    RequestOutput o;
-    while (streams[i]->pop(&o, std::chrono::seconds(120))) {
-      EXPECT_FALSE(o.error.has_value()) << *o.error;
-      for (const ChoiceDelta& d : o.choices) out[i].insert(out[i].end(), d.token_ids.begin(), d.token_ids.end());
-      if (o.finished) break;
-    }
-  }
+  auto out = testing::greedy_streams(*engine, prompts, tokens, std::chrono::seconds(120));
   engine->shutdown();
   return out;
 }
