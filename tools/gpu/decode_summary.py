@@ -11,6 +11,8 @@ import re
 import statistics
 import sys
 
+from copy_roofline import copy_tbs
+
 work, llama_path, qwen_path = sys.argv[1:4]
 
 
@@ -25,11 +27,7 @@ def weight_bytes(path, per_weight):
 
 bytes_of = {"llama_bf16": weight_bytes(llama_path, 2), "llama_fp8": weight_bytes(llama_path, 1),
             "qwen": weight_bytes(qwen_path, 2)}
-roof = None
-log = os.path.join(work, "roofline.log")
-if os.path.exists(log):
-    m = re.search(r"= ([\d.]+) TB/s read\+write", open(log).read())
-    roof = float(m.group(1)) if m else None
+roof = copy_tbs(work)
 print(f"copy roofline: {roof} TB/s (cuda_roofline, this call)" if roof else "copy roofline: not measured")
 
 runs, builds = {}, ["baseline", "candidate"]

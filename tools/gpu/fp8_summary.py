@@ -8,9 +8,10 @@ half the output on average). Usage: fp8_summary.py WORK_DIR CONFIG_JSON"""
 import glob
 import json
 import os
-import re
 import statistics
 import sys
+
+from copy_roofline import copy_tbs
 
 work, config_path = sys.argv[1], sys.argv[2]
 c = json.load(open(config_path))
@@ -21,12 +22,7 @@ layer_params = layers * (h * (hq + 2 * hk) * d + hq * d * h + 2 * inter * h + h 
 head_bytes = 2 * vocab * h
 weight_bytes = {"bf16": 2 * layer_params + head_bytes, "fp8": layer_params + head_bytes}
 
-roof = None
-log = os.path.join(work, "roofline.log")
-if os.path.exists(log):
-    m = re.search(r"= ([\d.]+) TB/s read\+write", open(log).read())
-    if m:
-        roof = float(m.group(1))
+roof = copy_tbs(work)
 print(f"copy roofline: {roof} TB/s (cuda_roofline, this call)" if roof else "copy roofline: not measured")
 
 

@@ -8,9 +8,10 @@ Usage: kv_fp8_summary.py WORK_DIR CONFIG_JSON"""
 import glob
 import json
 import os
-import re
 import statistics
 import sys
+
+from copy_roofline import copy_tbs
 
 work, config_path = sys.argv[1], sys.argv[2]
 c = json.load(open(config_path))
@@ -19,12 +20,7 @@ hq, hk = c["num_attention_heads"], c["num_key_value_heads"]
 d = c.get("head_dim", h // hq)
 weight_bytes = 2 * (layers * (h * (hq + 2 * hk) * d + hq * d * h + 3 * inter * h) + vocab * h)
 
-roof = None
-log = os.path.join(work, "roofline.log")
-if os.path.exists(log):
-    m = re.search(r"= ([\d.]+) TB/s read\+write", open(log).read())
-    if m:
-        roof = float(m.group(1))
+roof = copy_tbs(work)
 print(f"copy roofline: {roof} TB/s (cuda_roofline, this call)" if roof else "copy roofline: not measured")
 
 for shape in ("b64", "b1"):

@@ -10,6 +10,8 @@ import re
 import statistics
 import sys
 
+from copy_roofline import copy_tbs
+
 work = sys.argv[1]
 configs = {"8b": "bench/configs/Llama-3.1-8B-Instruct/config.json",
            "70b": "bench/configs/Llama-3.1-70B-Instruct/config.json"}  # v2lite (MoE): no roofline here
@@ -23,11 +25,7 @@ def weight_bytes(path):
     return 2 * (layers * (h * (hq + 2 * hk) * d + hq * d * h + 3 * inter * h) + vocab * h)
 
 
-roof = None
-log = os.path.join(work, "roofline.log")
-if os.path.exists(log):
-    m = re.search(r"= ([\d.]+) TB/s read\+write", open(log).read())
-    roof = float(m.group(1)) if m else None
+roof = copy_tbs(work)
 if roof:
     print(f"copy roofline (GPU 0): {roof} TB/s (cuda_roofline, this call)")
 elif os.environ.get("TP_COPY_TBS"):  # a figure from another call on the same kind of machine
