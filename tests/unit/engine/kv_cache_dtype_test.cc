@@ -57,9 +57,10 @@ std::filesystem::path tiny() { return testing::models_dir() / "specula-tiny"; }
 
 std::vector<std::vector<int32_t>> greedy(const std::string& kv_cache_dtype,
                                          const std::vector<std::vector<int32_t>>& prompts, int tokens,
-                                         const std::filesystem::path& model = tiny()) {
+                                         const std::filesystem::path& model = tiny(), int tensor_parallel_size = 1) {
   EngineConfig c;
   c.model = model.string();
+  c.tensor_parallel_size = tensor_parallel_size;
   c.skip_tokenizer_init = true;  // prompts are token ids; a rewritten checkpoint has no tokenizer
   c.device = "cpu";
   c.max_model_len = 512;
@@ -98,8 +99,8 @@ TEST(KvCacheDtype, Fp8CacheServesTheEmbeddedModelCloseToFullPrecision) {
 }
 
 // The checkpoint's k_scale / v_scale reach an fp8 cache and nothing else: scales of 1 give the
-// tokens of no scales, scales of 1e-4 (every element saturates at 448 x 1e-4) change them, and a
-// cache in the compute type ignores them.
+// tokens of no scales, scales of 1e-4 (every element saturates at 448 x 1e-4) change them, on one
+// rank and on two, and a cache in the compute type ignores them.
 TEST(KvCacheDtype, AnFp8CacheTakesTheCheckpointsScales) {
   const auto ref = testing::read_greedy_reference(testing::fixtures_dir() / "embedded" / "specula-tiny" /
                                                   "reference.safetensors");
@@ -122,8 +123,12 @@ TEST(KvCacheDtype, AnFp8CacheTakesTheCheckpointsScales) {
   const int tokens = 16;
   const auto fp8 = greedy("fp8", ref.prompts, tokens);
   EXPECT_EQ(greedy("fp8", ref.prompts, tokens, ones), fp8);
-  EXPECT_NE(greedy("fp8", ref.prompts, tokens, tiny_scales), fp8);
+  const auto scaled = greedy("fp8", ref.prompts, tokens, tiny_scales);
+  EXPECT_NE(scaled, fp8);
   EXPECT_EQ(greedy("auto", ref.prompts, tokens, tiny_scales), greedy("auto", ref.prompts, tokens));
+  // Under tensor parallelism too (the checkpoint's scalars load unsplit; ranks copy rank 0's cache
+  // type and scales).
+  EXPECT_NE(greedy("fp8", ref.prompts, tokens, tiny_scales, 2), greedy("fp8", ref.prompts, tokens, tiny(), 2));
 }
 
 }  // namespace
