@@ -3,8 +3,9 @@
 // auto (or the backend's compute type by name) keeps the compute type; fp8 / fp8_e4m3 stores
 // e4m3 with one scale per layer for K and one for V (the checkpoint's, Model::kv_cache_scales, or
 // 1.0 as vLLM uses without calibrated scales), halving the cache's bytes so that twice the tokens
-// fit and decode attention streams half as much. Draft models and heads keep their caches in the compute type. DeepSeek's MLA
-// latent cache stays in the compute type (its kernel reads bf16 only): fp8 there is an error.
+// fit and decode attention streams half as much. Draft models and heads keep their caches in the
+// compute type. DeepSeek's MLA latent cache stays in the compute type (its kernel reads bf16
+// only): fp8 there is an error.
 #pragma once
 
 #include <string>

@@ -18,8 +18,8 @@
 //    (long contexts, when the GPU has few (sequence, head) pairs) write partials to global memory
 //    for a merge kernel;
 //  - each K/V row (D elements) is read by L = D/E lanes (rounded up to a power of two) with one
-//    16-byte load of E elements each (8 of bf16; 16 of fp8, 8 bytes where a row is not 16-byte
-//    aligned), so a warp reads 32/L rows per instruction, coalesced; the q.k dot products are
+//    load of E elements each (bf16: 8 in 16 bytes; fp8: 16 in 16 bytes, or 8 in 8 bytes, see
+//    slice_elems), so a warp reads 32/L rows per instruction, coalesced; the q.k dot products are
 //    finished with shuffles inside each group of L lanes. An fp8 cache halves the bytes; 16
 //    elements a lane halve the rows, shuffles and loads a thread handles (the per-row
 //    instructions, not the bytes, bound a split) but cap a block at 2 entries, so they serve
