@@ -67,13 +67,26 @@ inline std::vector<float> select_rows(const std::vector<float>& all, int64_t v, 
 struct PromptRun {
   std::vector<float> prompt_logits;  // [T, V]: every prompt position
   std::vector<int32_t> greedy;       // greedy continuation, one token per decode step
+  // Per layer, the largest |K| and |V| the cache holds at the end (CPU backends; else empty).
+  std::vector<KVCacheScales> cache_amax;
+};
+
+// The KV cache a prompt runs over: its type (unset: the compute type) and, for fp8, per-layer
+// scales (empty: 1.0).
+struct PromptCache {
+  std::optional<DType> dtype;
+  std::vector<KVCacheScales> scales;
 };
 
 // One prompt alone: a single prefill (logits of every position), then greedy decode.
 inline PromptRun run_prompt(Model& model, Backend& backend, const std::vector<int32_t>& prompt, size_t steps,
-                            unsigned seed) {
+                            unsigned seed, const PromptCache& cache = {}) {
   const int64_t v = model.config().vocab_size;
-  PagedRunner runner(model, backend, /*num_blocks=*/16, /*block_size=*/16, seed);
+  PagedRunner runner(model, backend, /*num_blocks=*/16, /*block_size=*/16, seed, cache.dtype);
+  for (size_t l = 0; l < cache.scales.size(); ++l) {
+    runner.kv()[l].k_scale = cache.scales[l].k;
+    runner.kv()[l].v_scale = cache.scales[l].v;
+  }
   runner.feed(0, prompt);
   PromptRun run;
   run.prompt_logits = runner.step({{0, static_cast<int64_t>(prompt.size()), true}})[0];
@@ -82,6 +95,15 @@ inline PromptRun run_prompt(Model& model, Backend& backend, const std::vector<in
     run.greedy.push_back(argmax(last.data(), v));
     runner.feed(0, {run.greedy.back()});
     last = runner.step({{0, 1, false}})[0];
+  }
+  if (backend.device() != Device::kCPU) return run;
+  for (const KVCacheLayer& layer : runner.kv()) {
+    auto amax = [&](const Tensor& t, float scale) {
+      float m = 0;
+      for (float x : t.to_f32_vector()) m = std::max(m, std::fabs(x) * scale);
+      return m;
+    };
+    run.cache_amax.push_back({amax(layer.k, layer.k_scale), amax(layer.v, layer.v_scale)});
   }
   return run;
 }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -14,12 +15,15 @@ namespace specula::testing {
 
 class PagedRunner {
  public:
-  PagedRunner(Model& model, Backend& backend, int64_t num_blocks, int block_size = 16, unsigned seed = 1)
+  // cache_dtype: the cache's type (unset: the compute type; F8_E4M3 with scale 1).
+  PagedRunner(Model& model, Backend& backend, int64_t num_blocks, int block_size = 16, unsigned seed = 1,
+              std::optional<DType> cache_dtype = std::nullopt)
       : model_(model), backend_(backend), block_size_(block_size) {
     KVCacheSpec spec = model.kv_cache_spec();
+    const DType dt = cache_dtype.value_or(backend.compute_dtype());
     for (int64_t l = 0; l < spec.num_layers; ++l) {
-      KVCacheLayer layer{backend.empty({num_blocks, block_size, spec.num_kv_heads, spec.head_dim}, backend.compute_dtype()),
-                         backend.empty({num_blocks, block_size, spec.num_kv_heads, spec.v_head_dim}, backend.compute_dtype())};
+      KVCacheLayer layer{backend.empty({num_blocks, block_size, spec.num_kv_heads, spec.head_dim}, dt),
+                         backend.empty({num_blocks, block_size, spec.num_kv_heads, spec.v_head_dim}, dt)};
       backend.zero(layer.k);
       backend.zero(layer.v);
       kv_.push_back(layer);
