@@ -22,6 +22,9 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
                   "scales or 1.0: half the bytes, so twice the tokens fit; not for MLA models)")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "bfloat16", "float16", "float32", "fp8", "fp8_e4m3", "fp8_e5m2"}));
+  cmd->add_flag("--calculate-kv-scales", f.calculate_kv_scales,
+               "With --kv-cache-dtype fp8: per-layer scales from a batch of random tokens at startup (largest |K| / "
+               "200, |V| / 100) instead of the checkpoint's k/v_scale or 1.0");
   cmd->add_option("-q,--quantization", f.quantization,
                   "Weight quantisation: fp8 quantises bf16 linear layers to e4m3 at load (one scale per output "
                   "row); default: what the checkpoint's quantization_config says");
@@ -52,6 +55,7 @@ void add_vllm_flags(CLI::App* cmd, VllmFlags& f) {
 void apply_vllm_flags(const VllmFlags& f, EngineConfig& c) {
   c.dtype = f.dtype;
   c.kv_cache_dtype = f.kv_cache_dtype;
+  c.calculate_kv_scales = f.calculate_kv_scales;
   c.quantization = f.quantization;
   c.tensor_parallel_size = f.tensor_parallel_size;
   // Ranks on several GPUs spin in NCCL kernels until their peers arrive; loading a kernel lazily at

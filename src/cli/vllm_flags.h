@@ -16,6 +16,7 @@ namespace specula::cli {
 struct VllmFlags {
   std::string dtype = "auto";
   std::string kv_cache_dtype = "auto";
+  bool calculate_kv_scales = false;
   std::string quantization;
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;

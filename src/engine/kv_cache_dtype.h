@@ -1,7 +1,8 @@
 // --kv-cache-dtype: the type the target model's paged KV cache is stored in.
 //
 // auto (or the backend's compute type by name) keeps the compute type; fp8 / fp8_e4m3 stores
-// e4m3 with one scale per layer for K and one for V (the checkpoint's, Model::kv_cache_scales, or
+// e4m3 with one scale per layer for K and one for V (calculated at startup with
+// --calculate-kv-scales, kv_cache_calibration.h; else the checkpoint's, Model::kv_cache_scales; else
 // 1.0 as vLLM uses without calibrated scales), halving the cache's bytes so that twice the tokens
 // fit and decode attention streams half as much. Draft models and heads keep their caches in the
 // compute type. DeepSeek's MLA latent cache stays in the compute type (its kernel reads bf16

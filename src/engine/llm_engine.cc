@@ -10,6 +10,7 @@
 #include "core/logging.h"
 #include "sampling/device_sampler.h"
 #include "engine/async_scheduling_default.h"
+#include "engine/kv_cache_calibration.h"
 #include "engine/kv_cache_dtype.h"
 #include "engine/kv_cache_sizing.h"
 #include "engine/load_progress.h"
@@ -86,6 +87,35 @@ void check_parallel_and_types(const EngineConfig& config, const Backend& backend
   }
 }
 
+// An fp8 cache's scales as --calculate-kv-scales, the checkpoint or the default say (empty: the
+// runner takes the checkpoint's, or 1.0), with vLLM's log lines.
+std::vector<KVCacheScales> fp8_kv_cache_scales(const EngineConfig& config, DType kv_dtype, Model& model,
+                                               Backend& backend, int max_step_tokens) {
+  if (kv_dtype != DType::kF8E4M3) {
+    if (config.calculate_kv_scales) LOG_WARN("--calculate-kv-scales has no effect without --kv-cache-dtype fp8");
+    return {};
+  }
+  LOG_INFO("Using fp8 data type to store kv cache. It reduces the GPU memory footprint and boosts the performance. "
+           "Meanwhile, it may cause accuracy drop without a proper scaling factor.");
+  if (config.calculate_kv_scales) {
+    const int tokens = std::clamp(max_step_tokens, 1, 512);
+    std::vector<KVCacheScales> scales = calibrate_kv_cache_scales(
+        model, backend, calibration_tokens(model.config().vocab_size, tokens, config.seed), config.block_size);
+    auto [k_min, k_max] = std::minmax_element(scales.begin(), scales.end(), [](auto& a, auto& b) { return a.k < b.k; });
+    auto [v_min, v_max] = std::minmax_element(scales.begin(), scales.end(), [](auto& a, auto& b) { return a.v < b.v; });
+    LOG_INFO("Calculated KV cache scales from {} random tokens: k_scale {:.4g}..{:.4g}, v_scale {:.4g}..{:.4g}", tokens,
+             k_min->k, k_max->k, v_min->v, v_max->v);
+    return scales;
+  }
+  if (model.kv_cache_scales().empty()) {
+    LOG_WARN("Using KV cache scaling factor 1.0 for fp8_e4m3. This may cause accuracy issues. Please make sure "
+             "k/v_scale scaling factors are available in the fp8 checkpoint.");
+  } else {
+    LOG_INFO("Using the checkpoint's KV cache scaling factors (self_attn.k_scale / v_scale) for fp8_e4m3.");
+  }
+  return {};
+}
+
 }  // namespace
 
 std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const SpeculatorFactory& make_speculator,
@@ -137,16 +167,6 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
              std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   check_kv_cache_dtype_fits(kv_dtype, compute_dtype, parts.model->kv_cache_spec(), config.kv_cache_dtype);
-  if (kv_dtype == DType::kF8E4M3) {  // vLLM's lines
-    LOG_INFO("Using fp8 data type to store kv cache. It reduces the GPU memory footprint and boosts the performance. "
-             "Meanwhile, it may cause accuracy drop without a proper scaling factor.");
-    if (parts.model->kv_cache_scales().empty()) {
-      LOG_WARN("Using KV cache scaling factor 1.0 for fp8_e4m3. This may cause accuracy issues. Please make sure "
-               "k/v_scale scaling factors are available in the fp8 checkpoint.");
-    } else {
-      LOG_INFO("Using the checkpoint's KV cache scaling factors (self_attn.k_scale / v_scale) for fp8_e4m3.");
-    }
-  }
 
   // ---- limits ----
   const int derived_len = static_cast<int>(mc.max_position_embeddings);
@@ -258,6 +278,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   rc.num_blocks = cc.num_blocks;
   rc.num_speculative_tokens = cc.num_speculative_tokens;
   rc.kv_cache_dtype = kv_dtype;
+  rc.kv_cache_scales = fp8_kv_cache_scales(config, kv_dtype, *parts.model, *parts.backend, std::min(batched, max_model_len));
   auto runner = std::make_unique<ModelRunner>(*parts.model, *parts.backend, *parts.sampler, rc);
   if (speculator) {
     speculator->allocate_kv_cache(cc.num_blocks, cc.block_size);

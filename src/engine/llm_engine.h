@@ -46,6 +46,9 @@ struct EngineConfig {
   // budget covers a whole max_model_len prompt), --disable-log-stats.
   std::string dtype = "auto";
   std::string kv_cache_dtype = "auto";
+  // --calculate-kv-scales: an fp8 cache's scales from a batch of random tokens at startup
+  // (engine/kv_cache_calibration.h) instead of the checkpoint's or 1.0.
+  bool calculate_kv_scales = false;
   // --quantization: "" (as the checkpoint says) or "fp8" (model/weight_quantization.h).
   std::string quantization;
   int tensor_parallel_size = 1;

@@ -80,9 +80,12 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const
   const KVCacheSpec spec = model.kv_cache_spec();
   const DType dtype = config.kv_cache_dtype.value_or(backend.compute_dtype());
   kv_.resize(static_cast<size_t>(spec.num_layers));
-  // An fp8 cache takes the checkpoint's scales where it has them (1.0 otherwise).
+  // An fp8 cache takes the scales it is given, else the checkpoint's where it has them (1.0
+  // otherwise).
   const std::vector<KVCacheScales> scales =
-      dtype == DType::kF8E4M3 ? model.kv_cache_scales() : std::vector<KVCacheScales>{};
+      dtype != DType::kF8E4M3               ? std::vector<KVCacheScales>{}
+      : !config.kv_cache_scales.empty() ? config.kv_cache_scales
+                                        : model.kv_cache_scales();
   SPECULA_CHECK(scales.empty() || scales.size() == kv_.size(),
                 "internal error: {} KV cache scales for {} cache layers", scales.size(), kv_.size());
   for (size_t i = 0; i < scales.size(); ++i) {

@@ -58,6 +58,8 @@ struct ModelRunnerConfig {
   int num_blocks = 0;
   int num_speculative_tokens = 0;
   std::optional<DType> kv_cache_dtype;  // unset: the backend's compute type (engine/kv_cache_dtype.h)
+  // An fp8 cache's per-layer scales; empty: the checkpoint's (Model::kv_cache_scales), else 1.0.
+  std::vector<KVCacheScales> kv_cache_scales;
 };
 
 class ModelRunner : public ModelExecutor {

@@ -337,10 +337,11 @@ class TensorParallelModel final : public Model {
 
  private:
   // Ranks from 1 on get caches shaped like the engine's (rank 0's) whenever it hands a new one
-  // (the memory plan's trial cache, then the real one).
+  // (the memory plan's trial cache, a calibration cache, then the real one). A cache is known by
+  // its first bytes and its size: a new one may reuse a freed one's address.
   void match_rank_caches(const std::vector<KVCacheLayer>& kv) {
-    std::vector<const void*> key;
-    for (const KVCacheLayer& layer : kv) key.push_back(layer.k.data());
+    std::vector<std::pair<const void*, int64_t>> key;
+    for (const KVCacheLayer& layer : kv) key.emplace_back(layer.k.data(), layer.k.numel());
     if (key == kv_key_) return;
     for (size_t rank = 1; rank < models_.size(); ++rank) {
       Backend& backend = *backends_[rank];
@@ -470,7 +471,7 @@ class TensorParallelModel final : public Model {
   std::vector<std::unique_ptr<Communicator>> communicators_;  // by rank
   std::vector<std::unique_ptr<Model>> models_;            // by rank
   std::vector<std::vector<KVCacheLayer>> rank_kv_;        // by rank (rank 0's is the engine's)
-  std::vector<const void*> kv_key_;                       // the engine cache rank_kv_ matches
+  std::vector<std::pair<const void*, int64_t>> kv_key_;   // the engine cache rank_kv_ matches
   std::vector<RankInputs> rank_inputs_;                   // by rank (rank 0 reads the engine's)
   RankCapture* capture_ = nullptr;                        // while capture_graph records
   TensorParallelRehearsals rehearsals_;                   // which steps run first with the collectives off
