@@ -278,7 +278,8 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   rc.num_blocks = cc.num_blocks;
   rc.num_speculative_tokens = cc.num_speculative_tokens;
   rc.kv_cache_dtype = kv_dtype;
-  rc.kv_cache_scales = fp8_kv_cache_scales(config, kv_dtype, *parts.model, *parts.backend, std::min(batched, max_model_len));
+  rc.kv_cache_scales =
+      fp8_kv_cache_scales(config, kv_dtype, *parts.model, *parts.backend, std::min(batched, max_model_len));
   auto runner = std::make_unique<ModelRunner>(*parts.model, *parts.backend, *parts.sampler, rc);
   if (speculator) {
     speculator->allocate_kv_cache(cc.num_blocks, cc.block_size);
