@@ -4,7 +4,8 @@
 // in the source and at their cache slot, so the block copies them as 16-byte vectors (fully
 // coalesced, the widest access a thread has). Rows with slot -1 (padding, or tokens whose KV is
 // not kept) are skipped; so are out-of-range slots, which the host cannot check without a sync.
-// An fp8 cache converts 8 elements a thread (16 bytes read of bf16, 8 written).
+// An fp8 cache is written element by element (each rounded once from fp32 after the scale): the
+// models write K/V through the fused qkv prologue, so this kernel serves the unfused callers only.
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_kv_element.cuh"
 #include "backend/cuda/cuda_utils.cuh"
