@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "backend/accepted_shift.h"
 #include "backend/attention_metadata.h"
 #include "backend/decoder_chain.h"
 #include "core/error.h"
@@ -216,6 +217,11 @@ class Backend {
   // device by their index there, so that the host stages the step before they are copied back
   // (engine/README.md). The default runs on the host over CPU tensors.
   virtual void feed_tokens(Tensor& token_ids, const Tensor& source);
+  // Speculative decoding's launch-ahead: moves rows staged as if no draft had been accepted by
+  // the drafts each request accepted (backend/accepted_shift.h), in stream order, so that the
+  // proposer's next forwards run behind the verification without a host round trip. The default
+  // runs on the host over CPU tensors.
+  virtual void shift_by_accepted(const AcceptedShift& shift);
 
   // ---- MLA and MoE (DeepSeek-V2/V3). Default implementations throw specula::Error naming the op
   // and the backend, so that a backend without them fails loudly, not silently. ----

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/phase_profile.h"
@@ -121,6 +123,15 @@ ModelRunner::ModelRunner(Model& model, Backend& backend, Sampler& sampler, const
       input_layout(max_tokens, max_logits, max_seqs, max_seqs * max_blocks_per_seq).bytes);
   for (Tensor& packed : h_packed_) packed = backend.empty_host({packed_bytes}, DType::kU8);
   d_inputs_ = backend.empty({packed_bytes}, DType::kU8);
+  if (config.num_speculative_tokens > 0) {
+    const int64_t verify_rows = max_seqs * (1 + config.num_speculative_tokens);
+    std::vector<int32_t> names(static_cast<size_t>(verify_rows));
+    for (size_t i = 0; i < names.size(); ++i) names[i] = -(1 + static_cast<int32_t>(i));
+    verify_row_names_ = backend.empty({verify_rows}, DType::kI32);
+    backend.copy(Tensor::from_i32(names), verify_row_names_);
+    verified_tokens_ = backend.empty({verify_rows}, DType::kI32);
+    backend.synchronize();
+  }
 }
 
 ModelRunner::~ModelRunner() {
@@ -556,14 +567,21 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     phase_profile::Scope p("runner.sample");
     sampled = sampler_.sample(fwd.logits, plain);
   }
+  bool started = false;
+  std::vector<std::vector<int32_t>> ahead_drafts;
+  const int ahead_depth = may_defer && plain.empty() && !verify.empty()
+                              ? launch_ahead(plans, input, fwd.logits, verify, started, ahead_drafts)
+                              : -1;
   std::vector<VerifyResult> verified;
   {
     phase_profile::Scope p("runner.verify");
-    verified = rejection_sampler_->verify(fwd.logits, speculator_ ? speculator_->draft_probs() : nullptr, verify);
+    verified = started ? rejection_sampler_->finish_verify()
+                       : rejection_sampler_->verify(fwd.logits, speculator_ ? speculator_->draft_probs() : nullptr, verify);
   }
   const double target_start = std::max(std::chrono::duration<double>(t0.time_since_epoch()).count(), drafts_ready);
   last_results_at_ = now_seconds();
   const double target_seconds = last_results_at_ - target_start;
+  last_target_seconds_ = target_seconds;
 
   std::optional<phase_profile::Scope> accept_phase(std::in_place, "runner.accept");
   for (size_t s = 0; s < num_seqs; ++s) {
@@ -608,9 +626,104 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
   if (speculator_) {
     phase_profile::Scope p("runner.propose");
     record_target_cost(plans, target_seconds);
-    if (!skip_proposer) propose_drafts(plans, fwd, target_seconds, may_defer, out);
+    if (ahead_depth >= 0) {
+      std::vector<int> accepted;
+      for (size_t s = 0; s < num_seqs; ++s) accepted.push_back(static_cast<int>(out.sampled_token_ids[s].size()) - 1);
+      speculator_->settle_ahead(accepted);
+      out.draft_token_ids = std::move(ahead_drafts);
+      out.spec_depth = ahead_depth;
+      adopt_drafts_on_device(plans);
+    } else if (!skip_proposer) {
+      propose_drafts(plans, fwd, target_seconds, may_defer, out);
+    }
   }
   return out;
+}
+
+int ModelRunner::max_drafts_at(const RequestState& st, int num_tokens) const {
+  // No input position may reach max_model_len, and drafts past max_tokens would only be dropped.
+  int most = std::min(speculator_->num_speculative_tokens(), config_.max_model_len - 1 - num_tokens);
+  if (st.params->max_tokens) most = std::min(most, *st.params->max_tokens - (num_tokens - st.num_prompt_tokens) - 1);
+  return std::max(0, most);
+}
+
+int ModelRunner::launch_ahead(std::vector<RequestPlan>& plans, const ForwardInput& input, const Tensor& logits,
+                              std::span<const VerifyRequest> verify, bool& started,
+                              std::vector<std::vector<int32_t>>& drafts) {
+  started = false;
+  // SPECULA_LAUNCH_AHEAD=0 turns it off (for comparing the two).
+  static const bool enabled = [] {
+    const char* v = std::getenv("SPECULA_LAUNCH_AHEAD");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  if (!enabled || !speculator_ || !speculator_->leaves_drafts_on_device() || ragged_rows_ > 0) return -1;
+  // Every request verifies k drafts in its k + 1 rows, in batch order.
+  const int k = static_cast<int>(plans.front().drafts.size());
+  const int n = static_cast<int>(plans.size());
+  for (int s = 0; s < n; ++s) {
+    const RequestPlan& plan = plans[static_cast<size_t>(s)];
+    // Its drafts next step must not depend on what it accepts (max_tokens, max_model_len near).
+    const int num_tokens = static_cast<int>(plan.state->tokens.size()) + 1;  // with all k accepted
+    if (k == 0 || static_cast<int>(plan.drafts.size()) != k || plan.first_sample_row < 0 ||
+        max_drafts_at(*plan.state, num_tokens) != max_drafts_at(*plan.state, num_tokens - k) ||
+        plan.num_prompt_rows > 0 || plan.sched->grammar || plan.sched->num_grammar_cut_drafts > 0 ||
+        plan.sched->num_scheduled_tokens != k + 1 || plan.first_token_row != s * (k + 1) ||
+        static_cast<int64_t>(n) * (k + 1) > verified_tokens_.numel())
+      return -1;
+  }
+  if (!rejection_sampler_->can_start_verify(verify)) return -1;
+  const int rows = n * (k + 1);
+  {
+    phase_profile::Scope p("runner.verify (start)");
+    rejection_sampler_->start_verify(logits, speculator_->draft_probs(), verify);
+    started = true;
+  }
+  phase_profile::Scope p("runner.propose (ahead)");
+  Tensor sampled = verified_tokens_.slice(0, rows);
+  backend_.copy(verify_row_names_.slice(0, rows), sampled);
+  if (!rejection_sampler_->feed_verified_tokens(sampled)) return -1;
+  ProposeBatch batch;
+  batch.may_leave_drafts_on_device = true;
+  batch.target_seconds = last_target_seconds_;
+  batch.ahead = ProposeBatch::LaunchAhead{input.token_ids.slice(0, rows), sampled, k};
+  for (RequestPlan& plan : plans) {
+    RequestState& st = *plan.state;
+    const ScheduledRequest& r = *plan.sched;
+    // Its tokens hold the drafts now: as if it accepted none, its last token and then the one it
+    // surely gains, in the first draft's place (the verification truncates the drafts).
+    const size_t last = st.tokens.size() - static_cast<size_t>(k);
+    st.tokens[last] = kPlaceholderToken;
+    ProposerRequest p;
+    p.req_id = r.req_id;
+    p.tokens = std::span<const int32_t>(st.tokens.data(), last + 1);
+    p.num_prompt_tokens = st.num_prompt_tokens;
+    p.num_cached_tokens = std::max(st.num_cached_tokens, 0);
+    p.sampled = true;
+    p.verified_drafts = true;
+    p.num_target_computed = r.num_computed_tokens + r.num_scheduled_tokens - k;
+    p.max_drafts = max_drafts_at(st, static_cast<int>(st.tokens.size()) + 1);  // all accepted
+    p.block_ids = st.block_ids;
+    p.params = st.params.get();
+    p.seed = st.seed;
+    p.min_tokens_stop_ids = st.min_tokens_stop_ids;
+    p.first_row = plan.first_token_row;
+    p.num_rows = r.num_scheduled_tokens;
+    p.first_position = r.num_computed_tokens;
+    batch.requests.push_back(p);
+  }
+  int depth = -1;
+  try {
+    depth = speculator_->propose_ahead(batch, drafts);
+  } catch (...) {
+    started = false;
+    try {
+      rejection_sampler_->finish_verify();
+    } catch (...) {
+    }
+    throw;
+  }
+  if (depth >= 0) ++steps_launched_ahead_;
+  return depth;
 }
 
 std::vector<size_t> ModelRunner::fill_grammar_masks(const std::vector<RequestPlan>& plans) {
@@ -660,7 +773,6 @@ void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const Fo
   batch.target_seconds = target_seconds;
   batch.target_hidden_states = fwd.hidden_states;
   batch.target_aux_hidden_states = fwd.aux_hidden_states;
-  const int k = speculator_->num_speculative_tokens();
   for (size_t s = 0; s < plans.size(); ++s) {
     const RequestPlan& plan = plans[s];
     const RequestState& st = *plan.state;
@@ -675,13 +787,7 @@ void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const Fo
     const int num_drafts = static_cast<int>(r.spec_token_ids.size());
     const int accepted_drafts = p.sampled ? static_cast<int>(out.sampled_token_ids[s].size()) - 1 : 0;
     p.num_target_computed = r.num_computed_tokens + r.num_scheduled_tokens - num_drafts + accepted_drafts;
-    if (p.sampled) {
-      // Drafts the next step can verify: no input position may reach max_model_len, and drafts past
-      // max_tokens would only be dropped.
-      int most = std::min(k, config_.max_model_len - 1 - static_cast<int>(st.tokens.size()));
-      if (st.params->max_tokens) most = std::min(most, *st.params->max_tokens - st.num_output_tokens() - 1);
-      p.max_drafts = std::max(0, most);
-    }
+    if (p.sampled) p.max_drafts = max_drafts_at(st, static_cast<int>(st.tokens.size()));
     p.block_ids = st.block_ids;
     p.params = st.params.get();
     p.seed = st.seed;
@@ -696,9 +802,15 @@ void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const Fo
     batch.requests.push_back(p);
   }
   out.spec_depth = speculator_->propose(batch, out.draft_token_ids);
+  SPECULA_CHECK(may_leave_on_device || !speculator_->drafts_on_device(),
+                "internal error: drafts left on the device of a synchronous step");
+  adopt_drafts_on_device(plans);
+}
+
+void ModelRunner::adopt_drafts_on_device(const std::vector<RequestPlan>& plans) {
   const DraftsOnDevice* on_device = speculator_->drafts_on_device();
   if (!on_device) return;
-  SPECULA_CHECK(may_leave_on_device && on_device->first.size() == plans.size(),
+  SPECULA_CHECK(on_device->first.size() == plans.size(),
                 "internal error: drafts left on the device for {} of {} requests", on_device->first.size(), plans.size());
   drafts_on_device_ = true;
   draft_source_ = on_device->tokens;

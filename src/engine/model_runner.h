@@ -28,7 +28,8 @@
 
 namespace specula {
 
-class RejectionSampler;  // spec/rejection_sampler.h
+class RejectionSampler;  // sampling/rejection_sampler.h
+struct VerifyRequest;
 class Speculator;        // engine/speculator.h
 
 // What the engine core drives each step: the ModelRunner, or a fake in tests.
@@ -107,6 +108,8 @@ class ModelRunner : public ModelExecutor {
   int64_t num_fed_steps() const { return fed_steps_; }
   // Steps whose drafts stayed on the device until the next step was launched, for tests.
   int64_t num_steps_with_drafts_on_device() const { return steps_with_drafts_on_device_; }
+  // Steps whose next drafts were launched ahead of their verification's results (README.md).
+  int64_t num_steps_launched_ahead() const { return steps_launched_ahead_; }
   static constexpr int kMaxVerifyGraphBatch = 256;
 
   std::vector<KVCacheLayer>& kv_cache() { return kv_; }
@@ -187,6 +190,16 @@ class ModelRunner : public ModelExecutor {
   // may_leave_on_device: async scheduling; the speculator may leave the drafts on the device.
   void propose_drafts(const std::vector<RequestPlan>& plans, const ForwardOutput& fwd, double target_seconds,
                       bool may_leave_on_device, ModelRunnerOutput& out);
+  // Launch-ahead (async scheduling, README.md): where every request verifies the same number of
+  // deterministic drafts, starts the verification and asks the speculator for the next drafts
+  // from its result on the device before the host waits for it. Returns their depth, or -1 when
+  // none were launched; `started` says whether the verification was started (finish_verify()).
+  int launch_ahead(std::vector<RequestPlan>& plans, const ForwardInput& input, const Tensor& logits,
+                   std::span<const VerifyRequest> verify, bool& started, std::vector<std::vector<int32_t>>& drafts);
+  // The drafts the speculator left on the device for the next step: where each request's are.
+  void adopt_drafts_on_device(const std::vector<RequestPlan>& plans);
+  // Drafts the next step could verify for a request that will hold `num_tokens` tokens.
+  int max_drafts_at(const RequestState& st, int num_tokens) const;
   // The step's input arrays on the device: views into one buffer, at offsets that depend only on
   // (tokens t, logits rows, sequences), so a graph of B sequences of r rows reads the addresses it
   // was captured with. upload_inputs() first packs the host arrays' used entries into a pinned
@@ -205,6 +218,12 @@ class ModelRunner : public ModelExecutor {
   int draft_stride_ = 0;
   std::vector<std::string> draft_owners_;  // the proposal's requests, in its batch order
   int64_t steps_with_drafts_on_device_ = 0;
+  int64_t steps_launched_ahead_ = 0;
+  // Launch-ahead: the verification's token of each row on the device (fed from I32 -(1 + row),
+  // verify_row_names_), and the last step's target seconds (the proposal's cost model reads them
+  // before this step's are known).
+  Tensor verified_tokens_, verify_row_names_;
+  double last_target_seconds_ = 0.0;
   // When the last step's results (tokens, drafts) reached the host, steady-clock seconds: a step
   // queued behind that step started on the device no earlier.
   double last_results_at_ = 0.0;

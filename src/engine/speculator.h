@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -98,6 +99,16 @@ struct ProposeBatch {
   // [T, n hidden]: the target's aux-layer features (ForwardOutput::aux_hidden_states, for an
   // EAGLE-3 head), rows as target_hidden_states'; scratch. Undefined unless the model returns them.
   Tensor target_aux_hidden_states;
+  // Launch-ahead (Speculator::propose_ahead): the step's verification is still on the device.
+  // Every request verified k deterministic drafts; its `tokens` end with its last token before
+  // them and then kPlaceholderToken, as if it had accepted none, and its max_drafts hold whatever
+  // it accepts. `inputs` and `sampled` are the verification's rows on the device
+  // (backend/accepted_shift.h), from which the proposer's staged inputs move on there.
+  struct LaunchAhead {
+    Tensor inputs, sampled;
+    int k = 0;
+  };
+  std::optional<LaunchAhead> ahead;
 };
 
 class Speculator {
@@ -149,6 +160,14 @@ class Speculator {
   // Waits for the drafts left on the device and returns their values: drafts[i] for request i of
   // that propose()'s batch (empty where it has none). None are pending afterwards.
   virtual std::vector<std::vector<int32_t>> finish_drafts() { return {}; }
+  // Launch-ahead (async scheduling): asked before the host waits for a step's verification, with
+  // the batch as ProposeBatch::ahead describes it. A depth >= 0: the next drafts were launched
+  // from the verification's result on the device and left there as propose() leaves them
+  // (drafts: their placeholders); settle_ahead() follows, with each request's accepted drafts,
+  // once the step's tokens are on the host, and propose() is not called for the step. -1:
+  // nothing was launched, and propose() follows as usual.
+  virtual int propose_ahead(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) { return -1; }
+  virtual void settle_ahead(std::span<const int> accepted) {}
 };
 
 // What a speculator may need when the engine builds it: the target is loaded, the KV cache is not

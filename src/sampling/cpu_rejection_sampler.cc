@@ -1,4 +1,5 @@
 // The host implementation of RejectionSampler.
+#include <algorithm>
 #include <string>
 
 #include "core/error.h"
@@ -13,6 +14,10 @@ namespace {
 class CpuRejectionSampler : public RejectionSampler {
  public:
   explicit CpuRejectionSampler(Backend& backend) : backend_(backend) {}
+
+  // On the CPU backend the logits and the next forwards' inputs are host memory: starting is
+  // verifying, and the launch-ahead's path stays under test.
+  bool can_start_verify(std::span<const VerifyRequest>) const override { return backend_.device() == Device::kCPU; }
 
   std::vector<VerifyResult> verify(const Tensor& target_logits, const Tensor* draft_probs,
                                    std::span<const VerifyRequest> requests) override {
@@ -112,6 +117,32 @@ class CpuRejectionSampler : public RejectionSampler {
 };
 
 }  // namespace
+
+void RejectionSampler::start_verify(const Tensor& target_logits, const Tensor* draft_probs,
+                                    std::span<const VerifyRequest> requests) {
+  started_ = verify(target_logits, draft_probs, requests);
+  started_rows_.clear();
+  for (const VerifyRequest& r : requests) started_rows_.push_back(static_cast<int>(r.draft_tokens.size()) + 1);
+}
+
+bool RejectionSampler::feed_verified_tokens(Tensor& token_ids) {
+  SPECULA_CHECK(token_ids.is_cpu() && token_ids.dtype() == DType::kI32,
+                "internal error: the rejection sampler feeds host I32 token ids, got {}", token_ids.describe());
+  // Row r -> (request, row of it); a row past the request's result gets its last token.
+  std::vector<std::pair<size_t, size_t>> row_of;
+  for (size_t i = 0; i < started_rows_.size(); ++i)
+    for (int j = 0; j < started_rows_[i]; ++j) row_of.emplace_back(i, static_cast<size_t>(j));
+  int32_t* ids = token_ids.data_as<int32_t>();
+  for (int64_t i = 0; i < token_ids.numel(); ++i) {
+    if (ids[i] >= 0) continue;
+    const size_t row = static_cast<size_t>(-(ids[i] + 1));
+    SPECULA_CHECK(row < row_of.size(), "internal error: verified token feed from row {} of {}", row, row_of.size());
+    const std::vector<int32_t>& tokens = started_[row_of[row].first].tokens;
+    SPECULA_CHECK(!tokens.empty(), "internal error: a verification without tokens");
+    ids[i] = tokens[std::min(row_of[row].second, tokens.size() - 1)];
+  }
+  return true;
+}
 
 std::unique_ptr<RejectionSampler> make_cpu_rejection_sampler(Backend& backend) {
   return std::make_unique<CpuRejectionSampler>(backend);

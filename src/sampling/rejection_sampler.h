@@ -44,6 +44,24 @@ class RejectionSampler {
   // null when no request has stochastic drafts.
   virtual std::vector<VerifyResult> verify(const Tensor& target_logits, const Tensor* draft_probs,
                                            std::span<const VerifyRequest> requests) = 0;
+
+  // verify() in two halves, for speculative decoding's launch-ahead (async scheduling, engine/
+  // README.md): start_verify() queues the verification and returns; feed_verified_tokens() then
+  // replaces each entry -(1 + r) of token_ids (I32 on the backend's device) by the token of row r
+  // (every request's k + 1 rows in order; past a request's first rejected draft, any token) in
+  // stream order, or returns false when it cannot (the start ran as several launches whose
+  // tokens are on the host); finish_verify() waits and returns what verify() would. Only where
+  // can_start_verify(requests); one start may be outstanding. The default verifies at once and
+  // feeds host memory, which is what the CPU backend's sampler does.
+  virtual bool can_start_verify(std::span<const VerifyRequest> requests) const { return false; }
+  virtual void start_verify(const Tensor& target_logits, const Tensor* draft_probs,
+                            std::span<const VerifyRequest> requests);
+  virtual bool feed_verified_tokens(Tensor& token_ids);
+  virtual std::vector<VerifyResult> finish_verify() { return std::move(started_); }
+
+ private:
+  std::vector<VerifyResult> started_;
+  std::vector<int> started_rows_;  // rows of each started request
 };
 
 // Reads the rows it needs back to the host (when they live on a device) and verifies row by row.

@@ -191,6 +191,16 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   return batch.depth;
 }
 
+int AdaptiveSpeculator::propose_ahead(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
+  // A probe's verifications are in this step and weigh differently (AdaptiveDepth::
+  // record_verification): its next depth is chosen after them, in the usual order.
+  if (!proposer_->can_propose_ahead(batch) || depth_.draft_probe() || depth_.deep_probe()) return -1;
+  // Otherwise before them, once: when nothing is launched, propose() keeps the depth.
+  if (chosen_depth_ < 0) chosen_depth_ = depth_.choose(static_cast<int>(batch.requests.size()));
+  if (chosen_depth_ <= 0 || depth_.draft_probe() || depth_.plain_probe()) return -1;
+  return propose(batch, drafts);
+}
+
 std::vector<std::vector<int32_t>> AdaptiveSpeculator::finish_drafts() {
   const double t0 = clock_();
   std::vector<std::vector<int32_t>> drafts = proposer_->finish_drafts();

@@ -63,8 +63,10 @@ void DraftModelProposer::plan_catch_up(const ProposeBatch& batch, std::vector<in
       num_drafts[i] = std::min({batch.depth, r.max_drafts, draft_config_.draft_max_model_len - target_[i] + 1});
     }
     if (num_drafts[i] > 0) {
-      // Drafting needs the logits of the last token: run it again if the draft has it already.
-      st.num_computed = std::min(st.num_computed, target_[i] - 1);
+      // Drafting needs the logits of the last token: run it again if the draft has it already. A
+      // launch-ahead runs two rows, the shift moving them onto the last accepted token and the
+      // target's next one, whose predecessors the draft holds whatever was accepted.
+      st.num_computed = std::min(st.num_computed, target_[i] - (batch.ahead ? 2 : 1));
     } else if (r.sampled) {
       // A decoding request that cannot draft now never will (it is at max_tokens, max_model_len
       // or the draft's length): no catch-up for it.
@@ -83,6 +85,16 @@ void DraftModelProposer::finish_propose(const ProposeBatch& batch, const std::ve
     st.drafted_from = target_[i];
     st.drafts = drafts[i];
   }
+}
+
+bool DraftModelProposer::ahead_fits(const ProposerRequest& r, int k) const {
+  // Whatever it accepts, its catch-up and drafts stay within the draft's length.
+  return static_cast<int>(r.tokens.size()) + k + config_.num_speculative_tokens < draft_config_.draft_max_model_len;
+}
+
+void DraftModelProposer::shift_state(RequestState& st, int accepted) {
+  ModelProposer::shift_state(st, accepted);
+  static_cast<DraftState&>(st).drafted_from += accepted;
 }
 
 ModelProposer::DraftForwardOutput DraftModelProposer::draft_forward(DraftForwardInput& in) {

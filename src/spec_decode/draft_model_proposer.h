@@ -65,6 +65,8 @@ class DraftModelProposer : public ModelProposer {
   void drafts_arrived(RequestState& st, const std::vector<int32_t>& drafts) override {
     static_cast<DraftState&>(st).drafts = drafts;
   }
+  bool ahead_fits(const ProposerRequest& r, int k) const override;
+  void shift_state(RequestState& st, int accepted) override;
   DraftForwardOutput draft_forward(DraftForwardInput& in) override;
   int longest_sequence() const override;
   std::unique_ptr<RequestState> new_request_state() const override { return std::make_unique<DraftState>(); }

@@ -141,6 +141,31 @@ void DraftStepBuffers::prepare_chain(const ProposeBatch& batch, const std::vecto
   chain_uploaded_ = backend.record_event();
   chain_steps_ = steps;
   chain_padded_ = padded;
+  chain_lens_slack_ = 0;
+}
+
+void DraftStepBuffers::shift_chain(const Tensor& inputs, const Tensor& sampled, int k, int num_requests) {
+  SPECULA_CHECK(chain_steps_ > 0 && num_requests <= chain_padded_,
+                "internal error: a launch-ahead of {} requests over a chain of {} rows", num_requests, chain_padded_);
+  const int64_t n = static_cast<int64_t>(chain_steps_) * chain_padded_, w = max_blocks_per_seq_;
+  AcceptedShift shift;
+  shift.inputs = inputs;
+  shift.sampled = sampled;
+  shift.num_requests = num_requests;
+  shift.k = k;
+  shift.positions = chain_positions_.device.slice(0, n);
+  shift.slots = chain_slots_.device.slice(0, n);
+  shift.entries = chain_steps_;
+  shift.request_stride = 1;
+  shift.entry_stride = chain_padded_;
+  shift.seq_lens = chain_seq_lens_.device.slice(0, n);
+  shift.seq_lens_request_stride = 1;
+  shift.seq_lens_entry_stride = chain_padded_;
+  shift.block_tables = tables_.device.slice(0, chain_padded_ * w).reshape({chain_padded_, w});
+  shift.block_size = block_size_;
+  backend_->shift_by_accepted(shift);
+  // On the CPU the device side is host memory, which load_chain_step reads (true lengths).
+  chain_lens_slack_ = backend_->device() == Device::kCPU ? 0 : k;
 }
 
 void DraftStepBuffers::load_chain_step(int step) {
@@ -153,9 +178,13 @@ void DraftStepBuffers::load_chain_step(int step) {
   backend.copy(chain_positions_.device.slice(off, off + p), positions);
   backend.copy(chain_slots_.device.slice(off, off + p), slots);
   backend.copy(chain_seq_lens_.device.slice(off, off + p), seq_lens);
-  const int32_t* host = chain_seq_lens_.host.data_as<int32_t>() + off;
-  std::copy(host, host + p, seq_lens_host_.begin());
-  max_seq_len_ = *std::max_element(host, host + p);
+  // The host's lengths (launch shapes, the CPU's attention): on the CPU the device side is host
+  // memory and holds the true ones (a launch-ahead moves them there); elsewhere the staged ones
+  // with the slack a launch-ahead may add.
+  const Tensor& staged = backend.device() == Device::kCPU ? chain_seq_lens_.device : chain_seq_lens_.host;
+  const int32_t* lens = staged.data_as<int32_t>() + off;
+  for (int64_t r = 0; r < p; ++r) seq_lens_host_[static_cast<size_t>(r)] = lens[r] + chain_lens_slack_;
+  max_seq_len_ = *std::max_element(seq_lens_host_.begin(), seq_lens_host_.begin() + p);
 }
 
 void DraftStepBuffers::fill_chain(DecoderChain& chain) const {

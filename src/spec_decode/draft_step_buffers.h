@@ -58,6 +58,9 @@ class DraftStepBuffers {
                      const std::vector<size_t>& rows, int steps, int padded, const std::vector<int>& num_drafts,
                      int first_back);
   void load_chain_step(int step);
+  // Launch-ahead: moves the staged chain (rows: the first num_requests requests of the batch) by
+  // the drafts each accepted (backend/accepted_shift.h), on the device.
+  void shift_chain(const Tensor& inputs, const Tensor& sampled, int k, int num_requests);
   // The staged chain as a fused chain's inputs (Model::greedy_chain): rows, steps, positions,
   // slots and block tables, every step's rows at once.
   void fill_chain(DecoderChain& chain) const;
@@ -98,6 +101,7 @@ class DraftStepBuffers {
   StagedTensor chain_positions_, chain_slots_, chain_seq_lens_;
   std::unique_ptr<DeviceEvent> chain_uploaded_;  // after the last chain's uploads
   int max_chain_steps_ = 0, chain_steps_ = 0, chain_padded_ = 0;
+  int chain_lens_slack_ = 0;  // the staged lengths are this much short of the true ones at most
 };
 
 }  // namespace specula

@@ -100,6 +100,14 @@ void ModelProposer::allocate_kv_cache(int num_blocks, int block_size) {
   step_.allocate(backend_, config_.max_num_seqs, max_blocks_per_seq_, block_size, kv_cache_name_.c_str(),
                  config_.num_speculative_tokens - 1);
   chain_.allocate(backend_, config_.max_num_seqs, config_.num_speculative_tokens);
+  if (!reads_target_hidden()) {  // the logits rows of uniform catch-ups (graphs, launch-ahead)
+    every_row_logits_idx_ =
+        backend_.empty({static_cast<int64_t>(std::max(kMaxCatchUpGraphBatch, config_.max_num_seqs)) * kCatchUpGraphRows},
+                       DType::kI32);
+    std::vector<int32_t> iota(static_cast<size_t>(every_row_logits_idx_.numel()));
+    std::iota(iota.begin(), iota.end(), 0);
+    backend_.copy(Tensor::from_i32(iota), every_row_logits_idx_);
+  }
   if (reads_target_hidden()) {
     const DType dtype = backend_.compute_dtype();
     target_hidden_ = backend_.empty({t, target_hidden_size_}, dtype);
@@ -269,6 +277,14 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   for (const Piece& piece : pieces_) last_catch_up_tokens_ += piece.to - piece.from;
   for (size_t i = 0; i < n; ++i)
     if (num_drafts_[i] > 0) state(batch.requests[i].req_id).deterministic_drafts = chain;
+  if (batch.ahead) {
+    // can_propose_ahead() said every request drafts a chain from a two-row piece.
+    bool two_rows = pieces_.size() == n;
+    for (const Piece& piece : pieces_) two_rows = two_rows && piece.drafts && piece.to - piece.from == 2;
+    SPECULA_CHECK(chain && rows.size() == n && two_rows,
+                  "internal error: a {} launch-ahead of {} requests planned {} drafting rows and {} pieces", method(), n,
+                  rows.size(), pieces_.size());
+  }
   if (chain && !rows.empty()) {
     // The chain's rows are the drafting requests in batch order, which is also the order of their
     // drafting pieces in the catch-up forwards (each adds the next first drafts).
@@ -285,7 +301,8 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   // last piece of a drafting request samples its first draft.
   std::vector<Piece> chunk;
   int chunk_tokens = 0;
-  for (size_t p = 0; p < pieces_.size();) {
+  if (batch.ahead) run_ahead_catch_up(batch, pieces_, drafts);
+  for (size_t p = 0; p < pieces_.size() && !batch.ahead;) {
     Piece& piece = pieces_[p];
     const int room = config_.max_num_batched_tokens - chunk_tokens;
     if (room <= 0 || static_cast<int>(chunk.size()) == config_.max_num_seqs) {
@@ -304,14 +321,16 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
       piece.from += room;
     }
   }
-  if (!chunk.empty()) run_catch_up(batch, chunk, drafts);
+  if (!chunk.empty() && !batch.ahead) run_catch_up(batch, chunk, drafts);
 
   // 3. Drafts 2..k. A chain's inputs are staged while the catch-up runs on the device.
   if (chain_.on()) {
     const int padded = chain_.padded();
-    if (max_drafts >= 2)
+    if (max_drafts >= 2) {
       step_.prepare_chain(batch, attended_, chain_.rows(), max_drafts - 1, padded, num_drafts_,
                           /*first_back=*/1 + token_offset());
+      if (batch.ahead) step_.shift_chain(batch.ahead->inputs, batch.ahead->sampled, batch.ahead->k, static_cast<int>(n));
+    }
     chain_.run(step_, max_drafts, num_drafts_, [&](int j) { return run_step(padded, step_variant(j)); }, drafts,
                fused_chain(), batch.may_leave_drafts_on_device);
     if (chain_.pending()) {
@@ -326,6 +345,37 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
     run_draft_steps(batch, rows, max_drafts, drafts);
   }
   finish_propose(batch, drafts);
+  ahead_ids_.clear();
+  if (batch.ahead)
+    for (const ProposerRequest& r : batch.requests) ahead_ids_.emplace_back(r.req_id);
+}
+
+bool ModelProposer::can_propose_ahead(const ProposeBatch& batch) const {
+  if (!batch.ahead || reads_target_hidden() || !config_.greedy_chain || !batch.may_leave_drafts_on_device ||
+      chain_.pending() || batch.requests.empty() || kv_.empty() ||
+      static_cast<int>(batch.requests.size()) > config_.max_num_seqs ||
+      2 * static_cast<int>(batch.requests.size()) > config_.max_num_batched_tokens ||
+      !GreedyDraftChain::applies(batch, config_.argmax_drafts))
+    return false;
+  for (const ProposerRequest& r : batch.requests) {
+    // Steady: it drafted last step, so its cache holds every position before the verification's
+    // first (r.tokens: ..., its last token, the placeholder).
+    const RequestState* st = find_state(r.req_id);
+    if (!r.sampled || !r.verified_drafts || r.shed || r.max_drafts <= 0 || st == nullptr ||
+        st->num_computed != static_cast<int>(r.tokens.size()) - 1 || !ahead_fits(r, batch.ahead->k))
+      return false;
+  }
+  return true;
+}
+
+void ModelProposer::settle_ahead(std::span<const int> accepted) {
+  SPECULA_CHECK(accepted.size() == ahead_ids_.size(), "internal error: {} accepted counts for a launch-ahead of {}",
+                accepted.size(), ahead_ids_.size());
+  for (size_t i = 0; i < ahead_ids_.size(); ++i) {
+    auto it = states_.find(ahead_ids_[i]);
+    if (it != states_.end()) shift_state(*it->second, accepted[i]);
+  }
+  ahead_ids_.clear();
 }
 
 std::vector<std::vector<int32_t>> ModelProposer::finish_drafts() {
@@ -578,10 +628,38 @@ bool ModelProposer::run_uniform_catch_up(const ProposeBatch& batch, const std::v
     }
   }
 
+  stage_uniform_catch_up(batch, pieces, rows, size);
+  ++num_forwards_;
+  ++uniform_catch_ups_;
+  Tensor logits;
+  if (graphs) {
+    phase_profile::Scope p("draft.catch_up_forward (graph)");
+    SPECULA_CHECK(graphs->replay(size), "internal error: no {} catch-up graph of {} x {} rows", method(), size, rows);
+    ++catch_up_graph_replays_;
+    logits = catch_up_graph_logits_.at({rows, size});
+    if (phase_profile::synchronizing()) backend_.synchronize();
+  } else {
+    phase_profile::Scope p("draft.catch_up_forward (padded, eager)");
+    logits = uniform_catch_up_forward(size, rows, /*for_capture=*/false);
+  }
+  // A tokens-only graph's logits are every row's; a hidden-state one's one row per request.
+  if (hidden) {
+    sample_first_drafts(batch, pieces, logits, [](int s) { return s; }, drafts);
+  } else {
+    sample_first_drafts(batch, pieces, logits, [rows](int s) { return s * rows + rows - 1; }, drafts);
+  }
+  return true;
+}
+
+void ModelProposer::stage_uniform_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces, int rows,
+                                           int size) {
+  const bool hidden = reads_target_hidden();
+  const int n = static_cast<int>(pieces.size());
   const int w = max_blocks_per_seq_;
   const int t = size * rows;
   {
     phase_profile::Scope prepare_phase("draft.catch_up_prepare");
+    if (catch_up_uploaded_) catch_up_uploaded_->wait();  // pinned staging: the last uploads ran
     int32_t* tokens = catch_up_.tokens.host.data_as<int32_t>();
     int32_t* positions = catch_up_.positions.host.data_as<int32_t>();
     int64_t* slots = catch_up_.slots.host.data_as<int64_t>();
@@ -648,27 +726,58 @@ bool ModelProposer::run_uniform_catch_up(const ProposeBatch& batch, const std::v
       // where the target's rows may lie.
       gather_target_rows(target_features(batch), t);
     }
+  catch_up_uploaded_ = backend_.record_event();
   }
+}
+
+void ModelProposer::run_ahead_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
+                                       std::vector<std::vector<int32_t>>& drafts) {
+  // Staged as if no draft were accepted: positions s, s + 1 (s: the verification's first) with its
+  // last token and the placeholder; the shift moves them to s + a, s + a + 1 and writes the last
+  // accepted token and the target's next one, the catch-up of a steady drafting step.
+  constexpr int rows = 2;
+  const int n = static_cast<int>(pieces.size());
+  PaddedGraphs* graphs = nullptr;
+  int size = n;
+  if (auto it = catch_up_graphs_.find(rows); it != catch_up_graphs_.end()) {
+    if (const int padded = it->second->padded_size(n); padded > 0) {
+      graphs = it->second.get();
+      size = padded;
+    }
+  }
+  stage_uniform_catch_up(batch, pieces, rows, size);
+  const int w = max_blocks_per_seq_;
+  AcceptedShift shift;
+  shift.inputs = batch.ahead->inputs;
+  shift.sampled = batch.ahead->sampled;
+  shift.num_requests = n;
+  shift.k = batch.ahead->k;
+  shift.positions = catch_up_.positions.device.slice(0, size * rows);
+  shift.slots = catch_up_.slots.device.slice(0, size * rows);
+  shift.tokens = catch_up_.tokens.device.slice(0, size * rows);
+  shift.entries = rows;
+  shift.request_stride = rows;
+  shift.entry_stride = 1;
+  shift.seq_lens = catch_up_.seq_lens.device.slice(0, size);
+  shift.seq_lens_request_stride = 1;
+  shift.block_tables = catch_up_.tables.device.slice(0, static_cast<int64_t>(size) * w).reshape({size, w});
+  shift.block_size = block_size_;
+  backend_.shift_by_accepted(shift);
   ++num_forwards_;
   ++uniform_catch_ups_;
   Tensor logits;
   if (graphs) {
-    phase_profile::Scope p("draft.catch_up_forward (graph)");
+    phase_profile::Scope p("draft.catch_up_forward (graph, ahead)");
     SPECULA_CHECK(graphs->replay(size), "internal error: no {} catch-up graph of {} x {} rows", method(), size, rows);
     ++catch_up_graph_replays_;
     logits = catch_up_graph_logits_.at({rows, size});
-    if (phase_profile::synchronizing()) backend_.synchronize();
   } else {
-    phase_profile::Scope p("draft.catch_up_forward (padded, eager)");
+    phase_profile::Scope p("draft.catch_up_forward (eager, ahead)");
+    catch_up_lens_slack_ = backend_.device() == Device::kCPU ? 0 : batch.ahead->k;
     logits = uniform_catch_up_forward(size, rows, /*for_capture=*/false);
+    catch_up_lens_slack_ = 0;
   }
-  // A tokens-only graph's logits are every row's; a hidden-state one's one row per request.
-  if (hidden) {
-    sample_first_drafts(batch, pieces, logits, [](int s) { return s; }, drafts);
-  } else {
-    sample_first_drafts(batch, pieces, logits, [rows](int s) { return s * rows + rows - 1; }, drafts);
-  }
-  return true;
+  sample_first_drafts(batch, pieces, logits, [](int s) { return s * rows + rows - 1; }, drafts);
 }
 
 Tensor ModelProposer::uniform_catch_up_forward(int size, int rows, bool for_capture) {
@@ -695,8 +804,12 @@ Tensor ModelProposer::uniform_catch_up_forward(int size, int rows, bool for_capt
     // Launch shapes from the longest length any catch-up may have (kernels read the true ones).
     md.seq_lens_host.assign(static_cast<size_t>(size), longest_sequence());
   } else {
-    const int32_t* lens = catch_up_.seq_lens.host.data_as<int32_t>();
-    md.seq_lens_host.assign(lens, lens + size);
+    // On the CPU the device side is host memory and holds the true lengths (a launch-ahead moves
+    // them there); elsewhere the staged ones, with the slack a launch-ahead may add.
+    const Tensor& staged = backend_.device() == Device::kCPU ? catch_up_.seq_lens.device : catch_up_.seq_lens.host;
+    const int32_t* lens = staged.data_as<int32_t>();
+    md.seq_lens_host.resize(static_cast<size_t>(size));
+    for (int s = 0; s < size; ++s) md.seq_lens_host[static_cast<size_t>(s)] = lens[s] + catch_up_lens_slack_;
   }
   md.max_seq_len = *std::max_element(md.seq_lens_host.begin(), md.seq_lens_host.end());
   if (reads_target_hidden()) in.hidden = target_hidden_.slice(0, t);
@@ -799,13 +912,6 @@ size_t ModelProposer::capture_graphs(const std::vector<int>& batch_sizes) {
   // whose r * size rows fit the catch-up buffers. Captured over an all-padding batch.
   const PaddedGraphs::Recorder record = [this](const std::function<void()>& work) { return record_graph(work); };
   const bool hidden = reads_target_hidden();
-  if (!hidden) {
-    every_row_logits_idx_ =
-        backend_.empty({static_cast<int64_t>(kMaxCatchUpGraphBatch) * kCatchUpGraphRows}, DType::kI32);
-    std::vector<int32_t> iota(static_cast<size_t>(every_row_logits_idx_.numel()));
-    std::iota(iota.begin(), iota.end(), 0);
-    backend_.copy(Tensor::from_i32(iota), every_row_logits_idx_);
-  }
   const int max_rows = hidden ? 1 + config_.num_speculative_tokens : kCatchUpGraphRows;
   for (int rows = 1; rows <= max_rows; ++rows) {
     std::vector<int> fit;

@@ -89,6 +89,10 @@ class ModelProposer : public Proposer {
   bool leaves_drafts_on_device() const override { return config_.greedy_chain; }
   const DraftsOnDevice* drafts_on_device() const override { return chain_.pending() ? &on_device_ : nullptr; }
   std::vector<std::vector<int32_t>> finish_drafts() override;
+  // Launch-ahead (README.md): a tokens-only proposer whose every request drafts a greedy chain
+  // from a steady state (its cache one position short of the verification's first).
+  bool can_propose_ahead(const ProposeBatch& batch) const override;
+  void settle_ahead(std::span<const int> accepted) override;
   void drop_request(std::string_view req_id) override;
   const Tensor* draft_probs() const override { return &q_store_; }
   int draft_probs_row(std::string_view req_id) const override;
@@ -184,6 +188,10 @@ class ModelProposer : public Proposer {
   // The values of a request's drafts that propose() left on the device, once on the host (never
   // for a request dropped meanwhile).
   virtual void drafts_arrived(RequestState& st, const std::vector<int32_t>& drafts) {}
+  // Launch-ahead: whether the method can draft for `r` whatever it accepts of its k drafts, and
+  // its state moved on by the `accepted` drafts once known (propose() set it as if none were).
+  virtual bool ahead_fits(const ProposerRequest& r, int k) const { return true; }
+  virtual void shift_state(RequestState& st, int accepted) { st.num_computed += accepted; }
   // The model's forward over `in` (also run under graph capture: device work only).
   virtual DraftForwardOutput draft_forward(DraftForwardInput& in) = 0;
   // The weights draft j's step runs (graphs are kept per variant); MTP: its layer.
@@ -235,6 +243,13 @@ class ModelProposer : public Proposer {
     void allocate(Backend& backend, int max_tokens, int max_num_seqs, int max_blocks_per_seq);
   };
 
+  // Launch-ahead: every request's two-row piece as the uniform layout, moved on the device by what
+  // it accepted, through one catch-up forward; samples the first drafts.
+  void run_ahead_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
+                          std::vector<std::vector<int32_t>>& drafts);
+  // Stages `pieces` as the uniform layout of `rows` rows a request at `size` requests and uploads
+  // it (waiting first for the last staging's uploads).
+  void stage_uniform_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces, int rows, int size);
   // Runs pieces through one catch-up forward and samples the first draft of those that draft.
   void run_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                     std::vector<std::vector<int32_t>>& drafts);
@@ -300,6 +315,11 @@ class ModelProposer : public Proposer {
   int step_row_min_drafts_ = 2;
 
   CatchUpInputs catch_up_;
+  std::unique_ptr<DeviceEvent> catch_up_uploaded_;  // after the last uniform staging's uploads
+  // The staged lengths of the catch-up inputs are this much short of the true ones at most (a
+  // launch-ahead's, moved on the device): an eager forward's launch shapes add it.
+  int catch_up_lens_slack_ = 0;
+  std::vector<std::string> ahead_ids_;  // the launch-ahead's requests, for settle_ahead
   DraftStepBuffers step_;  // static draft-step inputs, [max_num_seqs] rows
   GreedyDraftChain chain_;  // this propose's, when on
   // A chain that left its drafts on the device: where they are, and whose they are (batch order).

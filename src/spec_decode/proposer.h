@@ -45,6 +45,11 @@ class Proposer {
   virtual bool leaves_drafts_on_device() const { return false; }
   virtual const DraftsOnDevice* drafts_on_device() const { return nullptr; }
   virtual std::vector<std::vector<int32_t>> finish_drafts() { return {}; }
+  // Launch-ahead (engine/speculator.h, ProposeBatch::ahead): whether propose() can take this
+  // batch before its verification reaches the host, every request drafting; then
+  // settle_ahead() moves the proposer's state by what each request accepted. Default: never.
+  virtual bool can_propose_ahead(const ProposeBatch& batch) const { return false; }
+  virtual void settle_ahead(std::span<const int> accepted) {}
   // The request finished or was preempted: forget its state (a preempted one comes back new).
   virtual void drop_request(std::string_view req_id) {}
 

@@ -9,7 +9,9 @@
 #   qwen_c64/c256   Qwen3-0.6B throughput at 64 and 256 requests (2 batches a run);
 #   tiny_c1_pinned  (only when named in AB_CONFIGS) the embedded pair at pinned k = AB_PINNED_K
 #                   (default 5), concurrency 1: the overlap alone, without adaptive depth's choices.
-# AB_CONFIGS names the configs to run (default: all but tiny_c1_pinned).
+# AB_CONFIGS names the configs to run (default: all but tiny_c1_pinned). AB_MODES (default "sync
+# async") may add "noahead": async scheduling with SPECULA_LAUNCH_AHEAD=0 (speculative drafts
+# made after the verification reached the host, as before the launch-ahead).
 # $OUT receives async_summary.txt and async_logs.tar.gz.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,7 +30,7 @@ SPEC='{"method":"draft_model","model":"models/specula-tiny-draft","num_speculati
 PINNED='{"method":"draft_model","model":"models/specula-tiny-draft","num_speculative_tokens":'"${AB_PINNED_K:-5}"',"adaptive":false}'
 CONFIGS=" ${AB_CONFIGS:-tiny_c1_spec tiny_c1_nospec qwen_b1 qwen_c64 qwen_c256} "
 wanted() { [[ "$CONFIGS" == *" $1 "* ]]; }
-mode_flag() { [ "$1" = async ] && echo --async-scheduling || echo --no-async-scheduling; }
+mode_flag() { [ "$1" = sync ] && echo --no-async-scheduling || echo --async-scheduling; }
 tiny_c1() {  # tiny_c1 NAME MODE [ARGS...]
   local name=$1 f
   f=$(mode_flag "$2")
@@ -38,8 +40,9 @@ tiny_c1() {  # tiny_c1 NAME MODE [ARGS...]
 }
 
 for rep in $(seq 1 "${AB_REPS:-3}"); do
-  for mode in sync async; do
+  for mode in ${AB_MODES:-sync async}; do
     f=$(mode_flag $mode)
+    if [ $mode = noahead ]; then export SPECULA_LAUNCH_AHEAD=0; else unset SPECULA_LAUNCH_AHEAD; fi
     wanted tiny_c1_spec && tiny_c1 "tiny_c1_spec_${mode}_r${rep}" $mode --speculative-config "$SPEC"
     wanted tiny_c1_pinned && tiny_c1 "tiny_c1_pinned_${mode}_r${rep}" $mode --speculative-config "$PINNED"
     wanted tiny_c1_nospec && tiny_c1 "tiny_c1_nospec_${mode}_r${rep}" $mode
@@ -53,6 +56,7 @@ for rep in $(seq 1 "${AB_REPS:-3}"); do
     done
   done
 done
+unset SPECULA_LAUNCH_AHEAD
 wanted qwen_b1 && SPECULA_PROFILE=1 bench qwen_b1_profile 60 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" --batch-size 1 \
   --input-len 128 --output-len 128 --num-iters 5 --num-iters-warmup 1 --max-model-len 4096 --max-num-seqs 8 --no-async-scheduling
 
@@ -65,7 +69,7 @@ import glob, json, os, re, statistics, sys
 work = sys.argv[1]
 rows = {}
 for path in sorted(glob.glob(os.path.join(work, "*_r*.json"))):
-    m = re.match(r"(\w+?)_(sync|async)_r(\d+)\.json", os.path.basename(path))
+    m = re.match(r"(\w+?)_(sync|async|noahead)_r(\d+)\.json", os.path.basename(path))
     if not m:
         continue
     j = json.load(open(path))
@@ -85,12 +89,14 @@ for (config, mode), runs in sorted(rows.items()):
     extra = f" | mean depth {min(depth):.2f}-{max(depth):.2f}" if depth else ""
     print(f"{config} | {mode} | {desc} | {med[(config, mode)]:.4g}{extra}")
 for config in sorted({c for c, _ in med}):
-    s, a = med.get((config, "sync")), med.get((config, "async"))
-    if s and a:
+    s, a, n = med.get((config, "sync")), med.get((config, "async")), med.get((config, "noahead"))
+    for name, base in (("sync", s), ("noahead", n)):
+        if not (base and a):
+            continue
         if config.startswith("qwen_c"):
-            print(f"{config}: async / sync tokens/s = {a / s:.3f}")
+            print(f"{config}: async / {name} tokens/s = {a / base:.3f}")
         else:
-            print(f"{config}: async TPOT {a:.4f} vs sync {s:.4f} ms = {100 * (1 - a / s):+.1f}% lower")
+            print(f"{config}: async TPOT {a:.4f} vs {name} {base:.4f} ms = {100 * (1 - a / base):+.1f}% lower")
 PY
   echo "-- qwen_b1_profile (sync, SPECULA_PROFILE=1):"
   grep -E "runner\.|engine\.|phase|steps" "$WORK/qwen_b1_profile.log" | head -30

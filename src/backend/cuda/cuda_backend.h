@@ -85,6 +85,7 @@ class CudaBackend final : public Backend {
   void argmax_rows(const Tensor& x, const Tensor* rows, Tensor& out) override;
   void gather_columns(const Tensor& x, const Tensor& columns, float fill, Tensor& out) override;
   void feed_tokens(Tensor& token_ids, const Tensor& source) override;
+  void shift_by_accepted(const AcceptedShift& shift) override;
   void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override;
   void head_linear(const Tensor& x, const Tensor& weight, Tensor& out) override;
   void moe_route(const Tensor& router_logits, const Tensor* bias, const MoeRouting& params, Tensor& topk_ids,

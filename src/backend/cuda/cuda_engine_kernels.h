@@ -129,4 +129,22 @@ cudaError_t launch_sample_rows(const float* logits, int64_t vocab, const Samplin
                                float* probs_out, SamplingRowResult* results, TopLogprob* top, int max_top,
                                cudaStream_t stream);
 
+// Speculative decoding's launch-ahead (Backend::shift_by_accepted, backend/accepted_shift.h):
+// pointers and strides as there; tokens may be null.
+struct AcceptedShiftParams {
+  const int32_t* inputs = nullptr;
+  const int32_t* sampled = nullptr;
+  int num_requests = 0, k = 0;
+  int32_t* positions = nullptr;
+  int64_t* slots = nullptr;
+  int entries = 0, request_stride = 0, entry_stride = 0;
+  int32_t* seq_lens = nullptr;
+  int seq_lens_request_stride = 0, seq_lens_entry_stride = 0;
+  const int32_t* block_tables = nullptr;
+  int64_t width = 0;
+  int block_size = 0;
+  int32_t* tokens = nullptr;
+};
+cudaError_t launch_shift_by_accepted(const AcceptedShiftParams& p, cudaStream_t stream);
+
 }  // namespace specula::cuda

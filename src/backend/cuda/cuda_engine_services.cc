@@ -1,11 +1,12 @@
 // CUDA backend: what the engine needs from the device beyond the ops — the memory query of the
-// memory plan, CUDA-graph capture, and the device token sampler.
+// memory plan, CUDA-graph capture, the device token sampler and the launch-ahead's shift.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 
 #include "backend/cuda/cuda_allocator.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_engine_kernels.h"
 #include "backend/cuda/cuda_token_sampler.h"
 
 namespace specula {
@@ -96,6 +97,43 @@ std::unique_ptr<DeviceGraph> CudaBackend::capture_graph(const std::function<void
 
 std::unique_ptr<TokenSampler> CudaBackend::make_token_sampler(int max_rows, int64_t vocab) {
   return std::make_unique<CudaTokenSampler>(*this, max_rows, vocab);
+}
+
+void CudaBackend::shift_by_accepted(const AcceptedShift& a) {
+  const char* op = "shift_by_accepted";
+  cuda_check::index_vector(a.inputs, DType::kI32, op, "inputs");
+  cuda_check::index_vector(a.sampled, DType::kI32, op, "sampled");
+  cuda_check::index_vector(a.positions, DType::kI32, op, "positions");
+  cuda_check::index_vector(a.slots, DType::kI64, op, "slots");
+  cuda_check::index_vector(a.seq_lens, DType::kI32, op, "seq_lens");
+  cuda_check::dtype(a.block_tables, DType::kI32, op, "block_tables");
+  SPECULA_CHECK(a.block_tables.ndim() == 2 && a.block_tables.size(0) >= a.num_requests && a.block_size > 0 &&
+                    a.inputs.numel() >= static_cast<int64_t>(a.num_requests) * (a.k + 1) &&
+                    a.sampled.numel() >= static_cast<int64_t>(a.num_requests) * (a.k + 1),
+                "{}: {} requests of {} drafts over inputs {}, sampled {}, block tables {}", op, a.num_requests, a.k,
+                a.inputs.describe(), a.sampled.describe(), a.block_tables.describe());
+  if (a.tokens.defined()) {
+    cuda_check::index_vector(a.tokens, DType::kI32, op, "tokens");
+    SPECULA_CHECK(a.entries == 2, "{}: tokens over {} entries (two)", op, a.entries);
+  }
+  cuda::AcceptedShiftParams p;
+  p.inputs = a.inputs.data_as<int32_t>();
+  p.sampled = a.sampled.data_as<int32_t>();
+  p.num_requests = a.num_requests;
+  p.k = a.k;
+  p.positions = a.positions.data_as<int32_t>();
+  p.slots = a.slots.data_as<int64_t>();
+  p.entries = a.entries;
+  p.request_stride = a.request_stride;
+  p.entry_stride = a.entry_stride;
+  p.seq_lens = a.seq_lens.data_as<int32_t>();
+  p.seq_lens_request_stride = a.seq_lens_request_stride;
+  p.seq_lens_entry_stride = a.seq_lens_entry_stride;
+  p.block_tables = a.block_tables.data_as<int32_t>();
+  p.width = a.block_tables.size(1);
+  p.block_size = a.block_size;
+  p.tokens = a.tokens.defined() ? a.tokens.data_as<int32_t>() : nullptr;
+  check_cuda(cuda::launch_shift_by_accepted(p, stream_), op);
 }
 
 }  // namespace specula

@@ -188,6 +188,52 @@ TEST_P(CpuOps, FeedTokensReplacesEachPlaceholderByItsSource) {
   EXPECT_THROW(be->feed_tokens(bad, source), Error);
 }
 
+// Speculative decoding's launch-ahead: each request's accepted drafts (leading drafts equal to
+// the target's token of the row before) move its staged rows: positions and lengths by that
+// many, slots recomputed through its block table (-1 kept, -1 past the table), and a catch-up's
+// tokens become the last accepted token and the target's next one.
+TEST_P(CpuOps, ShiftByAcceptedMovesStagedRowsByTheAcceptedDrafts) {
+  AcceptedShift a;
+  a.k = 3;
+  a.num_requests = 3;
+  // Request 0 accepts 2 drafts, request 1 none, request 2 all 3.
+  a.inputs = Tensor::from_i32({10, 11, 12, 13, 20, 21, 22, 23, 30, 31, 32, 33});
+  a.sampled = Tensor::from_i32({11, 12, 99, 5, 7, 8, 9, 10, 31, 32, 33, 40});
+  a.block_size = 4;
+  a.block_tables = Tensor::from_i32({5, 6, 7, 1, 2, 0, 3, 4, 8}).reshape({3, 3});
+  // A catch-up: two entries a request, one length a request.
+  a.positions = Tensor::from_i32({5, 6, 2, 3, 9, 10});
+  a.slots = Tensor::from_i64({0, 0, 0, -1, 0, 0});
+  a.tokens = Tensor::from_i32({0, -1, 0, -1, 0, -1});
+  a.seq_lens = Tensor::from_i32({7, 4, 11});
+  a.entries = 2;
+  a.request_stride = 2;
+  a.entry_stride = 1;
+  a.seq_lens_request_stride = 1;
+  be->shift_by_accepted(a);
+  auto i32 = [](const Tensor& t) { return std::vector<int32_t>(t.data_as<int32_t>(), t.data_as<int32_t>() + t.numel()); };
+  auto i64 = [](const Tensor& t) { return std::vector<int64_t>(t.data_as<int64_t>(), t.data_as<int64_t>() + t.numel()); };
+  EXPECT_EQ(i32(a.positions), (std::vector<int32_t>{7, 8, 2, 3, 12, 13}));
+  EXPECT_EQ(i64(a.slots), (std::vector<int64_t>{6 * 4 + 3, 7 * 4 + 0, 1 * 4 + 2, -1, -1, -1}));
+  EXPECT_EQ(i32(a.tokens), (std::vector<int32_t>{12, 99, 20, 7, 33, 40}));
+  EXPECT_EQ(i32(a.seq_lens), (std::vector<int32_t>{9, 4, 14}));
+  // A chain of two steps over four rows (the last one padding, untouched), a length an entry.
+  AcceptedShift c = a;
+  c.tokens = Tensor();
+  c.positions = Tensor::from_i32({1, 2, 3, 0, 2, 3, 4, 0});
+  c.slots = Tensor::from_i64({0, 0, -1, -1, 0, 0, 0, -1});
+  c.seq_lens = Tensor::from_i32({2, 3, 4, 1, 3, 4, 5, 1});
+  c.entries = 2;
+  c.request_stride = 1;
+  c.entry_stride = 4;
+  c.seq_lens_request_stride = 1;
+  c.seq_lens_entry_stride = 4;
+  be->shift_by_accepted(c);
+  EXPECT_EQ(i32(c.positions), (std::vector<int32_t>{3, 2, 6, 0, 4, 3, 7, 0}));
+  EXPECT_EQ(i64(c.slots), (std::vector<int64_t>{5 * 4 + 3, 1 * 4 + 2, -1, -1, 6 * 4 + 0, 1 * 4 + 3, 4 * 4 + 3, -1}));
+  EXPECT_EQ(i32(c.seq_lens), (std::vector<int32_t>{4, 3, 7, 1, 5, 4, 8, 1}));
+}
+
 TEST_P(CpuOps, LinearWithAndWithoutBias) {
   struct Case { int64_t m, n, k; };
   for (Case c : {Case{1, 7, 5}, Case{13, 96, 64}, Case{64, 130, 257}}) {

@@ -334,7 +334,8 @@ TEST(SpecEngine, GreedyChainDraftsWhatTheDraftSamplerDrafts) {
 }
 
 // Async scheduling: a greedy chain's drafts stay on the device until the next step is launched
-// (fed into its inputs there, their values collected after), and change nothing: the reference
+// (fed into its inputs there, their values collected after), most launched ahead of the host's
+// reading of the verification (README.md's launch-ahead), and change nothing: the reference
 // tokens, and the same drafts and acceptance per position as the same async run drafting through
 // the draft sampler (which leaves nothing on the device), through chunked prefill, preemption,
 // prefix hits, padded steps and max_tokens inside a draft. (Against the synchronous engine the
@@ -355,8 +356,12 @@ TEST(SpecEngine, DraftsLeftOnTheDeviceUnderAsyncSchedulingChangeNothing) {
       e.run();
       if (chain) {
         EXPECT_GT(e.runner->num_steps_with_drafts_on_device(), 10);
+        // Most of them launched ahead of their verification's results (the drafts made from its
+        // rows on the device): a wrong shift changes the drafts, hence the counts compared below.
+        EXPECT_GT(e.runner->num_steps_launched_ahead(), 2);
       } else {
         EXPECT_EQ(e.runner->num_steps_with_drafts_on_device(), 0);
+        EXPECT_EQ(e.runner->num_steps_launched_ahead(), 0);
       }
       stats.push_back(e.stats());
       for (size_t i = 0; i < reqs.size(); ++i)
@@ -381,6 +386,50 @@ TEST(SpecEngine, DraftsLeftOnTheDeviceUnderAsyncSchedulingChangeNothing) {
   EXPECT_GT(e.stats().spec_num_draft_tokens, 0);
   EXPECT_EQ(e.runner->num_steps_with_drafts_on_device(), 0);
   EXPECT_EQ(e.tokens("a"), e.model.reference_greedy(prompt_of(9, 1), 24));
+}
+
+// The launch-ahead (README.md): in steady decoding nearly every step's drafts are launched from
+// its verification's rows on the device before the host reads them, staged as if nothing were
+// accepted and moved by what was. The tokens are the reference's and the drafts and acceptance
+// per position are those of the synchronous engine and of the async one drafting through the
+// sampler, at every k, with requests ending on max_tokens (those steps fall back: their next
+// drafts depend on what they accept) and the draft's max_model_len close (its check too).
+TEST(SpecEngine, DraftsLaunchedAheadOfTheVerificationChangeNothing) {
+  std::vector<std::pair<std::vector<int32_t>, int>> reqs;
+  for (int i = 0; i < 5; ++i) reqs.push_back({prompt_of(6 + 3 * i, i % 4), 60 + 7 * i});
+  for (int k : {1, 2, 4}) {
+    for (int draft_len : {0, 70}) {
+      SCOPED_TRACE("k=" + std::to_string(k) + " draft_max_model_len=" + std::to_string(draft_len));
+      std::vector<SchedulerStats> stats;
+      for (int mode = 0; mode < 3; ++mode) {  // ahead, async through the sampler, synchronous
+        SpecOptions o;
+        o.method = Method::kDraft;
+        o.k = k;
+        o.draft_noise = 0.3;
+        o.draft_max_model_len = draft_len;
+        o.async_scheduling = mode < 2;
+        o.greedy_chain = mode == 0;
+        SpecEngine e(core_config(), o);
+        add_greedy(e, reqs);
+        e.run();
+        if (mode == 0) {
+          // Not launched ahead: a request's first drafting step, and steps near the end of one.
+          const int64_t ahead = e.runner->num_steps_launched_ahead();
+          const int64_t on_device = e.runner->num_steps_with_drafts_on_device();
+          EXPECT_GT(3 * ahead, (draft_len == 0 ? 2 : 1) * on_device) << ahead << " of " << on_device;
+        } else {
+          EXPECT_EQ(e.runner->num_steps_launched_ahead(), 0);
+        }
+        for (size_t i = 0; i < reqs.size(); ++i)
+          EXPECT_EQ(e.tokens("r" + std::to_string(i)), e.model.reference_greedy(reqs[i].first, reqs[i].second)) << i;
+        stats.push_back(e.stats());
+        e.expect_all_blocks_free();
+      }
+      EXPECT_GT(stats[0].spec_num_accepted_tokens, 0);
+      expect_same_drafting(stats[0], stats[1]);
+      expect_same_drafting(stats[0], stats[2]);
+    }
+  }
 }
 
 TEST(SpecEngine, DraftEqualToTargetAcceptsEveryDraft) {

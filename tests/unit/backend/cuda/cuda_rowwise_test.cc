@@ -108,6 +108,61 @@ TEST_F(CudaRowwise, FeedTokensIsTheHostsFeed) {
   expect_equal(to_host(*gpu_, past), {0.0f, 3.0f}, "feed_tokens past the source");
 }
 
+// Speculative decoding's launch-ahead: the device moves staged rows exactly as the host does,
+// over more requests than one block of threads, every accepted count 0..k, slots kept at -1 and
+// run past the block table, in a catch-up's layout (tokens written) and a chain's.
+TEST_F(CudaRowwise, ShiftByAcceptedIsTheHostsShift) {
+  const int n = 150, k = 5, width = 6, bs = 16, steps = 4, padded = 160;
+  std::uniform_int_distribution<int> token(0, 999), block(0, 500), pos(0, width * bs - 1);
+  std::vector<int32_t> inputs, sampled, tables;
+  for (int i = 0; i < n; ++i) {
+    const int accept = i % (k + 1);
+    std::vector<int32_t> in(k + 1), out(k + 1);
+    for (int j = 0; j <= k; ++j) in[j] = token(rng_);
+    for (int j = 0; j <= k; ++j) out[j] = j < accept ? in[j + 1] : 1000 + j;  // rejected: never a draft
+    inputs.insert(inputs.end(), in.begin(), in.end());
+    sampled.insert(sampled.end(), out.begin(), out.end());
+    for (int b = 0; b < width; ++b) tables.push_back(block(rng_));
+  }
+  for (const bool chain : {false, true}) {
+    SCOPED_TRACE(chain ? "chain" : "catch-up");
+    const int entries = chain ? steps : 2, rows = chain ? steps * padded : 2 * n;
+    std::vector<int32_t> positions(rows), lens(chain ? rows : n), tokens(rows, -1);
+    std::vector<int64_t> slots(rows);
+    for (int r = 0; r < rows; ++r) {
+      positions[r] = pos(rng_);
+      slots[r] = r % 7 == 3 ? -1 : 0;
+    }
+    for (int32_t& l : lens) l = pos(rng_) + 1;
+    AcceptedShift want;
+    want.k = k;
+    want.num_requests = n;
+    want.inputs = Tensor::from_i32(inputs);
+    want.sampled = Tensor::from_i32(sampled);
+    want.block_tables = Tensor::from_i32(tables).reshape({n, width});
+    want.block_size = bs;
+    want.positions = Tensor::from_i32(positions);
+    want.slots = Tensor::from_i64(slots);
+    want.seq_lens = Tensor::from_i32(lens);
+    want.entries = entries;
+    want.request_stride = chain ? 1 : 2;
+    want.entry_stride = chain ? padded : 1;
+    want.seq_lens_request_stride = 1;
+    want.seq_lens_entry_stride = chain ? padded : 0;
+    if (!chain) want.tokens = Tensor::from_i32(tokens);
+    AcceptedShift got = want;
+    for (Tensor* t : {&got.inputs, &got.sampled, &got.block_tables, &got.positions, &got.slots, &got.seq_lens})
+      *t = to_gpu(*gpu_, *t);
+    if (!chain) got.tokens = to_gpu(*gpu_, want.tokens);
+    cpu_->shift_by_accepted(want);
+    gpu_->shift_by_accepted(got);
+    expect_equal(to_host(*gpu_, got.positions), want.positions.to_f32_vector(), "positions");
+    expect_equal(to_host(*gpu_, got.slots), want.slots.to_f32_vector(), "slots");
+    expect_equal(to_host(*gpu_, got.seq_lens), want.seq_lens.to_f32_vector(), "seq_lens");
+    if (!chain) expect_equal(to_host(*gpu_, got.tokens), want.tokens.to_f32_vector(), "tokens");
+  }
+}
+
 // The greedy draft chain's argmax: exactly the host's first argmax, with repeated maxima (ties
 // go to the lower index), rows of -inf, a row list with repeats, and vocabularies from one
 // element to Llama-3's 128k (several strided passes per thread).
