@@ -2,9 +2,11 @@
 # Where a speculative step's time goes under async scheduling, the launch-ahead on and off
 # (SPECULA_LAUNCH_AHEAD=0), at concurrency 1 on the embedded pair, pinned k = PROFILE_K (5):
 #   1. SPECULA_PROFILE=host phase tables (host time per phase, no added synchronisation);
-#   2. with Nsight Systems (when installed): the GPU's idle gaps between consecutive kernels and
-#      copies over the steady steps (tools/gpu/gpu_gaps.py), i.e. what the host still makes it wait.
-# $OUT receives ahead_*.log and gaps_*.txt.
+#   2. the GPU's idle gaps between consecutive kernels and copies over the steady steps, i.e. what
+#      the host still makes it wait, from CUPTI (tools/gpu/cupti_gaps.cc, built here into
+#      .gpu/lib/libcupti_gaps.so: `g++ -O2 -shared -fPIC tools/gpu/cupti_gaps.cc -I$CUDA/include
+#      -L$CUDA/lib -lcupti -o .gpu/lib/libcupti_gaps.so`, libcupti.so.13 beside it).
+# PROFILE_MODES (default "ahead noahead"; "sync": without async scheduling). $OUT receives ahead_*.log and gaps_*.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -16,19 +18,19 @@ SPEC="{\"method\":\"draft_model\",\"model\":\"models/specula-tiny-draft\",\"num_
 run() {  # run NAME: bench latency at concurrency 1, async scheduling
   specula bench latency models/specula-tiny --dataset "$DATASET" --temperature 0 --batch-size 1 --input-len 128 \
     --output-len 128 --max-model-len 1024 --max-num-seqs 8 --num-iters "${PROFILE_ITERS:-10}" --num-iters-warmup 1 \
-    --async-scheduling --speculative-config "$SPEC"
+    ${ASYNC_FLAG:---async-scheduling} --speculative-config "$SPEC"
 }
-NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys 2>/dev/null | head -1)
-for mode in ahead noahead; do
+GAPS=$(pwd)/.gpu/lib/libcupti_gaps.so
+for mode in ${PROFILE_MODES:-ahead noahead}; do
   if [ $mode = noahead ]; then export SPECULA_LAUNCH_AHEAD=0; else unset SPECULA_LAUNCH_AHEAD; fi
+  if [ $mode = sync ]; then ASYNC_FLAG=--no-async-scheduling; else ASYNC_FLAG=--async-scheduling; fi
   SPECULA_PROFILE=host run > "$OUT/ahead_${mode}.log" 2>&1
   echo "== $mode: TPOT and host phases"
   grep -E "^TPOT|runner\.|draft\.|engine\." "$OUT/ahead_${mode}.log" | head -40
-  if [ -n "$NSYS" ]; then
-    "$NSYS" profile -o "$OUT/nsys_$mode" --force-overwrite true --trace cuda run > /dev/null 2>&1
-    "$NSYS" export --type sqlite -o "$OUT/nsys_$mode.sqlite" --force-overwrite true "$OUT/nsys_$mode.nsys-rep" >/dev/null 2>&1
-    python3 tools/gpu/gpu_gaps.py "$OUT/nsys_$mode.sqlite" > "$OUT/gaps_$mode.txt" 2>&1
+  if [ -f "$GAPS" ]; then
+    CUDA_INJECTION64_PATH=$GAPS CUPTI_GAPS_OUT="$OUT/gaps_$mode.txt" run > "$OUT/gaps_run_$mode.log" 2>&1
+    echo "-- GPU idle (CUPTI):"
+    grep -E "^TPOT" "$OUT/gaps_run_$mode.log"
     cat "$OUT/gaps_$mode.txt"
-    rm -f "$OUT/nsys_$mode.nsys-rep"
   fi
 done
