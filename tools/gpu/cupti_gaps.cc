@@ -1,7 +1,8 @@
 // A CUPTI injection library (CUDA_INJECTION64_PATH=libcupti_gaps.so) that records every kernel,
-// copy and memset of the process and, at exit, reports the GPU's idle time over the middle 60%
-// of the run (steady state): the gaps between busy intervals by size, and the kernels around the
-// largest share of the idle time. What Nsight Systems' timeline would show, where it is not
+// copy and memset of the process and, at exit, reports the GPU's idle time over its steady
+// steps (from one kernel named like CUPTI_GAPS_MARKER, default the fused draft chain, to the
+// next; periods over three times the median left out): the gaps between busy intervals by size,
+// and the kernels around the largest share of the idle time. What Nsight Systems' timeline would show, where it is not
 // installed. Output: stderr, or the file CUPTI_GAPS_OUT names.
 #include <cupti.h>
 
@@ -37,7 +38,7 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
       case CUPTI_ACTIVITY_KIND_KERNEL: {
         auto* k = reinterpret_cast<CUpti_ActivityKernel10*>(record);
         std::string name = k->name ? k->name : "kernel";
-        spans->push_back({k->start, k->end, name.substr(0, 60)});
+        spans->push_back({k->start, k->end, name.substr(0, 110)});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
@@ -57,30 +58,24 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   std::free(buffer);
 }
 
-void report() {
-  cuptiActivityFlushAll(1);
-  std::lock_guard<std::mutex> lock(mutex);
-  FILE* out = stderr;
-  if (const char* path = std::getenv("CUPTI_GAPS_OUT")) out = std::fopen(path, "w");
-  if (!out || spans->empty()) return;
-  std::sort(spans->begin(), spans->end(), [](const Span& a, const Span& b) { return a.start < b.start; });
-  uint64_t first = spans->front().start, last = 0;
-  for (const Span& s : *spans) last = std::max(last, s.end);
-  const uint64_t lo = first + (last - first) / 5, hi = last - (last - first) / 5;
-  uint64_t busy = 0, cur_s = 0, cur_e = 0;
-  bool open = false;
-  std::string before;
+// Idle time and the kernels around it over the records [from, to) (sorted by start).
+struct Idle {
+  uint64_t busy = 0, span = 0;
   std::vector<uint64_t> gaps;
   std::map<std::string, std::pair<uint64_t, int>> around;  // "before -> after": idle ns, count
-  for (const Span& s : *spans) {
-    if (s.end < lo || s.start > hi) continue;
-    if (!open) {
-      cur_s = s.start, cur_e = s.end, open = true;
-    } else if (s.start > cur_e) {
-      busy += cur_e - cur_s;
+};
+
+void add_idle(const std::vector<Span>& all, size_t from, size_t to, Idle& idle) {
+  if (from >= to) return;
+  uint64_t cur_s = all[from].start, cur_e = all[from].end;
+  std::string before = all[from].name;
+  for (size_t i = from + 1; i < to; ++i) {
+    const Span& s = all[i];
+    if (s.start > cur_e) {
+      idle.busy += cur_e - cur_s;
       const uint64_t g = s.start - cur_e;
-      gaps.push_back(g);
-      auto& a = around[before + "  ->  " + s.name];
+      idle.gaps.push_back(g);
+      auto& a = idle.around[before + "  ->  " + s.name];
       a.first += g;
       a.second += 1;
       cur_s = s.start, cur_e = s.end;
@@ -89,23 +84,60 @@ void report() {
     }
     if (s.end >= cur_e) before = s.name;
   }
-  if (open) busy += cur_e - cur_s;
-  const double window = static_cast<double>(hi - lo);
-  std::fprintf(out, "window %.1f ms: GPU busy %.1f%%, idle %.2f ms, %zu records\n", window / 1e6, 100.0 * busy / window,
-               (window - busy) / 1e6, spans->size());
+  idle.busy += cur_e - cur_s;
+  idle.span += all[to - 1].start - all[from].start;
+}
+
+void print_idle(FILE* out, const Idle& idle, const char* what) {
+  std::fprintf(out, "%s: %.2f ms, GPU busy %.1f%%, idle %.2f ms\n", what, idle.span / 1e6,
+               100.0 * idle.busy / std::max<uint64_t>(idle.span, 1), (idle.span - std::min(idle.span, idle.busy)) / 1e6);
   const double edges[] = {0, 2e3, 5e3, 10e3, 20e3, 50e3, 100e3, 1e18};
   for (int b = 0; b + 1 < 8; ++b) {
     uint64_t n = 0, sum = 0;
-    for (uint64_t g : gaps)
+    for (uint64_t g : idle.gaps)
       if (g >= edges[b] && g < edges[b + 1]) ++n, sum += g;
-    std::fprintf(out, "gaps %6.0f-%-6.0f us: %7lu, %.2f ms\n", edges[b] / 1e3, edges[b + 1] < 1e17 ? edges[b + 1] / 1e3 : 1e9,
+    std::fprintf(out, "  gaps %4.0f-%-4.0f us: %7lu, %.2f ms\n", edges[b] / 1e3, edges[b + 1] < 1e17 ? edges[b + 1] / 1e3 : 1e9,
                  static_cast<unsigned long>(n), sum / 1e6);
   }
-  std::vector<std::pair<std::string, std::pair<uint64_t, int>>> top(around.begin(), around.end());
+  std::vector<std::pair<std::string, std::pair<uint64_t, int>>> top(idle.around.begin(), idle.around.end());
   std::sort(top.begin(), top.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
-  for (size_t i = 0; i < top.size() && i < 15; ++i)
-    std::fprintf(out, "%8.2f ms %6d x (%5.1f us)  %s\n", top[i].second.first / 1e6, top[i].second.second,
+  for (size_t i = 0; i < top.size() && i < 12; ++i)
+    std::fprintf(out, "  %8.2f ms %6d x (%5.1f us)  %s\n", top[i].second.first / 1e6, top[i].second.second,
                  top[i].second.first / 1e3 / top[i].second.second, top[i].first.c_str());
+}
+
+void report() {
+  cuptiActivityFlushAll(1);
+  std::lock_guard<std::mutex> lock(mutex);
+  FILE* out = stderr;
+  if (const char* path = std::getenv("CUPTI_GAPS_OUT")) out = std::fopen(path, "w");
+  if (!out || spans->empty()) return;
+  std::vector<Span>& all = *spans;
+  std::sort(all.begin(), all.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+  // Steps: from one record whose name holds CUPTI_GAPS_MARKER to the next; steps longer than
+  // three times the median (a request's end, a prefill, startup) are left out.
+  const char* marker = std::getenv("CUPTI_GAPS_MARKER");
+  const std::string mark = marker ? marker : "decoder_chain";
+  std::vector<size_t> at;
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i].name.find(mark) != std::string::npos) at.push_back(i);
+  std::fprintf(out, "%zu records, %zu with '%s'\n", all.size(), at.size(), mark.c_str());
+  if (at.size() < 3) return;
+  std::vector<uint64_t> periods;
+  for (size_t j = 0; j + 1 < at.size(); ++j) periods.push_back(all[at[j + 1]].start - all[at[j]].start);
+  std::vector<uint64_t> sorted = periods;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  const uint64_t median = sorted[sorted.size() / 2];
+  Idle steady;
+  int steps = 0;
+  for (size_t j = 0; j + 1 < at.size(); ++j) {
+    if (periods[j] > 3 * median) continue;
+    add_idle(all, at[j], at[j + 1] + 1, steady);
+    ++steps;
+  }
+  std::fprintf(out, "steps between markers: %d of %zu, median period %.1f us, mean %.1f us\n", steps, periods.size(),
+               median / 1e3, steady.span / 1e3 / std::max(steps, 1));
+  print_idle(out, steady, "steady steps");
   if (out != stderr) std::fclose(out);
 }
 
