@@ -198,7 +198,14 @@ int AdaptiveSpeculator::propose_ahead(ProposeBatch& batch, std::vector<std::vect
   // Otherwise before them, once: when nothing is launched, propose() keeps the depth.
   if (chosen_depth_ < 0) chosen_depth_ = depth_.choose(static_cast<int>(batch.requests.size()));
   if (chosen_depth_ <= 0 || depth_.draft_probe() || depth_.plain_probe()) return -1;
-  return propose(batch, drafts);
+  const int depth = propose(batch, drafts);
+  if (uncollected_cost_) uncollected_cost_->ahead = true;
+  return depth;
+}
+
+void AdaptiveSpeculator::settle_ahead(std::span<const int> accepted) {
+  proposer_->settle_ahead(accepted);
+  if (uncollected_cost_ && uncollected_cost_->ahead) uncollected_cost_->settled_at = clock_();
 }
 
 std::vector<std::vector<int32_t>> AdaptiveSpeculator::finish_drafts() {
@@ -209,7 +216,11 @@ std::vector<std::vector<int32_t>> AdaptiveSpeculator::finish_drafts() {
   if (uncollected_cost_) {
     const UncollectedDraftCost c = *uncollected_cost_;
     uncollected_cost_.reset();
-    depth_.cost().record_draft(c.drafting, c.most, c.launch_seconds + waited);
+    if (!c.ahead) {
+      depth_.cost().record_draft(c.drafting, c.most, c.launch_seconds + waited);
+    } else if (c.settled_at >= 0.0) {
+      depth_.cost().record_draft(c.drafting, c.most, clock_() - c.settled_at);
+    }
   }
   return drafts;
 }

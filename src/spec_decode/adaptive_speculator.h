@@ -66,7 +66,7 @@ class AdaptiveSpeculator final : public Speculator {
   std::vector<std::vector<int32_t>> finish_drafts() override;
   // Launches ahead where the proposer can and the step's depth drafts for every request (no probe).
   int propose_ahead(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
-  void settle_ahead(std::span<const int> accepted) override { proposer_->settle_ahead(accepted); }
+  void settle_ahead(std::span<const int> accepted) override;
 
   static constexpr int kProbeRequests = 4;  // requests that draft in a probe from depth 0
 
@@ -95,6 +95,10 @@ class AdaptiveSpeculator final : public Speculator {
   struct UncollectedDraftCost {
     int drafting = 0, most = 0;
     double launch_seconds = 0.0;
+    // A launch-ahead's drafts run on the device from the verification's end, which settle_ahead()
+    // marks: they cost from then to their collection (their launch overlapped the verification).
+    bool ahead = false;
+    double settled_at = -1.0;
   };
   std::optional<UncollectedDraftCost> uncollected_cost_;
 };

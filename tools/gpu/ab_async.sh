@@ -8,7 +8,8 @@
 #                   run without async for its graph replay time (the host-work-hidden bound);
 #   qwen_c64/c256   Qwen3-0.6B throughput at 64 and 256 requests (2 batches a run);
 #   tiny_c1_pinned  (only when named in AB_CONFIGS) the embedded pair at pinned k = AB_PINNED_K
-#                   (default 5), concurrency 1: the overlap alone, without adaptive depth's choices.
+#                   (default 5), concurrency 1: the overlap alone, without adaptive depth's choices;
+#   tiny_c64_pinned (only when named) the same at 64 requests (3 batches a run), output tok/s.
 # AB_CONFIGS names the configs to run (default: all but tiny_c1_pinned). AB_MODES (default "sync
 # async") may add "noahead": async scheduling with SPECULA_LAUNCH_AHEAD=0 (speculative drafts
 # made after the verification reached the host, as before the launch-ahead).
@@ -46,6 +47,9 @@ for rep in $(seq 1 "${AB_REPS:-3}"); do
     wanted tiny_c1_spec && tiny_c1 "tiny_c1_spec_${mode}_r${rep}" $mode --speculative-config "$SPEC"
     wanted tiny_c1_pinned && tiny_c1 "tiny_c1_pinned_${mode}_r${rep}" $mode --speculative-config "$PINNED"
     wanted tiny_c1_nospec && tiny_c1 "tiny_c1_nospec_${mode}_r${rep}" $mode
+    wanted tiny_c64_pinned && bench "tiny_c64_pinned_${mode}_r${rep}" 60 latency "$TINY" --dataset "$DATASET" \
+      --temperature 0 --batch-size 64 --input-len 128 --output-len 128 --num-iters 3 --num-iters-warmup 1 \
+      --max-model-len 1024 --max-num-seqs 64 --speculative-config "$PINNED" $f
     wanted qwen_b1 && bench "qwen_b1_${mode}_r${rep}" 60 latency "$QWEN" --load-format dummy "${tok_qwen[@]}" \
       --batch-size 1 --input-len 128 --output-len 128 --num-iters 20 --num-iters-warmup 1 --max-model-len 4096 \
       --max-num-seqs 8 $f
@@ -77,7 +81,7 @@ for path in sorted(glob.glob(os.path.join(work, "*_r*.json"))):
 print("config | mode | per run: TPOT p10/median/p90 ms (batch 1) or output tok/s | median over runs")
 med = {}
 for (config, mode), runs in sorted(rows.items()):
-    if config.startswith("qwen_c"):
+    if config.startswith("qwen_c") or "_c64" in config:
         vals = [r["output_tokens_per_second"] for r in runs]
         desc = ", ".join(f"{v:.0f}" for v in vals)
     else:
@@ -93,7 +97,7 @@ for config in sorted({c for c, _ in med}):
     for name, base in (("sync", s), ("noahead", n)):
         if not (base and a):
             continue
-        if config.startswith("qwen_c"):
+        if config.startswith("qwen_c") or "_c64" in config:
             print(f"{config}: async / {name} tokens/s = {a / base:.3f}")
         else:
             print(f"{config}: async TPOT {a:.4f} vs {name} {base:.4f} ms = {100 * (1 - a / base):+.1f}% lower")

@@ -113,6 +113,8 @@ TEST(AdaptiveSpeculator, OnlySteadyStepsTeachTheDraftCost) {
 class DeviceDraftsProposer : public CatchUpProposer {
  public:
   bool leaves_drafts_on_device() const override { return true; }
+  bool can_propose_ahead(const ProposeBatch& batch) const override { return batch.ahead.has_value(); }
+  void settle_ahead(std::span<const int> accepted) override { settled.assign(accepted.begin(), accepted.end()); }
   void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
     CatchUpProposer::propose(batch, drafts);
     values = drafts;
@@ -130,6 +132,7 @@ class DeviceDraftsProposer : public CatchUpProposer {
   }
   double wait = 0.0;
   bool pending = false;
+  std::vector<int> settled;
   DraftsOnDevice on_device;
   std::vector<std::vector<int32_t>> values;
 };
@@ -184,6 +187,35 @@ TEST(AdaptiveSpeculator, DraftsLeftOnTheDeviceCostTheirLaunchAndTheWait) {
   EXPECT_EQ(drafts[0], (std::vector<int32_t>{7, 7, 7}));
   ASSERT_EQ(recorded->drafts.size(), 2u);
   EXPECT_NEAR(recorded->drafts[1].seconds, 0.0001, 1e-12);
+}
+
+// Drafts launched ahead of the verification's results (async scheduling's launch-ahead) run on
+// the device from the verification's end: they cost from settle_ahead() to their collection,
+// not their launch, which overlapped the verification. A proposer that cannot launch ahead
+// leaves the depth chosen for the propose() that follows.
+TEST(AdaptiveSpeculator, DraftsLaunchedAheadCostFromTheVerificationsEnd) {
+  auto proposer = std::make_unique<DeviceDraftsProposer>();
+  DeviceDraftsProposer* p = proposer.get();
+  auto cost = std::make_unique<DraftCostRecorder>();
+  DraftCostRecorder* recorded = cost.get();
+  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, false}, std::move(cost),
+                          [p] { return p->now; });
+  std::vector<std::vector<int32_t>> drafts;
+  ProposeBatch b = decode_batch({"a", "b"}, /*verified=*/true);
+  b.may_leave_drafts_on_device = true;
+  EXPECT_EQ(spec.propose_ahead(b, drafts), -1);  // no ProposeBatch::ahead: nothing launched
+  b.ahead = ProposeBatch::LaunchAhead{Tensor(), Tensor(), 3};
+  EXPECT_EQ(spec.propose_ahead(b, drafts), 3);
+  ASSERT_NE(spec.drafts_on_device(), nullptr);
+  p->now += 0.0002;  // the verification's wait
+  const std::vector<int> accepted = {2, 0};
+  spec.settle_ahead(accepted);
+  EXPECT_EQ(p->settled, accepted);
+  p->now += 0.00005;  // the host's next step
+  p->wait = 0.0001;
+  spec.finish_drafts();
+  ASSERT_EQ(recorded->drafts.size(), 1u);
+  EXPECT_NEAR(recorded->drafts[0].seconds, 0.00005 + 0.0001, 1e-12);
 }
 
 // A steady step (every request verified drafts) whose proposer still caught up more than 1 + k
