@@ -138,6 +138,26 @@ void report() {
   std::fprintf(out, "steps between markers: %d of %zu, median period %.1f us, mean %.1f us\n", steps, periods.size(),
                median / 1e3, steady.span / 1e3 / std::max(steps, 1));
   print_idle(out, steady, "steady steps");
+  // Where the busy time goes: each kernel name's time a step (copies by kind), largest first.
+  std::map<std::string, std::pair<uint64_t, int>> by_name;
+  for (size_t j = 0; j + 1 < at.size(); ++j) {
+    if (periods[j] > 3 * median) continue;
+    for (size_t i = at[j]; i < at[j + 1]; ++i) {
+      auto& b = by_name[all[i].name];
+      b.first += all[i].end - all[i].start;
+      b.second += 1;
+    }
+  }
+  std::vector<std::pair<std::string, std::pair<uint64_t, int>>> top(by_name.begin(), by_name.end());
+  std::sort(top.begin(), top.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  uint64_t total = 0;
+  int count = 0;
+  for (const auto& t : top) total += t.second.first, count += t.second.second;
+  std::fprintf(out, "kernels and copies a step: %.1f us in %.1f records\n", total / 1e3 / std::max(steps, 1),
+               static_cast<double>(count) / std::max(steps, 1));
+  for (size_t i = 0; i < top.size() && i < 25; ++i)
+    std::fprintf(out, "  %7.1f us %5.1f x  %s\n", top[i].second.first / 1e3 / std::max(steps, 1),
+                 static_cast<double>(top[i].second.second) / std::max(steps, 1), top[i].first.c_str());
   if (out != stderr) std::fclose(out);
 }
 
