@@ -18,9 +18,6 @@ AdaptiveDepth::AdaptiveDepth(const AdaptiveDepthConfig& config, std::unique_ptr<
   probe_every_.assign(static_cast<size_t>(OnlineCostModel::bucket_of(1 << 30)) + 1, config.probe_interval);
   since_probe_.assign(probe_every_.size(), 0);
   probes_while_on_.assign(probe_every_.size(), 0);
-  on_.assign(probe_every_.size(), false);
-  commit_left_.assign(probe_every_.size(), 0);
-  commit_depth_.assign(probe_every_.size(), 0);
 }
 
 void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
@@ -142,15 +139,6 @@ int AdaptiveDepth::choose(int num_seqs) {
   plain_probe_ = false;
   int depth = best_depth(num_seqs);
   const size_t bucket = static_cast<size_t>(OnlineCostModel::bucket_of(num_seqs));
-  if (depth > 0 && !on_[bucket] && config_.commit_steps > 1 && !cost_->draft_measured(num_seqs)) {
-    commit_left_[bucket] = config_.commit_steps;
-    commit_depth_[bucket] = depth;
-  }
-  if (commit_left_[bucket] > 0) {
-    --commit_left_[bucket];
-    if (depth == 0) depth = commit_depth_[bucket];
-  }
-  on_[bucket] = depth > 0;
   if (config_.probe_interval > 0 && ++since_probe_[bucket] >= probe_every_[bucket]) {
     since_probe_[bucket] = 0;
     if (depth > 0 && depth < config_.num_speculative_tokens && ++probes_while_on_[bucket] % 2 == 0) {

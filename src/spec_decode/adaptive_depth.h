@@ -70,14 +70,6 @@ struct AdaptiveDepthConfig {
   // concurrency 1 ran depth 1 in 1329 of 1470 steps with a_2 at 0.64 after a handful of
   // verifications, where pinned k = 3 accepted 3.35 tokens a step and ran 1.16x faster.
   int explore_observations = 16;
-  // Speculation turning on for a batch size whose draft cost was never measured (only
-  // extrapolated: probes draft for a few requests, and a step counts for the cost model only once
-  // every request drafted the step before) stays on for this many steps, so that steady steps
-  // measure it, and acceptance past the proposer's first, cold step. On the H200 MTP at 64
-  // requests turned on for single steps every ~30: each met caches left stale while shed (64
-  // verifications moved a_1 from 0.60 to 0.46) and measured no draft cost, the prior's 2.3x too
-  // high, so it ran depth 0 in 427 of 492 steps where pinned k = 3 was 1.05-1.35x faster.
-  int commit_steps = 4;
 };
 
 class AdaptiveDepth {
@@ -142,10 +134,6 @@ class AdaptiveDepth {
   int deep_probe_from_ = -1;
   std::vector<int> probes_while_on_;  // per batch bucket: which kind of probe is next
   bool plain_probe_ = false;
-  // Per batch bucket: whether its last choice (probes aside) speculated, and the steps and depth
-  // it stays on for (commit_steps).
-  std::vector<bool> on_;
-  std::vector<int> commit_left_, commit_depth_;
 };
 
 }  // namespace specula

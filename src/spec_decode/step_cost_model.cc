@@ -94,14 +94,6 @@ double OnlineCostModel::target_seconds(int num_seqs, int rows) const {
   return e.seconds * prior_target(num_seqs, rows) / prior_target(e.num_seqs, near->second);
 }
 
-bool OnlineCostModel::draft_measured(int num_seqs) const {
-  const int bucket = bucket_of(std::max(1, num_seqs));
-  if (bucket >= static_cast<int>(draft_.size())) return false;
-  for (const Entry& e : draft_[static_cast<size_t>(bucket)])
-    if (e.measured) return true;
-  return false;
-}
-
 double OnlineCostModel::draft_seconds(int num_seqs, int depth) const {
   if (depth <= 0) return 0.0;
   num_seqs = std::max(1, num_seqs);

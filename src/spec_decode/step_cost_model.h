@@ -36,9 +36,6 @@ class StepCostModel {
   // inputs, output processing), paid once a step whatever the depth: it is why fewer, longer
   // steps pay more than target and draft times alone say.
   virtual double host_seconds(int num_seqs) const { return 0.0; }
-  // Whether the proposer's cost at this batch size was measured (any depth), not extrapolated
-  // from other batch sizes. A model that does not measure says yes.
-  virtual bool draft_measured(int num_seqs) const { return true; }
   virtual void record_target(int num_seqs, int rows, double seconds) {}
   virtual void record_draft(int num_seqs, int depth, double seconds) {}
   virtual void record_host(int num_seqs, double seconds) {}
@@ -52,7 +49,6 @@ class OnlineCostModel : public StepCostModel {
   double target_seconds(int num_seqs, int rows) const override;
   double draft_seconds(int num_seqs, int depth) const override;
   double host_seconds(int num_seqs) const override;
-  bool draft_measured(int num_seqs) const override;
   void record_target(int num_seqs, int rows, double seconds) override;
   void record_draft(int num_seqs, int depth, double seconds) override;
   void record_host(int num_seqs, double seconds) override;

@@ -392,38 +392,6 @@ TEST(AdaptiveDepth, FeedsOnlyTheStepsTheProposerNeedsToRecover) {
   EXPECT_EQ(fed, expected);
 }
 
-// Speculation turning on where the draft cost was never measured at that batch size stays on
-// for commit_steps steps, whatever the first verifications say (a proposer's first step after a
-// depth-0 stretch is cold, and only the steps after it measure the draft cost); once measured,
-// the choice follows the estimate at once.
-class UnmeasuredDraftCost : public FakeCost {
- public:
-  bool draft_measured(int) const override { return measured; }
-  bool measured = false;
-};
-
-TEST(AdaptiveDepth, TurningOnWhereTheDraftCostIsUnmeasuredStaysOnForCommitSteps) {
-  for (bool measured : {false, true}) {
-    SCOPED_TRACE(measured ? "measured" : "unmeasured");
-    AdaptiveDepthConfig c;
-    c.num_speculative_tokens = 3;
-    c.prior_acceptance = 0.9;
-    c.probe_interval = 0;
-    c.commit_steps = 4;
-    auto cost = std::make_unique<UnmeasuredDraftCost>();
-    cost->measured = measured;
-    AdaptiveDepth d(c, std::move(cost));
-    const int first = d.choose(8);
-    ASSERT_GT(first, 0);
-    for (int i = 0; i < 200; ++i) d.record_verification(3, 0);  // the cold step rejects everything
-    ASSERT_EQ(d.current(8), 0);
-    for (int step = 1; step < 4; ++step) EXPECT_EQ(d.choose(8), measured ? 0 : first) << "step " << step;
-    EXPECT_EQ(d.choose(8), 0);
-    // Another batch bucket commits on its own.
-    EXPECT_EQ(d.choose(1), 0);
-  }
-}
-
 TEST(OnlineCostModel, TheProposersFixedCostShapesUnmeasuredDepths) {
   OnlineCostModel m(8, 0.25, 0.2, 3.0);  // draft(d) ~ d + 3
   m.record_draft(1, 1, 0.004);
