@@ -629,19 +629,7 @@ bool ModelProposer::run_uniform_catch_up(const ProposeBatch& batch, const std::v
   }
 
   stage_uniform_catch_up(batch, pieces, rows, size);
-  ++num_forwards_;
-  ++uniform_catch_ups_;
-  Tensor logits;
-  if (graphs) {
-    phase_profile::Scope p("draft.catch_up_forward (graph)");
-    SPECULA_CHECK(graphs->replay(size), "internal error: no {} catch-up graph of {} x {} rows", method(), size, rows);
-    ++catch_up_graph_replays_;
-    logits = catch_up_graph_logits_.at({rows, size});
-    if (phase_profile::synchronizing()) backend_.synchronize();
-  } else {
-    phase_profile::Scope p("draft.catch_up_forward (padded, eager)");
-    logits = uniform_catch_up_forward(size, rows, /*for_capture=*/false);
-  }
+  const Tensor logits = run_uniform_catch_up_forward(graphs, size, rows);
   // A tokens-only graph's logits are every row's; a hidden-state one's one row per request.
   if (hidden) {
     sample_first_drafts(batch, pieces, logits, [](int s) { return s; }, drafts);
@@ -763,24 +751,28 @@ void ModelProposer::run_ahead_catch_up(const ProposeBatch& batch, const std::vec
   shift.block_tables = catch_up_.tables.device.slice(0, static_cast<int64_t>(size) * w).reshape({size, w});
   shift.block_size = block_size_;
   backend_.shift_by_accepted(shift);
-  ++num_forwards_;
-  ++uniform_catch_ups_;
-  Tensor logits;
-  if (graphs) {
-    phase_profile::Scope p("draft.catch_up_forward (graph, ahead)");
-    SPECULA_CHECK(graphs->replay(size), "internal error: no {} catch-up graph of {} x {} rows", method(), size, rows);
-    ++catch_up_graph_replays_;
-    logits = catch_up_graph_logits_.at({rows, size});
-  } else {
-    phase_profile::Scope p("draft.catch_up_forward (eager, ahead)");
-    catch_up_lens_slack_ = backend_.device() == Device::kCPU ? 0 : batch.ahead->k;
-    logits = uniform_catch_up_forward(size, rows, /*for_capture=*/false);
-    catch_up_lens_slack_ = 0;
-  }
+  // The staged lengths are short of the true ones by what was accepted: launch shapes take k
+  // more (on the CPU the device side is host memory and holds the true ones).
+  const Tensor logits =
+      run_uniform_catch_up_forward(graphs, size, rows, backend_.device() == Device::kCPU ? 0 : batch.ahead->k);
   sample_first_drafts(batch, pieces, logits, [](int s) { return s * rows + rows - 1; }, drafts);
 }
 
-Tensor ModelProposer::uniform_catch_up_forward(int size, int rows, bool for_capture) {
+Tensor ModelProposer::run_uniform_catch_up_forward(PaddedGraphs* graphs, int size, int rows, int lens_slack) {
+  ++num_forwards_;
+  ++uniform_catch_ups_;
+  if (graphs) {
+    phase_profile::Scope p("draft.catch_up_forward (graph)");
+    SPECULA_CHECK(graphs->replay(size), "internal error: no {} catch-up graph of {} x {} rows", method(), size, rows);
+    ++catch_up_graph_replays_;
+    if (phase_profile::synchronizing()) backend_.synchronize();
+    return catch_up_graph_logits_.at({rows, size});
+  }
+  phase_profile::Scope p("draft.catch_up_forward (padded, eager)");
+  return uniform_catch_up_forward(size, rows, /*for_capture=*/false, lens_slack);
+}
+
+Tensor ModelProposer::uniform_catch_up_forward(int size, int rows, bool for_capture, int lens_slack) {
   const int t = size * rows;
   const int w = max_blocks_per_seq_;
   DraftForwardInput in;
@@ -809,7 +801,7 @@ Tensor ModelProposer::uniform_catch_up_forward(int size, int rows, bool for_capt
     const Tensor& staged = backend_.device() == Device::kCPU ? catch_up_.seq_lens.device : catch_up_.seq_lens.host;
     const int32_t* lens = staged.data_as<int32_t>();
     md.seq_lens_host.resize(static_cast<size_t>(size));
-    for (int s = 0; s < size; ++s) md.seq_lens_host[static_cast<size_t>(s)] = lens[s] + catch_up_lens_slack_;
+    for (int s = 0; s < size; ++s) md.seq_lens_host[static_cast<size_t>(s)] = lens[s] + lens_slack;
   }
   md.max_seq_len = *std::max_element(md.seq_lens_host.begin(), md.seq_lens_host.end());
   if (reads_target_hidden()) in.hidden = target_hidden_.slice(0, t);

@@ -259,8 +259,11 @@ class ModelProposer : public Proposer {
   bool run_uniform_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                             std::vector<std::vector<int32_t>>& drafts);
   // The uniform layout's forward over the catch-up inputs at `size` requests of `rows` rows (a
-  // catch-up graph's work); at capture every request claims longest_sequence().
-  Tensor uniform_catch_up_forward(int size, int rows, bool for_capture);
+  // catch-up graph's work); at capture every request claims longest_sequence(), otherwise its
+  // staged length plus lens_slack (a launch-ahead's inputs, moved on the device).
+  Tensor uniform_catch_up_forward(int size, int rows, bool for_capture, int lens_slack = 0);
+  // That forward as its graph's replay where `graphs` has one, else eagerly; its logits.
+  Tensor run_uniform_catch_up_forward(PaddedGraphs* graphs, int size, int rows, int lens_slack = 0);
   // Uploads an all-padding uniform batch of `most` requests for a capture: `rows` tokens 0 at
   // positions 0..rows-1, slot -1, length rows, block 0 (the runner's padding).
   void stage_catch_up_capture(int most, int rows);
@@ -316,9 +319,6 @@ class ModelProposer : public Proposer {
 
   CatchUpInputs catch_up_;
   std::unique_ptr<DeviceEvent> catch_up_uploaded_;  // after the last uniform staging's uploads
-  // The staged lengths of the catch-up inputs are this much short of the true ones at most (a
-  // launch-ahead's, moved on the device): an eager forward's launch shapes add it.
-  int catch_up_lens_slack_ = 0;
   std::vector<std::string> ahead_ids_;  // the launch-ahead's requests, for settle_ahead
   DraftStepBuffers step_;  // static draft-step inputs, [max_num_seqs] rows
   GreedyDraftChain chain_;  // this propose's, when on

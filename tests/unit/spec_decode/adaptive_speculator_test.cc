@@ -153,13 +153,22 @@ class DraftCostRecorder : public StepCostModel {
 // Drafts left on the device cost what their launch took plus what collecting them waited for (draft
 // work the device did while the host staged the next step cost that step nothing), learned once
 // they are collected, not at the launch.
+// A pinned k = 3 speculator over a DeviceDraftsProposer, timed on its clock, teaching a recorder.
+struct DeviceDraftsSpeculator {
+  DeviceDraftsSpeculator()
+      : p(new DeviceDraftsProposer), recorded(new DraftCostRecorder),
+        spec(std::unique_ptr<Proposer>(p), AdaptiveSpeculatorConfig{3, false}, std::unique_ptr<StepCostModel>(recorded),
+             [this] { return p->now; }) {}
+  DeviceDraftsProposer* p;
+  DraftCostRecorder* recorded;
+  AdaptiveSpeculator spec;
+};
+
 TEST(AdaptiveSpeculator, DraftsLeftOnTheDeviceCostTheirLaunchAndTheWait) {
-  auto proposer = std::make_unique<DeviceDraftsProposer>();
-  DeviceDraftsProposer* p = proposer.get();
-  auto cost = std::make_unique<DraftCostRecorder>();
-  DraftCostRecorder* recorded = cost.get();
-  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, false}, std::move(cost),
-                          [p] { return p->now; });
+  DeviceDraftsSpeculator s;
+  DeviceDraftsProposer* p = s.p;
+  DraftCostRecorder* recorded = s.recorded;
+  AdaptiveSpeculator& spec = s.spec;
   EXPECT_TRUE(spec.leaves_drafts_on_device());
   std::vector<std::vector<int32_t>> drafts;
   ProposeBatch first = decode_batch({"a", "b"});
@@ -194,12 +203,10 @@ TEST(AdaptiveSpeculator, DraftsLeftOnTheDeviceCostTheirLaunchAndTheWait) {
 // not their launch, which overlapped the verification. A proposer that cannot launch ahead
 // leaves the depth chosen for the propose() that follows.
 TEST(AdaptiveSpeculator, DraftsLaunchedAheadCostFromTheVerificationsEnd) {
-  auto proposer = std::make_unique<DeviceDraftsProposer>();
-  DeviceDraftsProposer* p = proposer.get();
-  auto cost = std::make_unique<DraftCostRecorder>();
-  DraftCostRecorder* recorded = cost.get();
-  AdaptiveSpeculator spec(std::move(proposer), AdaptiveSpeculatorConfig{3, false}, std::move(cost),
-                          [p] { return p->now; });
+  DeviceDraftsSpeculator s;
+  DeviceDraftsProposer* p = s.p;
+  DraftCostRecorder* recorded = s.recorded;
+  AdaptiveSpeculator& spec = s.spec;
   std::vector<std::vector<int32_t>> drafts;
   ProposeBatch b = decode_batch({"a", "b"}, /*verified=*/true);
   b.may_leave_drafts_on_device = true;
