@@ -678,7 +678,7 @@ int ModelRunner::launch_ahead(std::vector<RequestPlan>& plans, const ForwardInpu
     rejection_sampler_->start_verify(logits, speculator_->draft_probs(), verify);
     started = true;
   }
-  phase_profile::Scope p("runner.propose (ahead)");
+  phase_profile::Scope phase("runner.propose (ahead)");
   Tensor sampled = verified_tokens_.slice(0, rows);
   backend_.copy(verify_row_names_.slice(0, rows), sampled);
   if (!rejection_sampler_->feed_verified_tokens(sampled)) return -1;
