@@ -714,7 +714,7 @@ void ModelProposer::stage_uniform_catch_up(const ProposeBatch& batch, const std:
       // where the target's rows may lie.
       gather_target_rows(target_features(batch), t);
     }
-  catch_up_uploaded_ = backend_.record_event();
+    catch_up_uploaded_ = backend_.record_event();
   }
 }
 
