@@ -3,9 +3,8 @@
 # (SPECULA_LAUNCH_AHEAD=0), at concurrency 1 on the embedded pair, pinned k = PROFILE_K (5):
 #   1. SPECULA_PROFILE=host phase tables (host time per phase, no added synchronisation);
 #   2. the GPU's idle gaps between consecutive kernels and copies over the steady steps, i.e. what
-#      the host still makes it wait, from CUPTI (tools/gpu/cupti_gaps.cc, built here into
-#      .gpu/lib/libcupti_gaps.so: `g++ -O2 -shared -fPIC tools/gpu/cupti_gaps.cc -I$CUDA/include
-#      -L$CUDA/lib -lcupti -o .gpu/lib/libcupti_gaps.so`, libcupti.so.13 beside it).
+#      the host still makes it wait, from CUPTI (tools/gpu/cupti_gaps.cc: pack the `cupti_gaps`
+#      target, `tools/gpu/pack.sh specula cupti_gaps`, which puts it and libcupti in .gpu/lib).
 # PROFILE_MODES (default "ahead noahead"; "sync": without async scheduling). $OUT receives ahead_*.log and gaps_*.txt.
 set -uo pipefail
 cd "$(dirname "$0")/../.."

@@ -22,6 +22,12 @@ for f in "$BUILD_DIR"/src/specula "$BUILD_DIR"/tests/test_* "$BUILD_DIR"/tools/g
   fi
   strip -o .gpu/bin/"$(basename "$f")" "$f"
 done
+# cupti_gaps (named as a target): the CUPTI gap library and the libcupti it was linked with.
+for t in "${targets[@]}"; do
+  [ "$t" = cupti_gaps ] || continue
+  cp "$BUILD_DIR"/tools/gpu/libcupti_gaps.so .gpu/lib/
+  ldd "$BUILD_DIR"/tools/gpu/libcupti_gaps.so | awk '/libcupti\.so/ {print $3}' | xargs -r -I{} cp -L {} .gpu/lib/
+done
 # PACK_BASELINE=path/to/specula: another build packed as specula-baseline, for tools/gpu/ab_spec.sh.
 if [ -n "${PACK_BASELINE:-}" ]; then
   strip -o .gpu/bin/specula-baseline "$PACK_BASELINE"
