@@ -58,7 +58,8 @@ void GreedyDraftChain::add_first_drafts(const Tensor& logits, const std::vector<
   if (identity) {
     backend_->argmax_rows(logits, nullptr, out);
   } else {
-    // The staging is free: the proposers synchronise before each catch-up, which this follows.
+    // The staging is free: its last upload ran before the last chain's drafts were copied back,
+    // which every chain waits for (run() synchronously, else finish() before the next begin()).
     int32_t* idx = idx_.host.data_as<int32_t>();
     for (int i = 0; i < m; ++i) idx[i] = logits_rows[static_cast<size_t>(i)];
     const Tensor rows = idx_.upload(*backend_, m);
