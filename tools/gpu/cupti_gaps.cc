@@ -2,7 +2,8 @@
 // copy and memset of the process and, at exit, reports the GPU's idle time over its steady
 // steps (from one kernel named like CUPTI_GAPS_MARKER, default the fused draft chain, to the
 // next; periods over three times the median left out): the gaps between busy intervals by size,
-// and the kernels around the largest share of the idle time. What Nsight Systems' timeline would show, where it is not
+// and the kernels around the largest share of the idle time; without such a kernel, each kernel
+// name's total over the run. What Nsight Systems' timeline would show, where it is not
 // installed. Output: stderr, or the file CUPTI_GAPS_OUT names.
 #include <cupti.h>
 
@@ -122,7 +123,21 @@ void report() {
   for (size_t i = 0; i < all.size(); ++i)
     if (all[i].name.find(mark) != std::string::npos) at.push_back(i);
   std::fprintf(out, "%zu records, %zu with '%s'\n", all.size(), at.size(), mark.c_str());
-  if (at.size() < 3) return;
+  if (at.size() < 3) {  // no steps to cut: each kernel name's total over the whole run
+    std::map<std::string, std::pair<uint64_t, int>> by_name;
+    for (const Span& s : all) {
+      auto& b = by_name[s.name];
+      b.first += s.end - s.start;
+      b.second += 1;
+    }
+    std::vector<std::pair<std::string, std::pair<uint64_t, int>>> top(by_name.begin(), by_name.end());
+    std::sort(top.begin(), top.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+    for (size_t i = 0; i < top.size() && i < 40; ++i)
+      std::fprintf(out, "  %9.1f us %7d x (%6.2f us)  %s\n", top[i].second.first / 1e3, top[i].second.second,
+                   top[i].second.first / 1e3 / top[i].second.second, top[i].first.c_str());
+    if (out != stderr) std::fclose(out);
+    return;
+  }
   std::vector<uint64_t> periods;
   for (size_t j = 0; j + 1 < at.size(); ++j) periods.push_back(all[at[j + 1]].start - all[at[j]].start);
   std::vector<uint64_t> sorted = periods;
