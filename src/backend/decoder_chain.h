@@ -9,35 +9,12 @@
 #include <vector>
 
 #include "backend/attention_metadata.h"
+#include "backend/decoder_weights.h"
 #include "core/tensor.h"
 
 namespace specula {
 
-struct DecoderChainLayerWeights {
-  const Tensor* input_layernorm = nullptr;           // [H]
-  const Tensor* qkv_proj = nullptr;                  // [(Hq + 2 Hk) D, H]
-  const Tensor* qkv_bias = nullptr;                  // or null
-  const Tensor* q_norm = nullptr;                    // [D] or null (Qwen3)
-  const Tensor* k_norm = nullptr;                    // [D] or null
-  const Tensor* o_proj = nullptr;                    // [H, Hq D]
-  const Tensor* o_bias = nullptr;                    // or null
-  const Tensor* post_attention_layernorm = nullptr;  // [H]
-  const Tensor* gate_up_proj = nullptr;              // [2 I, H]
-  const Tensor* gate_up_bias = nullptr;              // or null
-  const Tensor* down_proj = nullptr;                 // [H, I]
-  const Tensor* down_bias = nullptr;                 // or null
-};
-
-struct DecoderChain {
-  // The model (its config's dims are the weights' shapes).
-  std::vector<DecoderChainLayerWeights> layers;
-  const Tensor* embed_tokens = nullptr;  // [V, H]
-  const Tensor* norm = nullptr;          // [H]
-  const Tensor* lm_head = nullptr;       // [V, H]
-  const Tensor* cos_sin = nullptr;       // F32 [max_positions, rotary_dim], neox pairs
-  int rotary_dim = 0;
-  int64_t num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
-  float eps = 1e-6f, attn_scale = 1.0f;
+struct DecoderChain : DecoderWeights {
   std::vector<KVCacheLayer>* kv = nullptr;  // one per layer: [num_blocks, block_size, Hk, D]
   int block_size = 0;
 

@@ -140,19 +140,6 @@ struct RemoteSmem {
   const bf16* lm_w[kMaxChainCluster];    // lm_head rows (when in shared memory)
 };
 
-__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-__device__ __forceinline__ float bias_at(const bf16* b, int64_t i) { return b ? __bfloat162float(b[i]) : 0.0f; }
-
-__device__ __forceinline__ void unpack8(uint4 v, float (&out)[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    out[2 * i] = f.x;
-    out[2 * i + 1] = f.y;
-  }
-}
-
 // One warp computes columns [begin, end) of y[r][c] = xs[r] . W[c] (row c of W at w + c * ldw,
 // k_dim a multiple of 8; W in this block's shared memory, another block's (DSMEM) or global: a
 // generic pointer) for `rows` rows. Short rows (K = 128 in the embedded draft) would leave most

@@ -19,8 +19,6 @@ namespace {
 
 constexpr int kWarps = 8;
 
-__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-
 // sum_k x[k] * w[k] over n elements, by one warp, for NW weight rows at once (gate and up share
 // each load of x, and both rows' loads are in flight together): lane l takes elements l*VEC..,
 // l*VEC + 32*VEC.. (VEC = 8: one 16-byte load per lane per row per step; VEC = 1: scalar, for

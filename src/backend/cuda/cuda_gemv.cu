@@ -47,14 +47,6 @@ constexpr int64_t kMaxStagedBytes = 64 << 10;
 // slowed the 8B model's batch-1 step by 5%: docs/PERFORMANCE.md).
 constexpr int64_t kStartNextEarlyBytes = 12 << 20;
 
-__device__ __forceinline__ uint4 load_streaming(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
 // A 16-byte chunk of weights -> floats.
 template <class W>
 struct WeightChunk;

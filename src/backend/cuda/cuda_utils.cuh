@@ -52,6 +52,31 @@ __device__ __forceinline__ void store_vec(T* p, const float (&in)[Vec16<T>::kN])
   *reinterpret_cast<uint4*>(p) = v.raw;
 }
 
+// x rounded to bf16 and back: where a fused kernel keeps fp32 but must match a path that stores bf16.
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+// b[i], or 0 for an absent bias.
+__device__ __forceinline__ float bias_at(const bf16* b, int64_t i) { return b ? __bfloat162float(b[i]) : 0.0f; }
+// 8 bf16 held in one 16-byte load, as floats.
+__device__ __forceinline__ void unpack8(uint4 v, float (&out)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    out[2 * i] = f.x;
+    out[2 * i + 1] = f.y;
+  }
+}
+
+// 16 bytes of weights read once (ld.global.nc.L1::no_allocate): they bypass L1, which they would
+// only evict other data from.
+__device__ __forceinline__ uint4 load_streaming(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
 // ---- reductions ----
 // SiLU as every SwiGLU kernel computes it (silu_mul, the GEMV epilogue, fused MoE), so that their
 // results agree bit for bit.
