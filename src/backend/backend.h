@@ -15,6 +15,7 @@
 #include "backend/accepted_shift.h"
 #include "backend/attention_metadata.h"
 #include "backend/decoder_chain.h"
+#include "backend/decoder_forward.h"
 #include "core/error.h"
 #include "core/tensor.h"
 
@@ -281,6 +282,11 @@ class Backend {
   // touching anything when this backend has no fused form for its shapes or dtypes; the caller
   // then runs the chain layer by layer. The default returns false.
   virtual bool decoder_greedy_chain(const DecoderChain& chain) { return false; }
+  // Runs `forward` (backend/decoder_forward.h) as one op, writing its logits, hidden states and
+  // K/V, and returns true; or returns false without touching anything when this backend has no
+  // fused form for its shapes or dtypes (the caller then runs the layers one by one). The
+  // default returns false.
+  virtual bool decoder_forward(DecoderForward& forward) { return false; }
 
   // ---- device-level services for the engine (defaults: not available) ----
   // Host memory for staging copies to and from the device: pinned on CUDA, so that copy() of it

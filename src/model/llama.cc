@@ -47,6 +47,10 @@ class LlamaModel final : public Model {
 
  private:
   void check_input(const ForwardInput& input, const std::vector<KVCacheLayer>& kv) const;
+  // The whole forward as one backend op (Backend::decoder_forward) where the backend has one for
+  // this batch; false when it declined (nothing has run).
+  bool fused_forward(const ForwardInput& input, std::vector<KVCacheLayer>& kv, ForwardOutput& out);
+  void fill_decoder_weights(DecoderWeights& w);
 
   ModelConfig config_;
   TensorParallelRank tp_;
@@ -62,6 +66,7 @@ class LlamaModel final : public Model {
   Tensor cos_sin_;       // F32 [max_position_embeddings, rotary_dim]
   LlamaDecoderLayer layer_;  // after config_ and cos_sin_, which it keeps references to
   std::vector<int> aux_layers_;  // ForwardOutput::aux_hidden_states: inputs of these layers
+  Tensor grid_sync_;             // DecoderForward::grid_sync of this model's fused forwards
 };
 
 LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend& backend,
@@ -93,6 +98,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend
   norm_ = w.load("model.norm.weight", {hidden_});
   // A tied lm_head is the embedding: both hold the rank's vocabulary rows.
   lm_head_ = config.tie_word_embeddings ? embed_tokens_ : w.load("lm_head.weight", {vocab_rows_, hidden_});
+  grid_sync_ = backend.empty({2}, DType::kI32);
+  backend.zero(grid_sync_);
 }
 
 // Every layer's, or none: a checkpoint calibrated for an fp8 cache scales all of them.
@@ -142,6 +149,7 @@ ForwardOutput LlamaModel::forward(const ForwardInput& in, std::vector<KVCacheLay
     phase_profile::Scope p("model.reset_scratch (host)");
     backend_.reset_scratch();
   }
+  if (ForwardOutput fused; fused_forward(in, kv, fused)) return fused;
   const DType dt = backend_.compute_dtype();
   const int64_t t = in.token_ids.size(0);
   const float eps = layer_.eps();
@@ -190,11 +198,29 @@ ForwardOutput LlamaModel::forward(const ForwardInput& in, std::vector<KVCacheLay
   return out;
 }
 
-bool LlamaModel::greedy_chain(DecoderChain& c) {
-  if (tp_.size > 1) return false;  // the fused chain has no collectives
+bool LlamaModel::fused_forward(const ForwardInput& in, std::vector<KVCacheLayer>& kv, ForwardOutput& out) {
+  // Tensor-parallel ranks need collectives between layers, and EAGLE-3's features the residual
+  // stream entering layers, which the fused forward keeps to itself.
+  const int64_t t = in.token_ids.size(0), l = in.logits_indices.size(0);
+  if (tp_.size > 1 || !aux_layers_.empty() || t > kMaxDecoderForwardRows || l > kMaxDecoderForwardRows) return false;
+  DecoderForward f;
+  fill_decoder_weights(f);
+  f.kv = &kv;
+  f.token_ids = &in.token_ids;
+  f.positions = &in.positions;
+  f.attn = &in.attn;
+  f.logits_indices = &in.logits_indices;
+  f.grid_sync = grid_sync_;
+  if (!backend_.decoder_forward(f)) return false;
+  out.logits = f.logits;
+  out.hidden_states = f.hidden_states;
+  return true;
+}
+
+void LlamaModel::fill_decoder_weights(DecoderWeights& c) {
   c.layers.clear();
   for (const LlamaLayerWeights& l : layers_) {
-    DecoderChainLayerWeights w;
+    DecoderLayerWeights w;
     w.input_layernorm = &l.input_layernorm;
     w.qkv_proj = &l.qkv_proj.weight;
     w.qkv_bias = if_defined(l.qkv_bias);
@@ -219,6 +245,11 @@ bool LlamaModel::greedy_chain(DecoderChain& c) {
   c.head_dim = head_dim_;
   c.eps = layer_.eps();
   c.attn_scale = layer_.attn_scale();
+}
+
+bool LlamaModel::greedy_chain(DecoderChain& c) {
+  if (tp_.size > 1) return false;  // the fused chain has no collectives
+  fill_decoder_weights(c);
   return backend_.decoder_greedy_chain(c);
 }
 

@@ -3,11 +3,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include "backend/cuda/cuda_allocator.h"
 #include "backend/cuda/cuda_batched_gemm.h"
+#include "backend/cuda/cuda_decoder_forward.h"
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -60,9 +62,14 @@ CudaBackend::CudaBackend(int device_index)
   gemm_ = std::make_unique<CublasLtGemm>(stream_);
   batched_gemm_ = std::make_unique<CublasLtBatchedGemm>(stream_);
   check_cuda(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming), "CUDA backend: cudaEventCreate");
+  if (std::getenv("SPECULA_FUSED_FORWARD_TRACE"))  // here: never while a graph is being captured
+    check_cuda(cudaMalloc(reinterpret_cast<void**>(&forward_trace_),
+                          sizeof(unsigned long long) * sm_count_ * cuda::kForwardTraceEvents),
+               "CUDA backend: fused forward trace buffer");
 }
 
 CudaBackend::~CudaBackend() {
+  report_forward_trace();
   gemm_.reset();
   batched_gemm_.reset();
   if (handoff_ != nullptr) cudaEventDestroy(handoff_);

@@ -98,6 +98,8 @@ class CudaBackend final : public Backend {
                     Tensor& q_out) override;
   // One persistent kernel for a small decoder's greedy chain (cuda_decoder_chain.cc).
   bool decoder_greedy_chain(const DecoderChain& chain) override;
+  // One persistent kernel for a small decoder's whole forward (cuda_decoder_forward.cc).
+  bool decoder_forward(DecoderForward& forward) override;
   Tensor empty_host(Shape shape, DType dtype) override;
   std::optional<DeviceMemoryInfo> memory_info() override;
   bool idle() override;
@@ -143,6 +145,14 @@ class CudaBackend final : public Backend {
   std::map<std::pair<int, int64_t>, bool> chain_cluster_fits_;
   int64_t smem_budget_ = 0;  // dynamic shared memory a block may ask for, less the kernel's static share
   bool chain_logged_ = false;
+  // decoder_forward: the blocks of (kernel rows, shared-memory bytes) the GPU holds at once.
+  std::map<std::pair<int, int64_t>, int> forward_blocks_fit_;
+  bool forward_logged_ = false;
+  // SPECULA_FUSED_FORWARD_TRACE=1: the last fused forward's per-block event times, summarised in
+  // the log when the backend goes (report_forward_trace).
+  unsigned long long* forward_trace_ = nullptr;
+  int traced_blocks_ = 0, traced_layers_ = 0;
+  void report_forward_trace();
   // out (+)= x . weight^T (+ bias) for FP8 weights (accumulate: out +=, see fused_linear).
   void fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor* bias, Tensor& out,
                   bool accumulate);
