@@ -481,6 +481,7 @@ __device__ void attention_unit(const DecoderForwardParams& p, const Smem& s, int
         sum += e;
       }
       sum = warp_sum(sum);
+      __syncwarp();  // every lane has read s.stats[qh] before lane 0 rewrites it
       if (lane == 0) {
         const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);
         s.stats[qh] = m_new;
