@@ -371,23 +371,9 @@ __device__ void attention_task(const DecoderChainParams& p, const ChainLayout& l
     float* x = s.qkv + hh * d;
     if (hh <= gq) {
       const bf16* norm = hh < gq ? (L.q_norm ? norms + 2 * h : nullptr) : (L.k_norm ? norms + 2 * h + d : nullptr);
-      if (norm != nullptr) {
-        float sum_sq = 0.0f;
-        for (int i = lane; i < d; i += 32) sum_sq += x[i] * x[i];
-        const float inv = rsqrtf(warp_sum(sum_sq) / static_cast<float>(d) + p.eps);
-        for (int i = lane; i < d; i += 32) x[i] = round_bf16(__bfloat162float(norm[i]) * (x[i] * inv));
-        __syncwarp();
-      }
-      if (pos >= 0 && pos < p.max_pos && p.rotary_dim > 0) {
-        const int half = p.rotary_dim / 2;
-        const float* cs = s.cos_sin + static_cast<int64_t>(at) * p.rotary_dim;
-        for (int j = lane; j < half; j += 32) {  // neox pairs (j, j + half), each pair one lane's
-          const float a = x[j], b = x[j + half];
-          x[j] = round_bf16(a * cs[j] - b * cs[half + j]);
-          x[j + half] = round_bf16(b * cs[j] + a * cs[half + j]);
-        }
-      }
-      __syncwarp();
+      const bool rope = pos >= 0 && pos < p.max_pos && p.rotary_dim > 0;
+      warp_norm_rope_head(x, d, norm, p.eps, rope ? s.cos_sin + static_cast<int64_t>(at) * p.rotary_dim : nullptr,
+                          p.rotary_dim);
     }
     if (hh >= gq && own) {
       bf16* cache = hh == gq ? L.k_cache : L.v_cache;
@@ -431,16 +417,7 @@ __device__ void attention_task(const DecoderChainParams& p, const ChainLayout& l
   // Softmax, a warp per q head: exponentials in place, their sum into red[q].
   for (int q = warp; q < gq; q += kWarps) {
     float* sc = s.scores + q * maxc;
-    float m = -INFINITY;
-    for (int t = lane; t < len; t += 32) m = fmaxf(m, sc[t]);
-    m = warp_max(m);
-    float sum = 0.0f;
-    for (int t = lane; t < len; t += 32) {
-      const float e = __expf(sc[t] - m);
-      sc[t] = e;
-      sum += e;
-    }
-    sum = warp_sum(sum);
+    const float sum = warp_exp_sum(sc, len, warp_max_of(sc, len));
     if (lane == 0) s.red[q] = sum;
   }
   __syncthreads();

@@ -324,28 +324,11 @@ __device__ void norm_rows(const DecoderForwardParams& p, const Smem& s, bool emb
   __syncthreads();
 }
 
-// A warp: one head (D raw q or k values in shared memory) RMS-normalised by `norm` (Qwen3's q/k
-// norm; null: none) and rotated to `pos`, in place, each value rounded to bf16 where the
-// layer-by-layer path stores it.
+// A warp: one head (D raw q or k values in shared memory) normalised and rotated to `pos` in place.
 __device__ void norm_rope_head(const DecoderForwardParams& p, const bf16* norm, int pos, float* x) {
-  const int lane = threadIdx.x & 31, d = p.head_dim;
-  if (norm != nullptr) {
-    float sum_sq = 0.0f;
-    for (int i = lane; i < d; i += 32) sum_sq += x[i] * x[i];
-    const float inv = rsqrtf(warp_sum(sum_sq) / static_cast<float>(d) + p.eps);
-    for (int i = lane; i < d; i += 32) x[i] = round_bf16(__bfloat162float(norm[i]) * (x[i] * inv));
-    __syncwarp();
-  }
-  if (pos >= 0 && pos < p.max_pos && p.rotary_dim > 0) {
-    const int half = p.rotary_dim / 2;
-    const float* cs = p.cos_sin + static_cast<int64_t>(pos) * p.rotary_dim;
-    for (int j = lane; j < half; j += 32) {  // neox pairs (j, j + half)
-      const float a = x[j], b = x[j + half];
-      x[j] = round_bf16(a * cs[j] - b * cs[half + j]);
-      x[j + half] = round_bf16(b * cs[j] + a * cs[half + j]);
-    }
-    __syncwarp();
-  }
+  const bool rope = pos >= 0 && pos < p.max_pos && p.rotary_dim > 0;
+  warp_norm_rope_head(x, p.head_dim, norm, p.eps, rope ? p.cos_sin + static_cast<int64_t>(pos) * p.rotary_dim : nullptr,
+                      p.rotary_dim);
 }
 
 // n floats from global memory written during this launch (L2) into shared memory, 16 bytes a thread.
@@ -470,17 +453,8 @@ __device__ void attention_unit(const DecoderForwardParams& p, const Smem& s, int
     __syncthreads();
     for (int qh = warp; qh < gq; qh += kWarps) {
       float* sc = s.sc + qh * kKeyTile;
-      float m = -INFINITY;
-      for (int kk = lane; kk < nt; kk += 32) m = fmaxf(m, sc[kk]);
-      m = warp_max(m);
-      const float m_old = s.stats[qh], m_new = fmaxf(m_old, m);
-      float sum = 0.0f;
-      for (int kk = lane; kk < nt; kk += 32) {
-        const float e = __expf(sc[kk] - m_new);
-        sc[kk] = e;
-        sum += e;
-      }
-      sum = warp_sum(sum);
+      const float m_old = s.stats[qh], m_new = fmaxf(m_old, warp_max_of(sc, nt));
+      const float sum = warp_exp_sum(sc, nt, m_new);
       __syncwarp();  // every lane has read s.stats[qh] before lane 0 rewrites it
       if (lane == 0) {
         const float alpha = m_old == -INFINITY ? 0.0f : __expf(m_old - m_new);

@@ -185,6 +185,48 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 
 __host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// A warp: the largest of v[0, n) (every lane gets it).
+__device__ __forceinline__ float warp_max_of(const float* v, int n) {
+  float m = -INFINITY;
+  for (int i = threadIdx.x & 31; i < n; i += 32) m = fmaxf(m, v[i]);
+  return warp_max(m);
+}
+
+// A warp: v[i] = exp(v[i] - m) for i < n, in place; returns their sum (every lane).
+__device__ __forceinline__ float warp_exp_sum(float* v, int n, float m) {
+  float sum = 0.0f;
+  for (int i = threadIdx.x & 31; i < n; i += 32) {
+    const float e = __expf(v[i] - m);
+    v[i] = e;
+    sum += e;
+  }
+  return warp_sum(sum);
+}
+
+// A warp: one attention head's d values x (fp32, shared memory) RMS-normalised by `norm` (Qwen3's
+// q/k norm; null: none) and rotated by the RoPE row cs ([rotary_dim]: cos | sin, neox pairs;
+// null: none), in place, each value rounded to bf16 where the layer-by-layer path stores it.
+__device__ __forceinline__ void warp_norm_rope_head(float* x, int d, const bf16* norm, float eps, const float* cs,
+                                                    int rotary_dim) {
+  const int lane = threadIdx.x & 31;
+  if (norm != nullptr) {
+    float sum_sq = 0.0f;
+    for (int i = lane; i < d; i += 32) sum_sq += x[i] * x[i];
+    const float inv = rsqrtf(warp_sum(sum_sq) / static_cast<float>(d) + eps);
+    for (int i = lane; i < d; i += 32) x[i] = round_bf16(__bfloat162float(norm[i]) * (x[i] * inv));
+    __syncwarp();
+  }
+  if (cs != nullptr) {
+    const int half = rotary_dim / 2;
+    for (int j = lane; j < half; j += 32) {  // pairs (j, j + half), each pair one lane's
+      const float a = x[j], b = x[j + half];
+      x[j] = round_bf16(a * cs[j] - b * cs[half + j]);
+      x[j + half] = round_bf16(b * cs[j] + a * cs[half + j]);
+    }
+  }
+  __syncwarp();
+}
+
 // Position j of a sequence -> its row in the paged cache ([num_blocks * block_size] rows) through
 // the sequence's block table. Block sizes are powers of two in practice (16), where a shift and a
 // mask replace two ~20-instruction integer divisions per row.
