@@ -66,7 +66,9 @@ class LlamaModel final : public Model {
   Tensor cos_sin_;       // F32 [max_position_embeddings, rotary_dim]
   LlamaDecoderLayer layer_;  // after config_ and cos_sin_, which it keeps references to
   std::vector<int> aux_layers_;  // ForwardOutput::aux_hidden_states: inputs of these layers
-  Tensor grid_sync_;             // DecoderForward::grid_sync of this model's fused forwards
+  // The model as Backend::decoder_forward takes it (weights, dims and its grid barrier's
+  // counters), each forward adding its batch.
+  DecoderForward fused_;
 };
 
 LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend& backend,
@@ -98,8 +100,9 @@ LlamaModel::LlamaModel(const ModelConfig& config, WeightSource& weights, Backend
   norm_ = w.load("model.norm.weight", {hidden_});
   // A tied lm_head is the embedding: both hold the rank's vocabulary rows.
   lm_head_ = config.tie_word_embeddings ? embed_tokens_ : w.load("lm_head.weight", {vocab_rows_, hidden_});
-  grid_sync_ = backend.empty({2}, DType::kI32);
-  backend.zero(grid_sync_);
+  fill_decoder_weights(fused_);
+  fused_.grid_sync = backend.empty({2}, DType::kI32);
+  backend.zero(fused_.grid_sync);
 }
 
 // Every layer's, or none: a checkpoint calibrated for an fp8 cache scales all of them.
@@ -203,14 +206,14 @@ bool LlamaModel::fused_forward(const ForwardInput& in, std::vector<KVCacheLayer>
   // stream entering layers, which the fused forward keeps to itself.
   const int64_t t = in.token_ids.size(0), l = in.logits_indices.size(0);
   if (tp_.size > 1 || !aux_layers_.empty() || t > kMaxDecoderForwardRows || l > kMaxDecoderForwardRows) return false;
-  DecoderForward f;
-  fill_decoder_weights(f);
+  DecoderForward& f = fused_;  // its weights filled once, at load
   f.kv = &kv;
   f.token_ids = &in.token_ids;
   f.positions = &in.positions;
   f.attn = &in.attn;
   f.logits_indices = &in.logits_indices;
-  f.grid_sync = grid_sync_;
+  f.logits = Tensor();
+  f.hidden_states = Tensor();
   if (!backend_.decoder_forward(f)) return false;
   out.logits = f.logits;
   out.hidden_states = f.hidden_states;
