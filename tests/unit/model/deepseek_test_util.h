@@ -14,6 +14,7 @@
 #include "forward_runner.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "unit/relative_error.h"
 
 namespace specula::testing {
 
@@ -45,16 +46,6 @@ inline std::vector<DeepseekReference> load_deepseek_reference(const std::filesys
     refs.push_back(std::move(r));
   }
   return refs;
-}
-
-// max |got - want| relative to max |want|: "within x of the logit scale".
-inline double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
-    scale = std::max(scale, std::fabs(double(want[i])));
-  }
-  return worst / scale;
 }
 
 // Rows `rows` of a [T, V] logits matrix.

@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "test_paths.h"
+#include "unit/relative_error.h"
 
 namespace specula {
 namespace {
@@ -50,15 +51,7 @@ std::vector<Reference> load_reference(const std::filesystem::path& file) {
   return refs;
 }
 
-// max |got - want| over the rows, relative to max |want|.
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    worst = std::max(worst, std::fabs(double(got[i]) - want[i]));
-    scale = std::max(scale, std::fabs(double(want[i])));
-  }
-  return worst / scale;
-}
+using testing::relative_error;
 
 class ForwardFixture : public ::testing::TestWithParam<std::string> {
  protected:

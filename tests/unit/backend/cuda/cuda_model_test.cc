@@ -30,6 +30,7 @@
 #include "test_paths.h"
 #include "unit/model/forward_runner.h"
 #include "bf16_emulated_backend.h"
+#include "unit/relative_error.h"
 
 namespace specula {
 namespace {
@@ -61,16 +62,7 @@ std::vector<Reference> load_reference(const std::filesystem::path& file) {
   return refs;
 }
 
-// max |got - want| / max |want|.
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - want[i]);
-    worst = std::isnan(err) ? INFINITY : std::max(worst, err);
-    scale = std::max(scale, std::fabs(double(want[i])));
-  }
-  return worst / scale;
-}
+using testing::relative_error;
 
 class CudaForward : public ::testing::TestWithParam<std::string> {
  protected:

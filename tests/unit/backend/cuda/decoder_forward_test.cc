@@ -22,6 +22,7 @@
 #include "test_paths.h"
 #include "unit/backend/cuda/cuda_test_util.h"
 #include "unit/model/forward_runner.h"
+#include "unit/relative_error.h"
 
 namespace specula {
 namespace {
@@ -34,16 +35,7 @@ struct FusedForward {
   ~FusedForward() { unsetenv("SPECULA_FUSED_DECODER_FORWARD"); }
 };
 
-// max |got - want| over max |want|, per row set.
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double worst = 0, scale = 1e-6;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - want[i]);
-    worst = std::isnan(err) ? INFINITY : std::max(worst, err);
-    scale = std::max(scale, std::fabs(double(want[i])));
-  }
-  return worst / scale;
-}
+using testing::relative_error;
 
 class DecoderForwardTest : public ::testing::TestWithParam<std::string> {
  protected:

@@ -32,6 +32,7 @@
 #include "model/model.h"
 #include "test_paths.h"
 #include "unit/model/deepseek_test_util.h"
+#include "unit/relative_error.h"
 
 namespace specula {
 namespace {
@@ -71,16 +72,7 @@ std::vector<Case> cases_with_fusion(std::initializer_list<int> fusions) {
   return cases;
 }
 
-// max |got - want| / max |want|; NaN counts as an infinite error.
-double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
-  double worst = 0, scale = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double err = std::fabs(double(got[i]) - want[i]);
-    worst = std::isnan(err) ? INFINITY : std::max(worst, err);
-    scale = std::max(scale, std::fabs(double(want[i])));
-  }
-  return worst / scale;
-}
+using testing::relative_error;
 
 struct Loaded {
   std::unique_ptr<WeightSource> weights;
