@@ -239,7 +239,6 @@ constexpr int columns_a_warp() {
   return R <= 4 ? 4 : R <= 8 ? 2 : 1;
 }
 
-// Every block: the rows' facts (RowInfo) from the attention metadata.
 // The residual stream at this block's hidden columns stays in s.xold from phase to phase (this
 // block alone writes them: phases D and F), so that adding to it costs no round trip; layer 0
 // starts from the embeddings.
@@ -252,6 +251,7 @@ __device__ void stage_embeddings(const DecoderForwardParams& p, const Smem& s) {
   }
 }
 
+// Every block: the rows' facts (RowInfo) from the attention metadata.
 __device__ void load_rows(const DecoderForwardParams& p, const Smem& s) {
   RowInfo& ri = *s.info;
   const int i = threadIdx.x;
