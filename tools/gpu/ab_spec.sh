@@ -18,7 +18,7 @@ source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 command -v specula-baseline >/dev/null || { echo "no specula-baseline packed (PACK_BASELINE)"; exit 2; }
 
 DATASET="$WORK/prompts.txt"
-find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"
+prompt_dataset "$DATASET"
 TINY=models/specula-tiny
 DRAFT=models/specula-tiny-draft
 K=${AB_K:-10}

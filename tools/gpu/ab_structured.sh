@@ -17,7 +17,7 @@ SKIP=" "
 source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 
 DATASET="$WORK/prompts.txt"
-find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"
+prompt_dataset "$DATASET"
 TINY=models/specula-tiny
 QWEN=bench/configs/Qwen3-0.6B
 tok_qwen=()

@@ -25,7 +25,7 @@ BUDGET=${ADAPTIVE_BUDGET:-540}
 SKIP=" "
 source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 DATASET="$WORK/prompts.txt"
-find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"
+prompt_dataset "$DATASET"
 K=${ADAPTIVE_K:-5}
 spec() {  # METHOD K ADAPTIVE
   case $1 in

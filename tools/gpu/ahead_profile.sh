@@ -12,7 +12,7 @@ source tools/gpu/env.sh
 OUT=${OUT:-$(pwd)/.gpu/out}
 mkdir -p "$OUT"
 DATASET=$(mktemp)
-find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"
+prompt_dataset "$DATASET"
 SPEC="{\"method\":\"draft_model\",\"model\":\"models/specula-tiny-draft\",\"num_speculative_tokens\":${PROFILE_K:-5},\"adaptive\":false}"
 run() {  # run NAME: bench latency at concurrency 1, async scheduling
   specula bench latency models/specula-tiny --dataset "$DATASET" --temperature 0 --batch-size 1 --input-len 128 \

@@ -19,7 +19,7 @@ SKIP=" ${EAGLE_SKIP:-} "
 source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 
 DATASET="$WORK/prompts.txt"
-find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"
+prompt_dataset "$DATASET"
 TINY=models/specula-tiny
 K=${EAGLE_K:-5}
 # eagle|draft ADAPTIVE [DRAFT_SAMPLING]

@@ -15,7 +15,7 @@ SPECULA_FUSED_DECODER_FORWARD=1 timeout 300 test_backend_cuda --gtest_filter='*C
 Q="bench/configs/Qwen3-0.6B --load-format dummy --skip-tokenizer-init --batch-size 1 --input-len 128 --output-len 128
   --num-iters 20 --num-iters-warmup 2 --max-num-seqs 8 --max-model-len 4096"
 DATASET=$(mktemp)
-find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"
+prompt_dataset "$DATASET"
 T="models/specula-tiny --dataset $DATASET --temperature 0 --batch-size 1 --input-len 128 --output-len 128
   --max-model-len 1024 --max-num-seqs 8 --num-iters 20 --num-iters-warmup 1"
 for model in Q T; do

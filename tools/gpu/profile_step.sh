@@ -13,7 +13,7 @@ source tools/gpu/env.sh
 OUT=${OUT:-$(pwd)/.gpu/out}
 mkdir -p "$OUT"
 DATASET=$(mktemp)
-find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"
+prompt_dataset "$DATASET"
 TINY=models/specula-tiny
 DRAFT=models/specula-tiny-draft
 common=(--dataset "$DATASET" --temperature 0 --batch-size 1 --input-len 128 --output-len 128 --max-model-len 1024

@@ -24,7 +24,7 @@ source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
 
 # The prompt text: this repository's own Python (not in the embedded models' training corpus).
 DATASET="$WORK/prompts.txt"
-find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$DATASET"
+prompt_dataset "$DATASET"
 TEMP=${SPEC_TEMPERATURE:-0}
 ITERS=${SPEC_ITERS:-3}
 OUTLEN=${SPEC_OUTPUT_LEN:-128}
