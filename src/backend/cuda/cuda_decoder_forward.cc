@@ -2,9 +2,9 @@
 // bf16 Llama-family decoders and batches of up to 16 rows; anything else returns false and the
 // caller runs the layers one by one.
 // Opt-in (SPECULA_FUSED_DECODER_FORWARD=1, read on every call so that tests and benchmarks can
-// switch): on the H200 it is still slower than the layer-by-layer step it would replace (Qwen3-0.6B
-// batch 1 1.31 against 0.98 ms, the embedded model 0.219 against 0.178 ms; docs/PERFORMANCE.md,
-// "A persistent decoder forward"), each of its five phases a layer taking 3-9 us where its
+// switch): on the H200 it is still slower than the layer-by-layer step it would replace
+// (Qwen3-0.6B batch 1 1.31-1.34 against 0.97-0.98 ms, the embedded model 0.23 against 0.17 ms;
+// docs/PERFORMANCE.md, "A persistent decoder forward"), each of its five phases a layer taking 3-9 us where its
 // weights take 1-3. SPECULA_FUSED_FORWARD_BLOCKS=N sets the blocks; SPECULA_FUSED_FORWARD_TRACE=1
 // logs where a step's time goes when the backend is destroyed.
 #include <algorithm>
