@@ -64,8 +64,9 @@ class DecoderForwardTest : public ::testing::TestWithParam<std::string> {
     }
     double worst = 0;
     for (size_t i = 0; i < work.size(); ++i) {
-      worst_ = std::max(worst_, relative_error(got[i], want[i]));
-      worst = std::max(worst, relative_error(got[i], want[i]));
+      const double error = relative_error(got[i], want[i]);
+      worst = std::max(worst, error);
+      worst_ = std::max(worst_, error);
       for (size_t r = 0; r * vocab_ < want[i].size(); ++r) {
         const float* g = got[i].data() + r * vocab_;
         const float* w = want[i].data() + r * vocab_;
