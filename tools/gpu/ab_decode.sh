@@ -5,7 +5,7 @@
 # Each run: `specula bench latency`, dummy weights, batch 1, a 128-token prompt then 128 tokens,
 # 20 iterations (TPOT p10 / median / p90 over them):
 #   llama_bf16  Llama-3.1-8B;   llama_fp8  the same with --quantization fp8;   qwen  Qwen3-0.6B;
-# then Llama-3.1-8B bf16 at batch 64 once per binary. cuda_roofline --quick first (unless AB_SKIP
+# then Llama-3.1-8B bf16 at batch 64 once per binary (AB_B64_REPS times, alternated). cuda_roofline --quick first (unless AB_SKIP
 # has "roofline") gives the copy bandwidth the summary states each figure against.
 # AB_VARIANTS adds runs of the candidate binary under other environment settings, alternated with
 # the two builds: "NAME:VAR=VALUE[,VAR=VALUE] ..." (e.g. "pdl_off:SPECULA_PDL=0"); AB_BASELINE=0
@@ -53,10 +53,12 @@ for rep in $(seq 1 "${AB_REPS:-2}"); do
     skipped qwen || run qwen "$build" "$rep" latency "$QWEN" "${b1[@]}" --max-model-len 4096
   done
 done
-for build in "${builds[@]}"; do
-  skipped b64 || run llamab64_bf16 "$build" 1 latency "$LLAMA" --load-format dummy --skip-tokenizer-init \
-    --batch-size 64 --input-len 128 --output-len 256 --num-iters 2 --num-iters-warmup 1 --max-num-seqs 64 \
-    --max-model-len 4608
+for rep in $(seq 1 "${AB_B64_REPS:-1}"); do
+  for build in "${builds[@]}"; do
+    skipped b64 || run llamab64_bf16 "$build" "$rep" latency "$LLAMA" --load-format dummy --skip-tokenizer-init \
+      --batch-size 64 --input-len 128 --output-len 256 --num-iters 2 --num-iters-warmup 1 --max-num-seqs 64 \
+      --max-model-len 4608
+  done
 done
 
 {

@@ -60,8 +60,16 @@ for name in ("llama_bf16", "llama_fp8", "qwen"):
             c, v = statistics.median(medians["candidate"]), statistics.median(medians[build])
             print(f"  {name}: {build} / candidate TPOT {v / c:.3f}")
 
+# Batch 64 (input 128, output 256): the weights once a step plus the cache of 64 sequences at their
+# mean length over the run (128 + 256 / 2 keys), K and V of every layer in bf16.
+c = json.load(open(llama_path))
+kv_per_token = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * (c.get("head_dim") or
+                                                                         c["hidden_size"] // c["num_attention_heads"]) * 2
+b64_bytes = bytes_of["llama_bf16"] + 64 * (128 + 256 / 2) * kv_per_token
 for build in builds:
-    for rep, j in runs.get(("llamab64_bf16", build), []):
+    for rep, j in sorted(runs.get(("llamab64_bf16", build), [])):
         t = j["tpot_ms"]
-        print(f"\nLlama-3.1-8B bf16 batch 64 ({build}): TPOT median {t['median']:.3f} ms = "
-              f"{64 / t['median'] * 1e3:,.0f} output tok/s")
+        r = b64_bytes / (roof * 1e12) * 1e3 if roof else None
+        extra = f"; roofline {r:.3f} ms -> {100 * r / t['median']:.0f}%" if r else ""
+        print(f"\nLlama-3.1-8B bf16 batch 64 ({build}) r{rep}: TPOT median {t['median']:.3f} ms = "
+              f"{64 / t['median'] * 1e3:,.0f} output tok/s{extra}")

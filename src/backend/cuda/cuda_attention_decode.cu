@@ -355,11 +355,8 @@ __global__ void decode_merge_kernel(PagedAttentionParams p, int num_splits, cons
   }
 }
 
-// Entries a block takes: up to 8, or 2 with 16 elements a lane (their q and outputs in registers).
-int heads_per_block(int entries, int elems) {
-  const int g = entries <= 1 ? 1 : entries <= 2 ? 2 : entries <= 4 ? 4 : 8;
-  return elems == 16 ? std::min(g, 2) : g;
-}
+// Entries (query row, query head) of one kv head: a block takes up to 8.
+int entries_per_block(int entries) { return entries <= 1 ? 1 : entries <= 2 ? 2 : entries <= 4 ? 4 : 8; }
 
 // Elements a lane reads with one load: 16 for an fp8 cache whose rows start 16-byte aligned, in
 // batches whose (sequence, kv head, entries) blocks do not fill the GPU (they split keys to fill
@@ -369,8 +366,22 @@ int heads_per_block(int entries, int elems) {
 int slice_elems(const PagedAttentionParams& p) {
   if (!p.cache_fp8 || p.head_dim % 16 != 0 || p.v_head_dim % 16 != 0) return 8;
   const int entries = p.max_query_len * (p.num_q_heads / p.num_kv_heads);
-  const int blocks = p.num_seqs * p.num_kv_heads * ceil_div(entries, heads_per_block(entries, 8));
+  const int blocks = p.num_seqs * p.num_kv_heads * ceil_div(entries, entries_per_block(entries));
   return blocks < p.sm_count ? 16 : 8;
+}
+
+// Entries a block takes: at most 2 with 16 elements a lane (their q and outputs in registers), and
+// at most 2 in a decode step whose blocks of 4 would not fill the GPU: a block of 2 requests each
+// tile's K and V rows together (kPrefetchV), one memory round trip a tile instead of two, and the
+// twice as many blocks share each K/V row through L2 (H200, Llama-3.1-8B heads, bf16: batch 1 x
+// 256 keys 8.0 against 11.3 us, batch 16 x 1024 37.0 against 40.9; at batch 64 blocks of 4 fill
+// the GPU and stay: 2 took 38 against 30 us).
+int heads_per_block(const PagedAttentionParams& p, int elems) {
+  const int entries = p.max_query_len * (p.num_q_heads / p.num_kv_heads);
+  const int g = entries_per_block(entries);
+  const bool fills = p.num_seqs * p.num_kv_heads * ceil_div(entries, g) >= p.sm_count;
+  if (elems == 16 || (g == 4 && p.max_query_len == 1 && !fills)) return std::min(g, 2);
+  return g;
 }
 
 int lanes_per_row(int max_dim, int elems) {
@@ -412,7 +423,7 @@ cudaError_t launch_lg(const PagedAttentionParams& p, int group, int num_splits, 
 template <int L>
 cudaError_t launch_l(const PagedAttentionParams& p, int group, int num_splits, float* partial_out,
                      float* partial_stats, cudaStream_t stream) {
-  switch (heads_per_block(p.max_query_len * group, slice_elems(p))) {
+  switch (heads_per_block(p, slice_elems(p))) {
     case 1: return launch_lg<L, 1>(p, group, num_splits, partial_out, partial_stats, stream);
     case 2: return launch_lg<L, 2>(p, group, num_splits, partial_out, partial_stats, stream);
     case 4: return launch_lg<L, 4>(p, group, num_splits, partial_out, partial_stats, stream);
@@ -424,10 +435,13 @@ cudaError_t launch_l(const PagedAttentionParams& p, int group, int num_splits, f
 
 int decode_num_splits(const PagedAttentionParams& p, int sm_count) {
   const int entries = p.max_query_len * (p.num_q_heads / p.num_kv_heads);
-  const int blocks = p.num_seqs * p.num_kv_heads * ceil_div(entries, heads_per_block(entries, slice_elems(p)));
-  // Aim for ~4 blocks per SM (enough loads in flight to cover HBM latency), but give every split
-  // at least kMinKeysPerSplit keys of the longest sequence.
-  const int wanted = ceil_div(4 * sm_count, std::max(blocks, 1));
+  const int blocks = p.num_seqs * p.num_kv_heads * ceil_div(entries, heads_per_block(p, slice_elems(p)));
+  // Splits until there are ~4 blocks an SM where the batch alone has fewer blocks than SMs, ~2
+  // where it has more (each split adds its share of the merge: H200, Llama-3.1-8B heads, bf16,
+  // batch 64 x 256 keys one split 30.0 us against two 38.0; batch 16 x 1024 three 40.9 against
+  // five 51.3), but give every split at least kMinKeysPerSplit keys of the longest sequence.
+  const int per_sm = blocks < sm_count ? 4 : 2;
+  const int wanted = ceil_div(per_sm * sm_count, std::max(blocks, 1));
   const int by_length = ceil_div(std::max(p.max_seq_len, 1), kMinKeysPerSplit);
   return std::clamp(std::min(wanted, by_length), 1, kMaxSplits);
 }

@@ -112,9 +112,10 @@ cudaError_t launch_feed_sampled_tokens(int32_t* token_ids, int64_t n, const Samp
                                        cudaStream_t stream);
 
 // A row that only draws (greedy or at a temperature; no top-k / top-p / min-p, penalties, masks,
-// bias, logprobs, verification or probs_out): launch_sample_plain_rows samples a few of them with
-// a cluster of 16 blocks per row (sm_90), to the same tokens as launch_sample_rows.
-constexpr int kMaxPlainClusterRows = 8;
+// bias, logprobs, verification or probs_out): launch_sample_plain_rows samples batches of them with
+// a cluster of 16 blocks per row (sm_90), to the same tokens as launch_sample_rows. Up to 64 rows
+// measured faster than a block a row (H200, 128k vocabulary, 64 rows: 67 against 195 us).
+constexpr int kMaxPlainClusterRows = 64;
 bool sampling_row_is_plain(const SamplingRowDesc& d, int64_t vocab);
 cudaError_t launch_sample_plain_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
                                      SamplingRowResult* results, cudaStream_t stream);
