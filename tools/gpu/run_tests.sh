@@ -27,7 +27,9 @@ for suite in test_backend_cuda test_sampling_cuda test_engine_cuda test_app_cuda
   start=$(date +%s)
   $suite --gtest_brief=1 --gtest_filter="${RUN_TESTS_FILTER:-*}" > "$OUT/$suite.log" 2>&1
   rc=$?
-  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|Failure|error|cuda-model|tests skipped" "$OUT/$suite.log" | head -60
+  # The counts first: a suite's ~70 "cuda-model" error lines must not push them out of the head.
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[==========\]|tests skipped" "$OUT/$suite.log" | head -10
+  grep -E "Failure|error|cuda-model" "$OUT/$suite.log" | head -60
   echo "$suite exit $rc in $(( $(date +%s) - start ))s (log: $suite.log)"
   [ $status -eq 0 ] && status=$rc
 done
