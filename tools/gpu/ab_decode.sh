@@ -5,8 +5,9 @@
 # Each run: `specula bench latency`, dummy weights, batch 1, a 128-token prompt then 128 tokens,
 # 20 iterations (TPOT p10 / median / p90 over them):
 #   llama_bf16  Llama-3.1-8B;   llama_fp8  the same with --quantization fp8;   qwen  Qwen3-0.6B;
-# then Llama-3.1-8B bf16 at batch 64 once per binary (AB_B64_REPS times, alternated). cuda_roofline --quick first (unless AB_SKIP
-# has "roofline") gives the copy bandwidth the summary states each figure against.
+# then Llama-3.1-8B bf16 at batch 64 once per binary (AB_B64_REPS times, alternated).
+# cuda_roofline --quick first (unless AB_SKIP has "roofline") gives the copy bandwidth the summary
+# states each figure against.
 # AB_VARIANTS adds runs of the candidate binary under other environment settings, alternated with
 # the two builds: "NAME:VAR=VALUE[,VAR=VALUE] ..." (e.g. "pdl_off:SPECULA_PDL=0"); AB_BASELINE=0
 # leaves the baseline binary out.

@@ -4,12 +4,14 @@
 # overlapped launches on and off (SPECULA_PDL=0: kernels then run back to back, so each span is
 # the kernel alone; with them on, a span also holds its wait for the kernel before it).
 # Pack with `tools/gpu/pack.sh specula cupti_gaps`. TOTALS_CONFIGS (default "qwen_b1 llama_b1
-# llama_b64"); TOTALS_PDL (default "1 0"). $OUT receives totals_<config>_pdl<0|1>.txt and logs.
+# llama_b64"); TOTALS_PDL (default "1 0"). $OUT receives totals_<config>_pdl<0|1>.txt and
+# totals_logs.tar.gz (the device tool brings back at most 8 files).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
 OUT=${OUT:-$(pwd)/.gpu/out}
 mkdir -p "$OUT"
+LOGS=$(mktemp -d)
 GAPS=$(pwd)/.gpu/lib/libcupti_gaps.so
 [ -f "$GAPS" ] || { echo "cupti_gaps not packed"; exit 77; }
 run() {  # run CONFIG: one bench latency with the settings of CONFIG
@@ -31,11 +33,12 @@ run() {  # run CONFIG: one bench latency with the settings of CONFIG
 for config in ${TOTALS_CONFIGS:-qwen_b1 llama_b1 llama_b64}; do
   for pdl in ${TOTALS_PDL:-1 0}; do
     name=${config}_pdl$pdl
-    run "$config" > "$OUT/plain_$name.log" 2>&1
+    run "$config" > "$LOGS/plain_$name.log" 2>&1
     SPECULA_PDL=$pdl CUDA_INJECTION64_PATH=$GAPS CUPTI_GAPS_MARKER=none CUPTI_GAPS_OUT="$OUT/totals_$name.txt" \
-      run "$config" > "$OUT/run_$name.log" 2>&1
-    echo "== $name: $(grep -E '^TPOT|^output tokens' "$OUT/plain_$name.log" | tr '\n' ' ')"
-    echo "   under CUPTI: $(grep -E "^TPOT" "$OUT/run_$name.log" | head -1)"
+      run "$config" > "$LOGS/run_$name.log" 2>&1
+    echo "== $name: $(grep -E '^TPOT|^output tokens' "$LOGS/plain_$name.log" | tr '\n' ' ')"
+    echo "   under CUPTI: $(grep -E "^TPOT" "$LOGS/run_$name.log" | head -1)"
     head -28 "$OUT/totals_$name.txt"
   done
 done
+tar -czf "$OUT/totals_logs.tar.gz" -C "$LOGS" .
