@@ -24,6 +24,8 @@
 #include <cuda_fp8.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
@@ -34,9 +36,13 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
-constexpr int kUnroll = 4;
-constexpr int kNR = 2;                      // weight rows per warp
-constexpr int kGatedCols = kWarps * kNR / 2;  // SwiGLU: output columns per row group
+// Rows a warp owns and 16-byte chunks a lane keeps in flight per row: by default 2 rows and 4
+// chunks, which streams large weights in passes over K. Small weights take one row a warp and the
+// whole row at once (one pass): their kernels are short enough that each pass's memory round trip
+// shows, and with every weight load issued before the wait for the previous kernel none is left
+// after it (Qwen3-0.6B's o_proj and down: two and three passes of 4 chunks otherwise).
+constexpr int kNR = 2, kUnroll = 4;
+constexpr int kOnePassNR = 1, kOnePassUnroll = 16;
 constexpr int64_t kMaxGatedRows = 4;
 // Shared memory for a norm's rows: above 64 KiB fewer than 3 blocks fit an SM, too few warps to
 // keep enough weight loads in flight; such shapes take the separate ops.
@@ -100,15 +106,20 @@ __device__ __forceinline__ void load_activations(const bf16* p, float (&f)[N]) {
 }
 
 // The block writes rms_norm(x) for rows 0..m-1 into `staged` [m, k] (bf16), exactly as rms_norm
-// stores it: every row's sum of squares in one pass, one block reduction per row.
+// stores it: every row's sum of squares in one pass, one block reduction per row. Where a row is
+// at most one chunk a thread, the chunk and its norm weights stay in registers between the two
+// passes, so that the second pass waits on no memory round trip.
 template <int MT>
 __device__ void stage_norm(const GemvArgs& a, bf16* staged) {
   const auto* x = static_cast<const bf16*>(a.x);
+  const auto* gamma = static_cast<const bf16*>(a.norm_weight);
   const int m = static_cast<int>(a.m);
   const int64_t k = a.k, chunks = k / 8;
+  const bool kept = chunks <= kThreads;
   __shared__ float partial[kWarps][MT];
   __shared__ float inv_rms[MT];
-  float sum_sq[MT];
+  float sum_sq[MT], v_kept[MT][8], g_kept[8];
+  if (kept && threadIdx.x < chunks) load_activations<8>(gamma + threadIdx.x * 8, g_kept);
 #pragma unroll
   for (int mi = 0; mi < MT; ++mi) sum_sq[mi] = 0.0f;
   for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
@@ -118,7 +129,10 @@ __device__ void stage_norm(const GemvArgs& a, bf16* staged) {
         float v[8];
         load_activations<8>(x + mi * k + c * 8, v);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) sum_sq[mi] += v[i] * v[i];
+        for (int i = 0; i < 8; ++i) {
+          sum_sq[mi] += v[i] * v[i];
+          v_kept[mi][i] = v[i];
+        }
       }
     }
   }
@@ -136,17 +150,27 @@ __device__ void stage_norm(const GemvArgs& a, bf16* staged) {
     inv_rms[threadIdx.x] = rsqrtf(s / static_cast<float>(k) + a.eps);
   }
   __syncthreads();
-  const auto* gamma = static_cast<const bf16*>(a.norm_weight);
-  for (int mi = 0; mi < m; ++mi) {
+  auto store = [&](int mi, int64_t c, const float (&v)[8], const float (&g)[8]) {
     const float inv = inv_rms[mi];
+    uint32_t packed[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) packed[i] = pack_bf16x2(g[2 * i] * (v[2 * i] * inv), g[2 * i + 1] * (v[2 * i + 1] * inv));
+    *reinterpret_cast<uint4*>(staged + mi * k + c * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  };
+  if (kept) {
+    if (threadIdx.x < chunks) {
+#pragma unroll
+      for (int mi = 0; mi < MT; ++mi)
+        if (mi < m) store(mi, threadIdx.x, v_kept[mi], g_kept);
+    }
+    return;
+  }
+  for (int mi = 0; mi < m; ++mi) {
     for (int64_t c = threadIdx.x; c < chunks; c += kThreads) {
       float v[8], g[8];
       load_activations<8>(x + mi * k + c * 8, v);
       load_activations<8>(gamma + c * 8, g);
-      uint32_t packed[4];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) packed[i] = pack_bf16x2(g[2 * i] * (v[2 * i] * inv), g[2 * i + 1] * (v[2 * i + 1] * inv));
-      *reinterpret_cast<uint4*>(staged + mi * k + c * 8) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+      store(mi, c, v, g);
     }
   }
 }
@@ -163,9 +187,11 @@ __device__ __forceinline__ void write_out(const GemvArgs& a, int64_t i, float v)
 
 // y[mi, row] for mi < m, row < n into the epilogue; MT >= m rows of input. STAGED: the input is
 // rms_norm(x) in dynamic shared memory; otherwise x itself, read from global memory (through L1).
-// GATED: the SwiGLU epilogue (a row group is 4 gate rows and the 4 up rows I further on).
-template <class W, int MT, class Out, bool STAGED, bool GATED>
+// GATED: the SwiGLU epilogue (a row group is kGatedCols gate rows and the kGatedCols up rows I
+// further on). NR, U: rows a warp owns and chunks a lane keeps in flight per row (above).
+template <class W, int MT, class Out, bool STAGED, bool GATED, int NR, int U>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool start_next_early) {
+  constexpr int kGatedCols = kWarps * NR / 2;  // SwiGLU: output columns per row group
   extern __shared__ uint4 staged_raw[];
   __shared__ float gated[GATED ? 2 : 1][kGatedCols][MT];  // SwiGLU: the group's y, as stored
   using Chunk = WeightChunk<W>;
@@ -175,34 +201,34 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool s
   const auto* w = static_cast<const W*>(a.w);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t chunks = k / kN;
-  const int64_t groups = GATED ? (half_n + kGatedCols - 1) / kGatedCols : (n + kWarps * kNR - 1) / (kWarps * kNR);
+  const int64_t groups = GATED ? (half_n + kGatedCols - 1) / kGatedCols : (n + kWarps * NR - 1) / (kWarps * NR);
   // The warp's first weight row in a group, and whether a row exists.
   auto first_row = [&](int64_t group) -> int64_t {
     if constexpr (GATED) {
-      return (warp >= kWarps / 2 ? half_n : 0) + group * kGatedCols + (warp % (kWarps / 2)) * kNR;
+      return (warp >= kWarps / 2 ? half_n : 0) + group * kGatedCols + (warp % (kWarps / 2)) * NR;
     } else {
-      return (group * kWarps + warp) * kNR;
+      return (group * kWarps + warp) * NR;
     }
   };
-  auto load_weights = [&](uint4 (&wv)[kUnroll][kNR], const W* const (&rows)[kNR], int64_t c0) {
+  auto load_weights = [&](uint4 (&wv)[U][NR], const W* const (&rows)[NR], int64_t c0) {
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t c = c0 + 32 * u;
 #pragma unroll
-      for (int r = 0; r < kNR; ++r)
+      for (int r = 0; r < NR; ++r)
         wv[u][r] = c < chunks ? load_streaming(rows[r] + c * kN) : make_uint4(0, 0, 0, 0);
     }
   };
-  auto rows_of = [&](int64_t row0, const W* (&rows)[kNR]) {
+  auto rows_of = [&](int64_t row0, const W* (&rows)[NR]) {
 #pragma unroll
-    for (int r = 0; r < kNR; ++r) rows[r] = w + min(row0 + r, n - 1) * k;
+    for (int r = 0; r < NR; ++r) rows[r] = w + min(row0 + r, n - 1) * k;
   };
 
   // The first weights go out before anything else: before the previous kernel has finished
   // (weights are constants) and before the norm, whose latency theirs then hides.
-  uint4 wv[kUnroll][kNR];
+  uint4 wv[U][NR];
   {
-    const W* rows[kNR];
+    const W* rows[NR];
     rows_of(first_row(blockIdx.x), rows);
     load_weights(wv, rows, lane);
   }
@@ -224,30 +250,30 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool s
   for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
     const int64_t row0 = first_row(group);
     // Rows past the end (the last group) compute on a clamped row and store nothing.
-    const W* rows[kNR];
+    const W* rows[NR];
     rows_of(row0, rows);
-    float acc[kNR][MT];
+    float acc[NR][MT];
 #pragma unroll
-    for (int r = 0; r < kNR; ++r)
+    for (int r = 0; r < NR; ++r)
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) acc[r][mi] = 0.0f;
 
-    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
+    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
       if (!prefetched) load_weights(wv, rows, c0);
       prefetched = false;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < U; ++u) {
         const int64_t c = c0 + 32 * u;
         if (c >= chunks) break;
-        float wf[kNR][kN];
+        float wf[NR][kN];
 #pragma unroll
-        for (int r = 0; r < kNR; ++r) Chunk::decode(wv[u][r], wf[r]);
+        for (int r = 0; r < NR; ++r) Chunk::decode(wv[u][r], wf[r]);
 #pragma unroll
         for (int mi = 0; mi < MT; ++mi) {
           float xf[kN];
           load_activations<kN>(xs[mi] + c * kN, xf);
 #pragma unroll
-          for (int r = 0; r < kNR; ++r)
+          for (int r = 0; r < NR; ++r)
 #pragma unroll
             for (int j = 0; j < kN; ++j) acc[r][mi] = fmaf(wf[r][j], xf[j], acc[r][mi]);
         }
@@ -257,7 +283,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool s
     if (!start_next_early && group + gridDim.x >= groups) allow_next_kernel_start();  // the block's last group
 
 #pragma unroll
-    for (int r = 0; r < kNR; ++r) {
+    for (int r = 0; r < NR; ++r) {
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) {
         const float sum = warp_sum(acc[r][mi]);
@@ -270,7 +296,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool s
                                              : to_float(static_cast<const bf16*>(a.bias)[row]);
           }
           if constexpr (GATED) {
-            gated[warp / (kWarps / 2)][(warp % (kWarps / 2)) * kNR + r][mi] = to_float(from_float<Out>(v));
+            gated[warp / (kWarps / 2)][(warp % (kWarps / 2)) * NR + r][mi] = to_float(from_float<Out>(v));
           } else {
             write_out<Out>(a, static_cast<int64_t>(mi) * n + row, v);
           }
@@ -295,10 +321,11 @@ int64_t staged_bytes(const GemvArgs& a) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-template <class W, int MT, class Out, bool STAGED, bool GATED>
+template <class W, int MT, class Out, bool STAGED, bool GATED, int NR = kNR, int U = kUnroll>
 cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
-  const auto kernel = gemv_kernel<W, MT, Out, STAGED, GATED>;
-  int64_t groups = GATED ? (a.n / 2 + kGatedCols - 1) / kGatedCols : (a.n + kWarps * kNR - 1) / (kWarps * kNR);
+  const auto kernel = gemv_kernel<W, MT, Out, STAGED, GATED, NR, U>;
+  constexpr int kGatedCols = kWarps * NR / 2;
+  int64_t groups = GATED ? (a.n / 2 + kGatedCols - 1) / kGatedCols : (a.n + kWarps * NR - 1) / (kWarps * NR);
   const int smem = static_cast<int>(staged_bytes(a));
   if constexpr (STAGED) {
     if (smem > 48 * 1024) {
@@ -318,8 +345,24 @@ cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
                            stream, a, start_next_early);
 }
 
+// One pass (above): small weights whose rows the default needs several passes for and one pass
+// of kOnePassUnroll chunks a lane covers.
+bool one_pass(const GemvArgs& a, int64_t chunk_weights, int64_t weight_bytes) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SPECULA_GEMV_ONE_PASS");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  const int64_t chunks = a.k / chunk_weights;
+  return enabled && chunks > 32 * kUnroll && chunks <= 32 * kOnePassUnroll &&
+         a.n * a.k * weight_bytes <= kStartNextEarlyBytes;
+}
+
 template <class W, class Out, bool STAGED, bool GATED>
 cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
+  constexpr int64_t kChunkWeights = 16 / sizeof(W);
+  if (a.m == 1 && one_pass(a, kChunkWeights, sizeof(W))) {  // (2 rows spill registers)
+    return launch_typed<W, 1, Out, STAGED, GATED, kOnePassNR, kOnePassUnroll>(a, stream);
+  }
   if (a.m == 1) return launch_typed<W, 1, Out, STAGED, GATED>(a, stream);
   if (a.m == 2) return launch_typed<W, 2, Out, STAGED, GATED>(a, stream);
   if constexpr (!STAGED) {  // a norm takes at most kGemvMaxNormRows = 2 rows

@@ -210,6 +210,11 @@ TEST(CudaLinear, FusedLinearMatchesTheSeparateOps) {
       {1, 24, 64, true, Epi::kAccumulate, false, false},    {1, 18, 64, false, Epi::kSiluMul, false, false},
       // Small plain projections (a 0.6B model's o_proj / down): a partial last row group.
       {1, 1020, 3072, false, Epi::kAccumulate, true, false}, {2, 1024, 2048, false, Epi::kStore, false, true},
+      // One pass a row (small weights, one row a warp), with each prologue and epilogue; and a
+      // norm whose row is one chunk a thread (kept in registers), as Qwen3-0.6B's qkv / gate_up.
+      {1, 2048, 2048, true, Epi::kStore, true, false},      {1, 1030, 2048, true, Epi::kSiluMul, false, false},
+      {1, 1024, 4096, false, Epi::kAccumulate, false, true}, {1, 4096, 1024, true, Epi::kStore, false, false},
+      {1, 6144, 1024, true, Epi::kSiluMul, false, false},
   };
   for (const Case& c : cases) {
     Tensor x = to_gpu(*gpu, random_bf16_values({c.m, c.k}, rng));
