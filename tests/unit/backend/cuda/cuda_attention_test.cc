@@ -172,6 +172,8 @@ std::vector<AttnCase> decode_cases() {
       {"decode_gqa16", 16, 1, 128, 128, 16, ones(lens.size()), lens},
       {"decode_gqa6", 12, 2, 128, 128, 16, ones(lens.size()), lens},
       {"decode_long_splits", 8, 2, 128, 128, 16, {1, 0, 1}, {3000, 7, 1500}},
+      // Qwen3-0.6B's heads: sequences long enough for more splits than a cluster takes.
+      {"decode_long_splits_8kv", 16, 8, 128, 128, 16, {1, 1, 1}, {900, 4000, 2100}},
       {"decode_block1", 8, 2, 64, 64, 1, {1, 1}, {9, 130}},
       {"decode_block5", 8, 2, 64, 64, 5, {1, 1, 1}, {4, 5, 611}},
       {"decode_block32", 8, 2, 128, 128, 32, {1, 1, 1}, {31, 32, 700}},
