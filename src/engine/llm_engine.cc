@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 
 #include "backend/backend.h"
@@ -278,6 +279,8 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
   rc.num_blocks = cc.num_blocks;
   rc.num_speculative_tokens = cc.num_speculative_tokens;
   rc.kv_cache_dtype = kv_dtype;
+  // SPECULA_SHORT_DECODE_GRAPH_LEN=0 captures one set of decode graphs (to compare the two).
+  if (const char* len = std::getenv("SPECULA_SHORT_DECODE_GRAPH_LEN")) rc.short_decode_graph_len = std::atoi(len);
   rc.kv_cache_scales =
       fp8_kv_cache_scales(config, kv_dtype, *parts.model, *parts.backend, std::min(batched, max_model_len));
   auto runner = std::make_unique<ModelRunner>(*parts.model, *parts.backend, *parts.sampler, rc);

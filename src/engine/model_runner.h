@@ -61,6 +61,12 @@ struct ModelRunnerConfig {
   std::optional<DType> kv_cache_dtype;  // unset: the backend's compute type (engine/kv_cache_dtype.h)
   // An fp8 cache's per-layer scales; empty: the checkpoint's (Model::kv_cache_scales), else 1.0.
   std::vector<KVCacheScales> kv_cache_scales;
+  // Decode graphs (one row a sequence) are captured twice where max_model_len is longer than
+  // this: for steps whose sequences are all at most this long, and for any length. Attention
+  // sizes its launch (key splits, how they merge) at capture from the length it is given, and a
+  // short step in the graph sized for max_model_len pays for splits it does not fill and their
+  // merge kernel. 0: one set.
+  int short_decode_graph_len = 1024;
 };
 
 class ModelRunner : public ModelExecutor {
@@ -100,8 +106,10 @@ class ModelRunner : public ModelExecutor {
   size_t capture_decode_graphs(const std::vector<int>& batch_sizes);
   size_t num_decode_graphs() const;   // all of them, verification graphs included
   size_t num_verify_graphs() const;   // those of r > 1 rows per sequence
-  // Steps that replayed a graph of `rows` rows per sequence so far (tests, profiling).
+  // Steps that replayed a graph of `rows` rows per sequence so far (tests, profiling); of them,
+  // decode steps that replayed a graph of the short set (ModelRunnerConfig::short_decode_graph_len).
   int64_t num_graph_replays(int rows) const;
+  int64_t num_short_graph_replays() const { return short_graph_replays_; }
   // Ragged decode steps that ran padded as a graph (pad_ragged_decode), for tests.
   int64_t num_ragged_graph_steps() const { return ragged_graph_steps_; }
   // Steps whose inputs took the pending step's tokens through the sampler's token feed, for tests.
@@ -267,13 +275,23 @@ class ModelRunner : public ModelExecutor {
   DeviceInputs upload_padded_graph_inputs(int first_padding_seq, int size, int rows, int64_t table_entries);
   // The forward of the step prepare_inputs built: a graph replay, or Model::forward.
   ForwardOutput forward_step(const ForwardInput& input);
-  ForwardInput static_decode_input(int size, int rows, bool for_capture);
+  // capture_len: the sequence length a capture sizes attention for (0: the block table's width).
+  ForwardInput static_decode_input(int size, int rows, bool for_capture, int capture_len = 0);
+  // Captures the graphs of `rows` rows per sequence for `sizes` into graphs (their outputs into
+  // outputs, by batch size); returns false where none could be captured.
+  bool capture_graph_set(int rows, const std::vector<int>& sizes, int capture_len,
+                         std::unique_ptr<PaddedGraphs>& graphs, std::map<int, ForwardOutput>& outputs);
   std::map<int, std::unique_ptr<PaddedGraphs>> graphs_;  // by rows per sequence
-  // Keeps the captured outputs (and their arena) alive, by (rows per sequence, batch size).
-  std::map<std::pair<int, int>, ForwardOutput> graph_outputs_;
+  // Keeps the captured outputs (and their arena) alive, by rows per sequence and batch size.
+  std::map<int, std::map<int, ForwardOutput>> graph_outputs_;
+  // The decode graphs for steps of sequences of at most config_.short_decode_graph_len tokens.
+  std::unique_ptr<PaddedGraphs> short_decode_graphs_;
+  std::map<int, ForwardOutput> short_graph_outputs_;
   Tensor d_graph_block_tables_;  // I32 [max_num_seqs, max_blocks_per_seq]
   int graph_size_ = 0;           // the graph this step replays (0: eager)
   int graph_rows_ = 0;           // its rows per sequence
+  bool graph_short_ = false;     // it is of the short decode set
+  int64_t short_graph_replays_ = 0;
   std::map<int, int64_t> graph_replays_;  // by rows per sequence
   int64_t ragged_graph_steps_ = 0;
   int64_t fed_steps_ = 0;

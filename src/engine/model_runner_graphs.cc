@@ -18,12 +18,17 @@
 // same way at capture as at any replay of that graph), and the longest sequence length: every
 // captured sequence claims the longest length the block table allows, so the decode attention
 // picks the split count it would for the longest sequence, and its kernels read the true lengths
-// from the device at replay. The outputs (logits, hidden states) live in the scratch arena at
-// addresses the capture fixed; the runner keeps those tensors, and with them the arena chunk,
-// alive. Graphs share that chunk with each other and with eager steps (and with a proposer's
-// graphs): a graph's outputs are valid until the next forward on the backend, as eager outputs
-// are, which is all execute() and the proposers rely on (logits are sampled and verified, and an
-// MTP proposer copies the hidden rows it needs, before any other forward runs).
+// from the device at replay. Decode graphs come in a second set captured for sequences of at most
+// short_decode_graph_len tokens, which steps of only such sequences replay: there the decode
+// attention of a small batch launches a few key splits that merge inside the launch, where the set
+// sized for max_model_len launches 32 and a merge kernel after them, a launch more a layer
+// (docs/PERFORMANCE.md: batch-1 steps 2-4 % shorter on the H200).
+// The outputs (logits, hidden states) live in the scratch arena at addresses the capture fixed;
+// the runner keeps those tensors, and with them the arena chunk, alive. Graphs share that chunk
+// with each other and with eager steps (and with a proposer's graphs): a graph's outputs are
+// valid until the next forward on the backend, as eager outputs are, which is all execute() and
+// the proposers rely on (logits are sampled and verified, and an MTP proposer copies the hidden
+// rows it needs, before any other forward runs).
 #include <algorithm>
 
 #include "core/error.h"
@@ -33,7 +38,7 @@
 namespace specula {
 
 size_t ModelRunner::num_decode_graphs() const {
-  size_t n = 0;
+  size_t n = short_decode_graphs_ ? short_decode_graphs_->size() : 0;
   for (const auto& [rows, graphs] : graphs_) n += graphs->size();
   return n;
 }
@@ -50,7 +55,7 @@ int64_t ModelRunner::num_graph_replays(int rows) const {
   return it == graph_replays_.end() ? 0 : it->second;
 }
 
-ForwardInput ModelRunner::static_decode_input(int size, int rows, bool for_capture) {
+ForwardInput ModelRunner::static_decode_input(int size, int rows, bool for_capture, int capture_len) {
   const int bs = config_.block_size;
   const int width = static_cast<int>(d_graph_block_tables_.size(1));
   const int t = size * rows;
@@ -71,7 +76,7 @@ ForwardInput ModelRunner::static_decode_input(int size, int rows, bool for_captu
   md.query_start_loc_host.resize(static_cast<size_t>(size) + 1);
   for (int s = 0; s <= size; ++s) md.query_start_loc_host[s] = s * rows;
   if (for_capture) {
-    md.seq_lens_host.assign(static_cast<size_t>(size), width * bs);
+    md.seq_lens_host.assign(static_cast<size_t>(size), capture_len > 0 ? capture_len : width * bs);
   } else {
     const int32_t* lens = h_seq_lens_.data_as<int32_t>();
     md.seq_lens_host.assign(lens, lens + size);
@@ -104,9 +109,36 @@ ModelRunner::DeviceInputs ModelRunner::upload_padded_graph_inputs(int first_padd
   return upload_inputs(size * rows, size * rows, size, table_entries);
 }
 
+bool ModelRunner::capture_graph_set(int rows, const std::vector<int>& sizes, int capture_len,
+                                    std::unique_ptr<PaddedGraphs>& graphs, std::map<int, ForwardOutput>& outputs) {
+  graphs = std::make_unique<PaddedGraphs>(
+      backend_, [this](const std::function<void()>& work) { return model_.capture_graph(backend_, work); });
+  try {
+    graphs->capture(sizes, [&](int size) {
+      // Only outside capture (the warm-up run): fill the static buffers with an all-padding
+      // batch (the capture itself must not copy from the host).
+      if (outputs.count(size) == 0 || !outputs[size].logits.defined()) {
+        backend_.synchronize();
+        upload_padded_graph_inputs(0, size, rows, 0);
+        backend_.synchronize();
+      }
+      outputs[size] = model_.forward(static_decode_input(size, rows, /*for_capture=*/true, capture_len), kv_);
+    });
+  } catch (const Error& e) {
+    LOG_WARN("CUDA graphs: {}; steps of {} row(s) per sequence and more than {} sequences run eagerly", e.what(), rows,
+             graphs->empty() ? 0 : graphs->sizes().back());
+  }
+  // Drop the warm-up outputs of sizes whose capture failed.
+  for (auto it = outputs.begin(); it != outputs.end();)
+    it = graphs->padded_size(it->first) == it->first ? std::next(it) : outputs.erase(it);
+  return !graphs->empty();
+}
+
 size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
   graphs_.clear();
   graph_outputs_.clear();
+  short_decode_graphs_.reset();
+  short_graph_outputs_.clear();
   if (batch_sizes.empty()) return 0;
   const int64_t width = (config_.max_model_len + config_.num_speculative_tokens + config_.block_size - 1) / config_.block_size;
   d_graph_block_tables_ = backend_.empty({config_.max_num_seqs, width}, DType::kI32);
@@ -143,34 +175,23 @@ size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
   backend_.reset_scratch();
 
   for (const auto& [rows, sizes] : plan) {
-    auto graphs = std::make_unique<PaddedGraphs>(
-        backend_, [this](const std::function<void()>& work) { return model_.capture_graph(backend_, work); });
-    try {
-      graphs->capture(sizes, [&, r = rows](int size) {
-        // Only outside capture (the warm-up run): fill the static buffers with an all-padding
-        // batch (the capture itself must not copy from the host).
-        const std::pair<int, int> key{r, size};
-        if (graph_outputs_.count(key) == 0 || !graph_outputs_[key].logits.defined()) {
-          backend_.synchronize();
-          upload_padded_graph_inputs(0, size, r, 0);
-          backend_.synchronize();
-        }
-        graph_outputs_[key] = model_.forward(static_decode_input(size, r, /*for_capture=*/true), kv_);
-      });
-    } catch (const Error& e) {
-      LOG_WARN("CUDA graphs: {}; steps of {} row(s) per sequence and more than {} sequences run eagerly", e.what(),
-               rows, graphs->empty() ? 0 : graphs->sizes().back());
+    std::unique_ptr<PaddedGraphs> graphs;
+    if (!capture_graph_set(rows, sizes, 0, graphs, graph_outputs_[rows])) {
+      graph_outputs_.erase(rows);
+      continue;
     }
-    // Drop the warm-up outputs of sizes whose capture failed.
-    for (auto it = graph_outputs_.begin(); it != graph_outputs_.end();)
-      it = it->first.first != rows || graphs->padded_size(it->first.second) == it->first.second
-               ? std::next(it)
-               : graph_outputs_.erase(it);
-    if (graphs->empty()) continue;
     std::vector<int> got = graphs->sizes();
     LOG_INFO("CUDA graphs of {} steps ({} row(s) per sequence): batch sizes {}..{} ({} graphs)",
              rows == 1 ? "decode" : "verification", rows, got.front(), got.back(), got.size());
     graphs_[rows] = std::move(graphs);
+  }
+  const int short_len = config_.short_decode_graph_len;
+  if (graphs_.count(1) && short_len > 0 && short_len < width * config_.block_size &&
+      capture_graph_set(1, graphs_.at(1)->sizes(), short_len, short_decode_graphs_, short_graph_outputs_)) {
+    LOG_INFO("CUDA graphs of decode steps of sequences up to {} tokens: {} graphs", short_len,
+             short_decode_graphs_->size());
+  } else {
+    short_decode_graphs_.reset();
   }
   return num_decode_graphs();
 }
@@ -261,18 +282,29 @@ ForwardInput ModelRunner::graph_step_inputs(int size, int rows, int num_seqs, in
   backend_.copy_columns(compact, 0, table_rows, 0, max_blocks);
   graph_size_ = size;
   graph_rows_ = rows;
+  const int32_t* lens = h_seq_lens_.data_as<int32_t>();
+  graph_short_ = rows == 1 && short_decode_graphs_ && short_decode_graphs_->padded_size(num_seqs) == size &&
+                 *std::max_element(lens, lens + size) <= config_.short_decode_graph_len;
   return static_decode_input(size, rows, /*for_capture=*/false);
 }
 
 ForwardOutput ModelRunner::forward_step(const ForwardInput& input) {
   const int size = graph_size_, rows = graph_rows_;
+  const bool short_graph = graph_short_;
   graph_size_ = 0;
   graph_rows_ = 0;
+  graph_short_ = false;
+  if (size > 0 && short_graph) {
+    SPECULA_CHECK(short_decode_graphs_->replay(size), "internal error: no short decode graph of batch size {}", size);
+    ++graph_replays_[rows];
+    ++short_graph_replays_;
+    return short_graph_outputs_.at(size);
+  }
   if (size > 0) {
     SPECULA_CHECK(graphs_.count(rows) && graphs_.at(rows)->replay(size),
                   "internal error: no graph of batch size {} with {} row(s) per sequence", size, rows);
     ++graph_replays_[rows];
-    return graph_outputs_.at({rows, size});
+    return graph_outputs_.at(rows).at(size);
   }
   return model_.forward(input, kv_);
 }

@@ -4,7 +4,8 @@
 //    buffers;
 //  - the ModelRunner through the EngineCore: greedy continuations of several batches (sizes that
 //    pad up to a captured size and ones that match one) are the same with decode graphs as
-//    without, on the embedded specula-tiny model, with the device sampler; and on 2 GPUs with the
+//    without, on the embedded specula-tiny model, with the device sampler; with the second set of
+//    decode graphs for short sequences, which the first steps replay; and on 2 GPUs with the
 //    model split over them (tensor parallelism: one graph per GPU, replayed together).
 #include <gtest/gtest.h>
 
@@ -138,7 +139,8 @@ TEST(PaddedGraphs, ReplayEqualsEagerBitForBit) {
 // Greedy continuations through EngineCore + ModelRunner on the GPU, with or without graphs.
 std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& gpu, const Tokenizer& tok,
                                              const std::vector<std::vector<int32_t>>& prompts, bool graphs,
-                                             size_t* num_graphs, int64_t* decode_replays = nullptr) {
+                                             size_t* num_graphs, int64_t* decode_replays = nullptr,
+                                             int short_graph_len = 0, int64_t* short_replays = nullptr) {
   EngineCoreConfig c;
   c.max_model_len = 256;
   c.max_num_seqs = 8;
@@ -153,6 +155,7 @@ std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& gpu, const T
   rc.max_model_len = c.max_model_len;
   rc.block_size = c.block_size;
   rc.num_blocks = c.num_blocks;
+  rc.short_decode_graph_len = short_graph_len;
   ModelRunner runner(model, gpu, *sampler, rc);
   if (graphs) *num_graphs = runner.capture_decode_graphs(PaddedGraphs::default_sizes(c.max_num_seqs));
   EngineCore core(c, runner, tok);
@@ -168,6 +171,7 @@ std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& gpu, const T
   while (core.step()) {
   }
   if (decode_replays) *decode_replays = runner.num_graph_replays(1);
+  if (short_replays) *short_replays = runner.num_short_graph_replays();
   std::vector<std::vector<int32_t>> out(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     RequestOutput o;
@@ -196,6 +200,35 @@ TEST(DecodeGraphs, GreedyContinuationsEqualEagerOnes) {
     const auto eager = run_greedy(*model, *gpu, *tok, prompts, false, nullptr);
     const auto graphed = run_greedy(*model, *gpu, *tok, prompts, true, &num_graphs);
     EXPECT_EQ(num_graphs, 4u) << "sizes 1, 2, 4, 8";
+    for (size_t i = 0; i < batch; ++i) {
+      EXPECT_EQ(eager[i].size(), 32u);
+      EXPECT_EQ(graphed[i], eager[i]) << "batch " << batch << " prompt " << i;
+    }
+  }
+}
+
+// Decode graphs in two sets, one captured for sequences of at most 24 tokens: the steps of the
+// prompts (5-9 tokens) replay it until their sequences pass 24 tokens, then the other set; the
+// continuations are the eager ones.
+TEST(DecodeGraphs, ShortSequenceGraphsEqualEagerOnes) {
+  SKIP_WITHOUT_GPU();
+  const fs::path dir = testing::models_dir() / "specula-tiny";
+  auto gpu = make_cuda_backend(0);
+  auto weights = open_safetensors_checkpoint(dir);
+  auto model = create_model(load_model_config(dir), *weights, *gpu);
+  auto tok = Tokenizer::from_dir(dir);
+  const std::vector<std::string> texts{"The quick brown fox", "Once upon a time, in a small village,",
+                                       "def fibonacci(n):"};
+  for (size_t batch : {1u, 3u}) {
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t i = 0; i < batch; ++i) prompts.push_back(tok->encode(texts[i]));
+    size_t num_graphs = 0;
+    int64_t replays = 0, short_replays = 0;
+    const auto eager = run_greedy(*model, *gpu, *tok, prompts, false, nullptr);
+    const auto graphed = run_greedy(*model, *gpu, *tok, prompts, true, &num_graphs, &replays, 24, &short_replays);
+    EXPECT_EQ(num_graphs, 8u) << "sizes 1, 2, 4, 8 in both sets";
+    EXPECT_GT(short_replays, 0) << "no step replayed a short-sequence graph";
+    EXPECT_GT(replays, short_replays) << "no step replayed a graph of the other set";
     for (size_t i = 0; i < batch; ++i) {
       EXPECT_EQ(eager[i].size(), 32u);
       EXPECT_EQ(graphed[i], eager[i]) << "batch " << batch << " prompt " << i;
