@@ -183,6 +183,9 @@ std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& gpu, const T
   return out;
 }
 
+// With one set of decode graphs, and with a second set captured for sequences of at most 24
+// tokens: the steps of the prompts (1-9 tokens) replay it until their sequences pass 24 tokens,
+// then the other set.
 TEST(DecodeGraphs, GreedyContinuationsEqualEagerOnes) {
   SKIP_WITHOUT_GPU();
   const fs::path dir = testing::models_dir() / "specula-tiny";
@@ -196,42 +199,25 @@ TEST(DecodeGraphs, GreedyContinuationsEqualEagerOnes) {
   for (size_t batch : {1u, 3u, 4u, 6u}) {
     std::vector<std::vector<int32_t>> prompts;
     for (size_t i = 0; i < batch; ++i) prompts.push_back(tok->encode(texts[i]));
-    size_t num_graphs = 0;
     const auto eager = run_greedy(*model, *gpu, *tok, prompts, false, nullptr);
-    const auto graphed = run_greedy(*model, *gpu, *tok, prompts, true, &num_graphs);
-    EXPECT_EQ(num_graphs, 4u) << "sizes 1, 2, 4, 8";
-    for (size_t i = 0; i < batch; ++i) {
-      EXPECT_EQ(eager[i].size(), 32u);
-      EXPECT_EQ(graphed[i], eager[i]) << "batch " << batch << " prompt " << i;
-    }
-  }
-}
-
-// Decode graphs in two sets, one captured for sequences of at most 24 tokens: the steps of the
-// prompts (5-9 tokens) replay it until their sequences pass 24 tokens, then the other set; the
-// continuations are the eager ones.
-TEST(DecodeGraphs, ShortSequenceGraphsEqualEagerOnes) {
-  SKIP_WITHOUT_GPU();
-  const fs::path dir = testing::models_dir() / "specula-tiny";
-  auto gpu = make_cuda_backend(0);
-  auto weights = open_safetensors_checkpoint(dir);
-  auto model = create_model(load_model_config(dir), *weights, *gpu);
-  auto tok = Tokenizer::from_dir(dir);
-  const std::vector<std::string> texts{"The quick brown fox", "Once upon a time, in a small village,",
-                                       "def fibonacci(n):"};
-  for (size_t batch : {1u, 3u}) {
-    std::vector<std::vector<int32_t>> prompts;
-    for (size_t i = 0; i < batch; ++i) prompts.push_back(tok->encode(texts[i]));
-    size_t num_graphs = 0;
-    int64_t replays = 0, short_replays = 0;
-    const auto eager = run_greedy(*model, *gpu, *tok, prompts, false, nullptr);
-    const auto graphed = run_greedy(*model, *gpu, *tok, prompts, true, &num_graphs, &replays, 24, &short_replays);
-    EXPECT_EQ(num_graphs, 8u) << "sizes 1, 2, 4, 8 in both sets";
-    EXPECT_GT(short_replays, 0) << "no step replayed a short-sequence graph";
-    EXPECT_GT(replays, short_replays) << "no step replayed a graph of the other set";
-    for (size_t i = 0; i < batch; ++i) {
-      EXPECT_EQ(eager[i].size(), 32u);
-      EXPECT_EQ(graphed[i], eager[i]) << "batch " << batch << " prompt " << i;
+    for (int short_graph_len : {0, 24}) {
+      SCOPED_TRACE("batch " + std::to_string(batch) + ", short_decode_graph_len " + std::to_string(short_graph_len));
+      size_t num_graphs = 0;
+      int64_t replays = 0, short_replays = 0;
+      const auto graphed =
+          run_greedy(*model, *gpu, *tok, prompts, true, &num_graphs, &replays, short_graph_len, &short_replays);
+      if (short_graph_len == 0) {
+        EXPECT_EQ(num_graphs, 4u) << "sizes 1, 2, 4, 8";
+        EXPECT_EQ(short_replays, 0);
+      } else {
+        EXPECT_EQ(num_graphs, 8u) << "sizes 1, 2, 4, 8 in both sets";
+        EXPECT_GT(short_replays, 0) << "no step replayed a short-sequence graph";
+        EXPECT_GT(replays, short_replays) << "no step replayed a graph of the other set";
+      }
+      for (size_t i = 0; i < batch; ++i) {
+        EXPECT_EQ(eager[i].size(), 32u);
+        EXPECT_EQ(graphed[i], eager[i]) << "prompt " << i;
+      }
     }
   }
 }
