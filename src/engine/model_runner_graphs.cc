@@ -22,7 +22,7 @@
 // short_decode_graph_len tokens, which steps of only such sequences replay: there the decode
 // attention of a small batch launches a few key splits that merge inside the launch, where the set
 // sized for max_model_len launches 32 and a merge kernel after them, a launch more a layer
-// (docs/PERFORMANCE.md: batch-1 steps 2-4 % shorter on the H200).
+// (docs/PERFORMANCE.md: batch-1 steps ~3 % shorter on the H200).
 // The outputs (logits, hidden states) live in the scratch arena at addresses the capture fixed;
 // the runner keeps those tensors, and with them the arena chunk, alive. Graphs share that chunk
 // with each other and with eager steps (and with a proposer's graphs): a graph's outputs are
