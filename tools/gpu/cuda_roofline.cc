@@ -4,9 +4,10 @@
 // rate. Every figure is the median of several timed repetitions (CUDA events on the backend's
 // stream) after a warm-up. Prints one line per measurement; `--quick` runs fewer repetitions,
 // `--attention` only the copy bandwidth, the square GEMM and the attention kernels (bf16 and fp8
-// caches).
+// caches), `--projections` only the copy bandwidth and the decode projections of Llama-3.1-8B and
+// Qwen3-0.6B as a step runs them (weights not in L2).
 //
-//   cuda_roofline [--quick] [--attention]
+//   cuda_roofline [--quick] [--attention | --projections]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -188,6 +189,73 @@ void fused_projection(CudaBackend& be, const char* label, int64_t m, int64_t n, 
               100 * bytes / (fused * 1e-3) / 1e12 / roofline_tbs, separate);
 }
 
+// The decode projections of a model at M rows as the step runs them (fused_linear: the norm before
+// qkv / gate_up, SwiGLU after gate_up, the residual add after o_proj / down), each timed alone and
+// as a layer's chain, over enough copies of the weights (>= 384 MB) that none is read from L2.
+struct ProjectionShape {
+  const char* label;
+  int64_t n, k;
+  bool norm;
+  LinearEpilogue epilogue;
+};
+
+void decode_projections(CudaBackend& be, const char* model, const std::vector<ProjectionShape>& layer, int64_t m,
+                        DType wdt, double roofline_tbs) {
+  const double min_bytes = 384.0 * (1 << 20);
+  double layer_bytes = 0;
+  for (const ProjectionShape& p : layer) layer_bytes += static_cast<double>(dtype_size(wdt)) * p.n * p.k;
+  const int layers = std::max(1, static_cast<int>(min_bytes / layer_bytes + 0.999));
+  struct Projection {
+    ProjectionShape shape;
+    std::vector<LinearWeight> weights;  // one a layer
+    Tensor x, norm_weight, out;
+  };
+  std::vector<Projection> projections;
+  for (const ProjectionShape& p : layer) {
+    Projection q{p, {}, random_bf16(be, {m, p.k}, 1.0f, 1), random_bf16(be, {p.k}, 1.0f, 3),
+                 random_bf16(be, {m, p.epilogue == LinearEpilogue::kSiluMul ? p.n / 2 : p.n}, 1.0f, 4)};
+    for (int l = 0; l < layers; ++l) q.weights.push_back(random_weight(be, p.n, p.k, wdt));
+    projections.push_back(std::move(q));
+  }
+  auto run = [&](const Projection& q, int l) {
+    const LinearPrologue prologue =
+        q.shape.norm ? LinearPrologue::rms_norm(q.norm_weight, 1e-5f) : LinearPrologue::none();
+    Tensor out = q.out;
+    be.reset_scratch();  // (M > 2: the norm of the separate ops takes scratch)
+    be.fused_linear(q.x, prologue, q.weights[l], nullptr, out, q.shape.epilogue);
+  };
+  const char* name = wdt == DType::kBF16 ? "bf16" : "fp8";
+  double sum_us = 0;
+  for (const Projection& q : projections) {
+    const double ms = time_graph_ms(be, [&] { for (int l = 0; l < layers; ++l) run(q, l); }, 1) / layers;
+    const double bytes = static_cast<double>(dtype_size(wdt)) * q.shape.n * q.shape.k;
+    sum_us += ms * 1e3;
+    std::printf("decode  %s %-4s M=%-2ld %-8s N=%-6ld K=%-5ld: %7.2f us  %3.0f%% of copy\n", model, name, m,
+                q.shape.label, q.shape.n, q.shape.k, ms * 1e3, 100 * bytes / (ms * 1e-3) / 1e12 / roofline_tbs);
+  }
+  const double chain_ms = time_graph_ms(be, [&] {
+    for (int l = 0; l < layers; ++l)
+      for (const Projection& q : projections) run(q, l);
+  }, 1) / layers;
+  std::printf("decode  %s %-4s M=%-2ld layer chain: %7.2f us (alone %.2f)  %3.0f%% of copy\n", model, name, m,
+              chain_ms * 1e3, sum_us, 100 * layer_bytes / (chain_ms * 1e-3) / 1e12 / roofline_tbs);
+}
+
+void decode_projection_shapes(CudaBackend& be, double roofline_tbs) {
+  using E = LinearEpilogue;
+  const std::vector<ProjectionShape> llama = {{"qkv", 6144, 4096, true, E::kStore},
+                                              {"o_proj", 4096, 4096, false, E::kAccumulate},
+                                              {"gate_up", 28672, 4096, true, E::kSiluMul},
+                                              {"down", 4096, 14336, false, E::kAccumulate}};
+  const std::vector<ProjectionShape> qwen = {{"qkv", 4096, 1024, true, E::kStore},
+                                             {"o_proj", 1024, 2048, false, E::kAccumulate},
+                                             {"gate_up", 6144, 1024, true, E::kSiluMul},
+                                             {"down", 1024, 3072, false, E::kAccumulate}};
+  for (int64_t m : {1, 2, 4}) decode_projections(be, "llama8b", llama, m, DType::kBF16, roofline_tbs);
+  decode_projections(be, "llama8b", llama, 1, DType::kF8E4M3, roofline_tbs);
+  for (int64_t m : {1, 2}) decode_projections(be, "qwen0.6b", qwen, m, DType::kBF16, roofline_tbs);
+}
+
 // Llama-3.1-8B attention: 32 query heads, 8 kv heads, head_dim 128, block size 16. capture_len >
 // seq_len: the launch is sized as a decode CUDA graph captured for sequences of capture_len keys
 // (the host's lengths) and runs on seq_len (the device's), as in serving. fp8: an e4m3 cache
@@ -268,15 +336,20 @@ void attention_shapes(CudaBackend& be, double roofline, double peak) {
 }
 
 int run(int argc, char** argv) {
-  bool attention_only = false;
+  bool attention_only = false, projections_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) g_reps = 5;
     if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;
+    if (std::strcmp(argv[i], "--projections") == 0) projections_only = true;
   }
   auto backend = make_cuda_backend(0);
   auto& be = dynamic_cast<CudaBackend&>(*backend);
   std::printf("device: %s\n", be.name().c_str());
   const double roofline = copy_bandwidth(be);
+  if (projections_only) {
+    decode_projection_shapes(be, roofline);
+    return 0;
+  }
   const double peak = gemm(be, "square", 8192, 8192, 8192, roofline);
   if (attention_only) {
     attention_shapes(be, roofline, peak);
@@ -310,6 +383,7 @@ int run(int argc, char** argv) {
     }
   }
   attention_shapes(be, roofline, peak);
+  decode_projection_shapes(be, roofline);
   return 0;
 }
 

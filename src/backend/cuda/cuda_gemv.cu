@@ -2,13 +2,16 @@
 // bf16 or FP8 (e4m3) weights, with the decoder's element-wise neighbours folded in (GemvArgs).
 //
 // The cost is streaming the weights once, so the kernel must keep HBM busy, not the tensor cores.
-// Each warp owns NR output rows and walks K in 16-byte weight chunks (8 bf16 or 16 e4m3 weights,
-// one LDG.128 per row), kUnroll chunks in flight per lane so that enough loads are outstanding to
-// cover HBM latency. Weight loads bypass L1 (ld.global.nc.L1::no_allocate: each byte is read
+// Each warp owns NR output rows (or shares them with another warp, each taking alternate 32-chunk
+// stripes of K) and walks K in 16-byte weight chunks (8 bf16 or 16 e4m3 weights, one LDG.128 per
+// row), kUnroll chunks in flight per lane so that enough loads are outstanding to cover HBM
+// latency. Weight loads bypass L1 (ld.global.nc.L1::no_allocate: each byte is read
 // once), which leaves L1 to the activation rows every warp of the SM rereads. e4m3 -> f16 is one
 // hardware conversion per pair on sm_89+. Products accumulate in fp32 per lane, then across the
-// warp; the FP8 row scale multiplies the finished sum. Each row's sum is formed in the same order
-// whatever M is, so a row's result does not depend on the batch it runs in.
+// warp (and the two warps of a shared row, in a fixed order); the FP8 row scale multiplies the
+// finished sum. A kernel forms each row's sum in one order whatever M is (one row a warp or two),
+// so that a row's result does not depend on the batch it runs in, except where the norm leaves the
+// kernel (above kGemvMaxNormRows rows) and the projection becomes a plain, split one.
 //
 // The norm before a projection is computed once per block into shared memory, the M rows of the
 // product's input as rms_norm would have stored them (bf16), while the block's first weight
@@ -43,6 +46,8 @@ constexpr int kThreads = kWarps * 32;
 // after it (Qwen3-0.6B's o_proj and down: two and three passes of 4 chunks otherwise).
 constexpr int kNR = 2, kUnroll = 4;
 constexpr int kOnePassNR = 1, kOnePassUnroll = 16;
+// Warps that share a row of a plain projection (split_rows below).
+constexpr int kSplitWarps = 2;
 constexpr int64_t kMaxGatedRows = 4;
 // Shared memory for a norm's rows: above 64 KiB fewer than 3 blocks fit an SM, too few warps to
 // keep enough weight loads in flight; such shapes take the separate ops.
@@ -187,41 +192,65 @@ __device__ __forceinline__ void write_out(const GemvArgs& a, int64_t i, float v)
 
 // y[mi, row] for mi < m, row < n into the epilogue; MT >= m rows of input. STAGED: the input is
 // rms_norm(x) in dynamic shared memory; otherwise x itself, read from global memory (through L1).
-// GATED: the SwiGLU epilogue (a row group is kGatedCols gate rows and the kGatedCols up rows I
-// further on). NR, U: rows a warp owns and chunks a lane keeps in flight per row (above).
-template <class W, int MT, class Out, bool STAGED, bool GATED, int NR, int U>
+// GATED: the SwiGLU epilogue (a row group's first half are gate rows, its second half the up rows
+// of the same columns, I further on). NR, U: rows a warp owns and chunks a lane keeps in flight per
+// row (above). KS: warps that share a row and split its K (KS 32-chunk stripes side by side, their
+// sums added in shared memory in a fixed order); a block's row group is kWarps / KS * NR rows.
+template <class W, int MT, class Out, bool STAGED, bool GATED, int NR, int U, int KS>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool start_next_early) {
-  constexpr int kGatedCols = kWarps * NR / 2;  // SwiGLU: output columns per row group
+  constexpr int kRows = kWarps / KS * NR;  // a row group
+  constexpr int kGatedCols = kRows / 2;    // SwiGLU: output columns per row group
+  static_assert(!GATED || kRows % 2 == 0, "a gated row group pairs gate and up rows");
   extern __shared__ uint4 staged_raw[];
-  __shared__ float gated[GATED ? 2 : 1][kGatedCols][MT];  // SwiGLU: the group's y, as stored
+  __shared__ float gated[GATED ? 2 : 1][GATED ? kGatedCols : 1][MT];  // SwiGLU: the group's y, as stored
+  __shared__ float slice_sums[KS > 1 ? kRows : 1][MT][KS];
   using Chunk = WeightChunk<W>;
   constexpr int kN = Chunk::kN;
   const int m = static_cast<int>(a.m);
   const int64_t n = a.n, k = a.k, half_n = n / 2;
   const auto* w = static_cast<const W*>(a.w);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int slice = warp % KS, warp_row = warp / KS;
   const int64_t chunks = k / kN;
-  const int64_t groups = GATED ? (half_n + kGatedCols - 1) / kGatedCols : (n + kWarps * NR - 1) / (kWarps * NR);
-  // The warp's first weight row in a group, and whether a row exists.
-  auto first_row = [&](int64_t group) -> int64_t {
+  const int64_t groups = GATED ? (half_n + kGatedCols - 1) / kGatedCols : (n + kRows - 1) / kRows;
+  // Row l of a group: its weight row, and whether it exists (the last group may be partial).
+  auto weight_row = [&](int64_t group, int l) -> int64_t {
     if constexpr (GATED) {
-      return (warp >= kWarps / 2 ? half_n : 0) + group * kGatedCols + (warp % (kWarps / 2)) * NR;
+      return (l < kGatedCols ? 0 : half_n) + group * kGatedCols + l % kGatedCols;
     } else {
-      return (group * kWarps + warp) * NR;
+      return group * kRows + l;
     }
+  };
+  auto row_exists = [&](int64_t group, int l) {
+    return GATED ? group * kGatedCols + l % kGatedCols < half_n : group * kRows + l < n;
   };
   auto load_weights = [&](uint4 (&wv)[U][NR], const W* const (&rows)[NR], int64_t c0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t c = c0 + 32 * u;
+      const int64_t c = c0 + 32 * KS * u;
 #pragma unroll
       for (int r = 0; r < NR; ++r)
         wv[u][r] = c < chunks ? load_streaming(rows[r] + c * kN) : make_uint4(0, 0, 0, 0);
     }
   };
-  auto rows_of = [&](int64_t row0, const W* (&rows)[NR]) {
+  // Rows past the end (the last group) compute on a clamped row and store nothing.
+  auto rows_of = [&](int64_t group, const W* (&rows)[NR]) {
 #pragma unroll
-    for (int r = 0; r < NR; ++r) rows[r] = w + min(row0 + r, n - 1) * k;
+    for (int r = 0; r < NR; ++r) rows[r] = w + min(weight_row(group, warp_row * NR + r), n - 1) * k;
+  };
+  // The group's value of row l, input row mi: into out, or into `gated` for the SwiGLU.
+  auto finish = [&](int64_t group, int l, int mi, float sum) {
+    const int64_t row = weight_row(group, l);
+    float v = a.scale != nullptr ? sum * a.scale[row] : sum;
+    if (a.bias != nullptr) {
+      v += a.bias_dtype == DType::kF32 ? static_cast<const float*>(a.bias)[row]
+                                       : to_float(static_cast<const bf16*>(a.bias)[row]);
+    }
+    if constexpr (GATED) {
+      gated[l / kGatedCols][l % kGatedCols][mi] = to_float(from_float<Out>(v));
+    } else {
+      write_out<Out>(a, static_cast<int64_t>(mi) * n + row, v);
+    }
   };
 
   // The first weights go out before anything else: before the previous kernel has finished
@@ -229,8 +258,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool s
   uint4 wv[U][NR];
   {
     const W* rows[NR];
-    rows_of(first_row(blockIdx.x), rows);
-    load_weights(wv, rows, lane);
+    rows_of(blockIdx.x, rows);
+    load_weights(wv, rows, slice * 32 + lane);
   }
   bool prefetched = true;
   if (start_next_early) allow_next_kernel_start();
@@ -247,23 +276,24 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool s
     for (int mi = 0; mi < MT; ++mi) xs[mi] = static_cast<const bf16*>(a.x) + min(mi, m - 1) * k;
   }
 
+  const int64_t pass_chunks = 32 * KS * U, passes = (chunks + pass_chunks - 1) / pass_chunks;
+  const int64_t lane_c0 = slice * 32 + lane;
   for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
-    const int64_t row0 = first_row(group);
-    // Rows past the end (the last group) compute on a clamped row and store nothing.
     const W* rows[NR];
-    rows_of(row0, rows);
+    rows_of(group, rows);
     float acc[NR][MT];
 #pragma unroll
     for (int r = 0; r < NR; ++r)
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) acc[r][mi] = 0.0f;
 
-    for (int64_t c0 = lane; c0 < chunks; c0 += 32 * U) {
+    for (int64_t pass = 0; pass < passes; ++pass) {
+      const int64_t c0 = lane_c0 + pass * pass_chunks;
       if (!prefetched) load_weights(wv, rows, c0);
       prefetched = false;
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int64_t c = c0 + 32 * u;
+        const int64_t c = c0 + 32 * KS * u;
         if (c >= chunks) break;
         float wf[NR][kN];
 #pragma unroll
@@ -287,30 +317,39 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool s
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) {
         const float sum = warp_sum(acc[r][mi]);
-        const int64_t row = row0 + r;
-        const bool exists = GATED ? row - (warp >= kWarps / 2 ? half_n : 0) < half_n : row < n;
-        if (lane == (r * MT + mi) % 32 && mi < m && exists) {
-          float v = a.scale != nullptr ? sum * a.scale[row] : sum;
-          if (a.bias != nullptr) {
-            v += a.bias_dtype == DType::kF32 ? static_cast<const float*>(a.bias)[row]
-                                             : to_float(static_cast<const bf16*>(a.bias)[row]);
-          }
-          if constexpr (GATED) {
-            gated[warp / (kWarps / 2)][(warp % (kWarps / 2)) * NR + r][mi] = to_float(from_float<Out>(v));
-          } else {
-            write_out<Out>(a, static_cast<int64_t>(mi) * n + row, v);
+        const int l = warp_row * NR + r;
+        if (lane == (r * MT + mi) % 32 && mi < m) {
+          if constexpr (KS > 1) {
+            slice_sums[l][mi][slice] = sum;
+          } else if (row_exists(group, l)) {
+            finish(group, l, mi, sum);
           }
         }
       }
     }
+    if constexpr (KS > 1) {
+      __syncthreads();
+      if (threadIdx.x < kRows * MT) {
+        const int l = threadIdx.x / MT, mi = threadIdx.x % MT;
+        if (mi < m && row_exists(group, l)) {
+          float sum = 0.0f;
+#pragma unroll
+          for (int s = 0; s < KS; ++s) sum += slice_sums[l][mi][s];
+          finish(group, l, mi, sum);
+        }
+      }
+      if constexpr (!GATED) __syncthreads();  // the next group writes `slice_sums` again
+    }
     if constexpr (GATED) {
       __syncthreads();
-      const int col = threadIdx.x % kGatedCols, mi = threadIdx.x / kGatedCols;
-      const int64_t out_col = group * kGatedCols + col;
-      if (mi < m && out_col < half_n) {
-        static_cast<Out*>(a.out)[mi * half_n + out_col] = from_float<Out>(silu(gated[0][col][mi]) * gated[1][col][mi]);
+      for (int t = threadIdx.x; t < kGatedCols * MT; t += kThreads) {
+        const int col = t % kGatedCols, mi = t / kGatedCols;
+        const int64_t out_col = group * kGatedCols + col;
+        if (mi < m && out_col < half_n) {
+          static_cast<Out*>(a.out)[mi * half_n + out_col] = from_float<Out>(silu(gated[0][col][mi]) * gated[1][col][mi]);
+        }
       }
-      __syncthreads();  // the next group writes `gated` again
+      __syncthreads();  // the next group writes `gated` (and `slice_sums`) again
     }
   }
 }
@@ -321,18 +360,19 @@ int64_t staged_bytes(const GemvArgs& a) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-template <class W, int MT, class Out, bool STAGED, bool GATED, int NR = kNR, int U = kUnroll>
+template <class W, int MT, class Out, bool STAGED, bool GATED, int NR = kNR, int U = kUnroll, int KS = 1>
 cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
-  const auto kernel = gemv_kernel<W, MT, Out, STAGED, GATED, NR, U>;
-  constexpr int kGatedCols = kWarps * NR / 2;
-  int64_t groups = GATED ? (a.n / 2 + kGatedCols - 1) / kGatedCols : (a.n + kWarps * NR - 1) / (kWarps * NR);
+  const auto kernel = gemv_kernel<W, MT, Out, STAGED, GATED, NR, U, KS>;
+  constexpr int kRows = kWarps / KS * NR, kGatedCols = kRows / 2;
+  int64_t groups = GATED ? (a.n / 2 + kGatedCols - 1) / kGatedCols : (a.n + kRows - 1) / kRows;
   const int smem = static_cast<int>(staged_bytes(a));
-  if constexpr (STAGED) {
-    if (smem > 48 * 1024) {
-      const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      if (e != cudaSuccess) return e;
-    }
-    // As many blocks as are resident at once: each computes the norm once.
+  if (STAGED && smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+  }
+  if (STAGED || KS > 1) {
+    // As many blocks as are resident at once: each computes the norm once, and split rows (KS
+    // times the groups) run as one wave rather than a second, mostly empty one.
     int device = 0, sms = 0, per_sm = 0;
     cudaError_t e = cudaGetDevice(&device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -357,22 +397,44 @@ bool one_pass(const GemvArgs& a, int64_t chunk_weights, int64_t weight_bytes) {
          a.n * a.k * weight_bytes <= kStartNextEarlyBytes;
 }
 
+// Two warps a row (KS = 2) for a plain projection (no norm, no SwiGLU) whose row takes the
+// default several passes: o_proj and down. Measured on the H200 (cuda_roofline --projections,
+// docs/PERFORMANCE.md): Llama-3.1-8B's down 35.5 -> 31.1 us at M = 1 and 52 -> 34 us at M = 2;
+// with a norm or SwiGLU it measured slower or level. SPECULA_GEMV_SPLIT_ROWS=0 turns it off.
+bool split_rows(const GemvArgs& a, int64_t chunk_weights) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SPECULA_GEMV_SPLIT_ROWS");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return enabled && a.k / chunk_weights > 32 * kUnroll;
+}
+
+template <class W, class Out, bool STAGED, bool GATED, int KS>
+cudaError_t launch_for_rows(const GemvArgs& a, cudaStream_t stream) {
+  if (a.m == 1) return launch_typed<W, 1, Out, STAGED, GATED, kNR, kUnroll, KS>(a, stream);
+  if (a.m == 2) return launch_typed<W, 2, Out, STAGED, GATED, kNR, kUnroll, KS>(a, stream);
+  if constexpr (!STAGED) {  // a norm takes at most kGemvMaxNormRows = 2 rows
+    if (a.m <= 4) return launch_typed<W, 4, Out, false, GATED, kNR, kUnroll, KS>(a, stream);
+  }
+  if constexpr (!STAGED && !GATED) {
+    if (a.m <= 8) return launch_typed<W, 8, Out, false, false, kNR, kUnroll, KS>(a, stream);
+    return launch_typed<W, 16, Out, false, false, kNR, kUnroll, KS>(a, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
 template <class W, class Out, bool STAGED, bool GATED>
 cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
   constexpr int64_t kChunkWeights = 16 / sizeof(W);
-  if (a.m == 1 && one_pass(a, kChunkWeights, sizeof(W))) {  // (2 rows spill registers)
-    return launch_typed<W, 1, Out, STAGED, GATED, kOnePassNR, kOnePassUnroll>(a, stream);
-  }
-  if (a.m == 1) return launch_typed<W, 1, Out, STAGED, GATED>(a, stream);
-  if (a.m == 2) return launch_typed<W, 2, Out, STAGED, GATED>(a, stream);
-  if constexpr (!STAGED) {  // a norm takes at most kGemvMaxNormRows = 2 rows
-    if (a.m <= 4) return launch_typed<W, 4, Out, false, GATED>(a, stream);
-  }
+  const bool one = a.m == 1 && one_pass(a, kChunkWeights, sizeof(W));  // (2 rows spill registers)
   if constexpr (!STAGED && !GATED) {
-    if (a.m <= 8) return launch_typed<W, 8, Out, false, false>(a, stream);
-    return launch_typed<W, 16, Out, false, false>(a, stream);
+    if (split_rows(a, kChunkWeights)) {  // (one pass too, so that the sums keep one order at every M)
+      if (one) return launch_typed<W, 1, Out, false, false, kOnePassNR, kOnePassUnroll / kSplitWarps, kSplitWarps>(a, stream);
+      return launch_for_rows<W, Out, false, false, kSplitWarps>(a, stream);
+    }
   }
-  return cudaErrorInvalidValue;
+  if (one) return launch_typed<W, 1, Out, STAGED, GATED, kOnePassNR, kOnePassUnroll>(a, stream);
+  return launch_for_rows<W, Out, STAGED, GATED, 1>(a, stream);
 }
 
 template <class W, class Out>

@@ -215,6 +215,10 @@ TEST(CudaLinear, FusedLinearMatchesTheSeparateOps) {
       {1, 2048, 2048, true, Epi::kStore, true, false},      {1, 1030, 2048, true, Epi::kSiluMul, false, false},
       {1, 1024, 4096, false, Epi::kAccumulate, false, true}, {1, 4096, 1024, true, Epi::kStore, false, false},
       {1, 6144, 1024, true, Epi::kSiluMul, false, false},
+      // Plain projections split over two warps a row (several passes' chunks): every row count,
+      // partial last groups.
+      {3, 1020, 3072, false, Epi::kAccumulate, true, false}, {8, 1030, 4096, false, Epi::kStore, false, true},
+      {16, 998, 2048, false, Epi::kStore, true, false},     {2, 3, 2048, false, Epi::kAccumulate, false, false},
   };
   for (const Case& c : cases) {
     Tensor x = to_gpu(*gpu, random_bf16_values({c.m, c.k}, rng));
@@ -237,6 +241,47 @@ TEST(CudaLinear, FusedLinearMatchesTheSeparateOps) {
     expect_close(to_host(*gpu, fused), to_host(*gpu, separate), 2e-2, 1e-2,
                  fmt::format("fused_linear M={} N={} K={}{} epilogue {}{}{}", c.m, c.n, c.k, c.norm ? " norm" : "",
                              static_cast<int>(c.epilogue), c.bias ? " + bias" : "", c.fp8 ? " FP8" : ""));
+  }
+}
+
+// A plain projection's rows (no norm, no SwiGLU: o_proj, down, lm_head) come out bit for bit the same
+// whatever the batch they run in, at every row count the GEMV takes: a token verified among
+// drafts gets the logits it would get decoded alone. bf16 and FP8 weights; rows of one pass and of
+// several, both split over two warps a row.
+TEST(CudaLinear, PlainProjectionRowsDoNotDependOnTheBatch) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  auto& cuda = dynamic_cast<CudaBackend&>(*gpu);
+  std::mt19937 rng(29);
+  struct Case {
+    int64_t n, k;
+    bool fp8;
+  };
+  for (const Case& c : {Case{1024, 3072, false}, Case{4096, 4096, false}, Case{1030, 14336, true}}) {
+    const DType wdt = c.fp8 ? DType::kF8E4M3 : DType::kBF16;
+    const int64_t rows = 16, saved = cuda.gemv_max_rows(wdt);
+    cuda.set_gemv_max_rows(wdt, rows);
+    Tensor x = random_bf16_values({rows, c.k}, rng);
+    Tensor w = to_gpu(*gpu, random_bf16_values({c.n, c.k}, rng, 2.0f / std::sqrt(static_cast<float>(c.k))));
+    LinearWeight weight{w, Tensor()};
+    if (c.fp8) {
+      weight = LinearWeight{gpu->empty({c.n, c.k}, DType::kF8E4M3), gpu->empty({c.n}, DType::kF32)};
+      gpu->quantize_fp8_rows(w, weight.weight, weight.scale);
+    }
+    Tensor all = gpu->empty({rows, c.n}, DType::kBF16);
+    gpu->fused_linear(to_gpu(*gpu, x), LinearPrologue::none(), weight, nullptr, all, LinearEpilogue::kStore);
+    const std::vector<float> want = to_host(*gpu, all);
+    for (int64_t m : {1, 2, 3, 4, 5, 8, 13}) {
+      const std::vector<float> x_values = x.to_f32_vector();
+      const Tensor xm = Tensor::from_f32({x_values.begin(), x_values.begin() + m * c.k}, {m, c.k});
+      Tensor out = gpu->empty({m, c.n}, DType::kBF16);
+      gpu->fused_linear(to_gpu(*gpu, xm), LinearPrologue::none(), weight, nullptr, out, LinearEpilogue::kStore);
+      const std::vector<float> got = to_host(*gpu, out);
+      int64_t differing = 0;
+      for (int64_t i = 0; i < m * c.n; ++i) differing += got[i] != want[i];
+      EXPECT_EQ(differing, 0) << "N=" << c.n << " K=" << c.k << (c.fp8 ? " FP8" : "") << ": " << m << " rows";
+    }
+    cuda.set_gemv_max_rows(wdt, saved);
   }
 }
 
