@@ -398,9 +398,11 @@ bool one_pass(const GemvArgs& a, int64_t chunk_weights, int64_t weight_bytes) {
 }
 
 // Two warps a row (KS = 2) for a plain projection (no norm, no SwiGLU) whose row takes the
-// default several passes: o_proj and down. Measured on the H200 (cuda_roofline --projections,
-// docs/PERFORMANCE.md): Llama-3.1-8B's down 35.5 -> 31.1 us at M = 1 and 52 -> 34 us at M = 2;
-// with a norm or SwiGLU it measured slower or level. SPECULA_GEMV_SPLIT_ROWS=0 turns it off.
+// default several passes (o_proj, down, lm_head), over a grid of resident blocks: a warp for two
+// rows, a block per 8 and no cap on the grid read their weights well below the copy rate,
+// most of all at M = 2 (docs/PERFORMANCE.md, "Plain projections over two warps a row"); the
+// kernels with a norm, already on a grid of resident blocks, measured slower split.
+// SPECULA_GEMV_SPLIT_ROWS=0 turns it off.
 bool split_rows(const GemvArgs& a, int64_t chunk_weights) {
   static const bool enabled = [] {
     const char* v = std::getenv("SPECULA_GEMV_SPLIT_ROWS");
