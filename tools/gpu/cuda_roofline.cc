@@ -4,8 +4,8 @@
 // rate. Every figure is the median of several timed repetitions (CUDA events on the backend's
 // stream) after a warm-up. Prints one line per measurement; `--quick` runs fewer repetitions,
 // `--attention` only the copy bandwidth, the square GEMM and the attention kernels (bf16 and fp8
-// caches), `--projections` only the copy bandwidth and the decode projections of Llama-3.1-8B and
-// Qwen3-0.6B as a step runs them (weights not in L2).
+// caches); `--projections` (not in the full run) the copy bandwidth and the decode projections of
+// Llama-3.1-8B and Qwen3-0.6B as a step runs them (weights not in L2).
 //
 //   cuda_roofline [--quick] [--attention | --projections]
 #include <cuda_runtime_api.h>
@@ -383,7 +383,6 @@ int run(int argc, char** argv) {
     }
   }
   attention_shapes(be, roofline, peak);
-  decode_projection_shapes(be, roofline);
   return 0;
 }
 

@@ -270,9 +270,8 @@ TEST(CudaLinear, PlainProjectionRowsDoNotDependOnTheBatch) {
     }
     Tensor all = gpu->empty({rows, c.n}, DType::kBF16);
     gpu->fused_linear(to_gpu(*gpu, x), LinearPrologue::none(), weight, nullptr, all, LinearEpilogue::kStore);
-    const std::vector<float> want = to_host(*gpu, all);
+    const std::vector<float> want = to_host(*gpu, all), x_values = x.to_f32_vector();
     for (int64_t m : {1, 2, 3, 4, 5, 8, 13}) {
-      const std::vector<float> x_values = x.to_f32_vector();
       const Tensor xm = Tensor::from_f32({x_values.begin(), x_values.begin() + m * c.k}, {m, c.k});
       Tensor out = gpu->empty({m, c.n}, DType::kBF16);
       gpu->fused_linear(to_gpu(*gpu, xm), LinearPrologue::none(), weight, nullptr, out, LinearEpilogue::kStore);
