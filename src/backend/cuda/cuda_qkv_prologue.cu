@@ -7,22 +7,21 @@
 // Shape: one warp per (token, head); a head (D <= 256 elements) is at most 8 elements a lane, so
 // the norm is one warp reduction with no shared memory or barriers across warps. Rope pairs
 // (i, i + rotary_dim / 2) (neox) or (2i, 2i + 1) live in different lanes, so the normalised head
-// is staged in the warp's own slice of shared memory and each lane then computes whole pairs.
-// Arithmetic as the separate kernels do it: fp32 math, the normalised head rounded to the
-// storage type before rope (what storing it between the two ops did). An fp8 cache gets the
-// fp32 result divided by its scale, rounded once.
+// is staged in the warp's own slice of shared memory and each lane then computes whole pairs
+// (prologue_head, cuda_qkv_prologue.cuh). An fp8 cache gets the fp32 result divided by its
+// scale, rounded once.
 #include <type_traits>
 
 #include "backend/cuda/cuda_engine_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_kv_element.cuh"
+#include "backend/cuda/cuda_qkv_prologue.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
 namespace {
 
 constexpr int kWarpsPerBlock = 4;
-constexpr int kPerLane = kMaxPrologueHeadDim / 32;
 
 // T: the compute type (qkv, q_out); C: the cache's (T, or fp8).
 template <class T, class C>
@@ -67,50 +66,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_prologue_kernel(QkvPr
     return;
   }
 
-  float x[kPerLane];
+  float x[kPrologueElemsPerLane];
 #pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
+  for (int j = 0; j < kPrologueElemsPerLane; ++j) {
     const int i = lane + 32 * j;
     x[j] = i < d ? to_float(src[i]) : 0.0f;
   }
   const T* norm = static_cast<const T*>(is_q ? p.q_norm : p.k_norm);
-  if (norm != nullptr) {
-    float sum_sq = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) sum_sq += x[j] * x[j];
-    const float inv_rms = rsqrtf(warp_sum(sum_sq) / static_cast<float>(d) + p.eps);
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int i = lane + 32 * j;
-      if (i < d) x[j] = to_float(from_float<T>(to_float(norm[i]) * (x[j] * inv_rms)));  // stored, as the norm op
-    }
-  }
   const int32_t pos = p.positions[token];
-  if (pos < 0 || pos >= p.max_pos || p.rotary_dim == 0) {  // no rotation for this row (as the rope op)
-#pragma unroll
-    for (int j = 0; j < kPerLane; ++j) {
-      const int i = lane + 32 * j;
-      if (i < d) store(i, x[j]);
-    }
-    return;
-  }
-  float* buf = stage[warp];
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int i = lane + 32 * j;
-    if (i < d) buf[i] = x[j];
-  }
-  __syncwarp();
-  const int half = p.rotary_dim / 2;
   const float* cos = p.cos_sin + static_cast<int64_t>(pos) * p.rotary_dim;
-  const float* sin = cos + half;
-  for (int j = lane; j < half; j += 32) {
-    const int ia = p.neox ? j : 2 * j, ib = p.neox ? j + half : 2 * j + 1;
-    const float a = buf[ia], b = buf[ib], c = cos[j], s = sin[j];
-    store(ia, a * c - b * s);
-    store(ib, b * c + a * s);
-  }
-  for (int i = p.rotary_dim + lane; i < d; i += 32) store(i, buf[i]);  // partial rotary
+  prologue_head<T>(
+      p, norm != nullptr, [&](int j) { return to_float(norm[lane + 32 * j]); }, prologue_rotates(p, pos),
+      [&](int jj) { return make_float2(cos[lane + 32 * jj], cos[p.rotary_dim / 2 + lane + 32 * jj]); }, x, stage[warp],
+      store);
 }
 
 template <class T>

@@ -1,0 +1,70 @@
+// The attention prologue's arithmetic on one head (cuda_qkv_prologue.cu), shared with the qkv
+// projection that runs it in its epilogue (cuda_qkv_projection.cu), so that both produce the same
+// bits as the separate ops.
+#pragma once
+
+#include "backend/cuda/cuda_engine_kernels.h"
+#include "backend/cuda/cuda_utils.cuh"
+
+namespace specula::cuda {
+
+constexpr int kPrologueElemsPerLane = kMaxPrologueHeadDim / 32;
+constexpr int kProloguePairsPerLane = kPrologueElemsPerLane / 2;
+
+// Whether a token at `pos` is roped (as the rope op: not past the cos / sin table, rotary_dim > 0).
+__device__ __forceinline__ bool prologue_rotates(const QkvPrologueParams& p, int32_t pos) {
+  return pos >= 0 && pos < p.max_pos && p.rotary_dim > 0;
+}
+
+// A q or k head of one token, held by a warp: x[j] is element lane + 32 j (0 past D). RMS-
+// normalises it when `normed` (gamma(j): the norm weight of element lane + 32 j), ropes it when
+// `rotated` (rotation(jj): cos and sin of pair lane + 32 jj) and hands every element i < D to
+// store(i, value). The weights come through callbacks so that a caller may load them before it
+// has the head. Arithmetic as the separate ops: fp32 math, the normalised head rounded to T
+// before rope (what storing it between the two ops did). `stage`: D floats of the warp's own
+// shared memory (rope pairs live in different lanes).
+template <class T, class Gamma, class Rotation, class Store>
+__device__ __forceinline__ void prologue_head(const QkvPrologueParams& p, bool normed, Gamma&& gamma, bool rotated,
+                                              Rotation&& rotation, float (&x)[kPrologueElemsPerLane], float* stage,
+                                              Store&& store) {
+  const int lane = threadIdx.x % 32, d = p.head_dim;
+  if (normed) {
+    float sum_sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPrologueElemsPerLane; ++j) sum_sq += x[j] * x[j];
+    const float inv_rms = rsqrtf(warp_sum(sum_sq) / static_cast<float>(d) + p.eps);
+#pragma unroll
+    for (int j = 0; j < kPrologueElemsPerLane; ++j) {
+      const int i = lane + 32 * j;
+      if (i < d) x[j] = to_float(from_float<T>(gamma(j) * (x[j] * inv_rms)));  // stored, as the norm op
+    }
+  }
+  if (!rotated) {
+#pragma unroll
+    for (int j = 0; j < kPrologueElemsPerLane; ++j) {
+      const int i = lane + 32 * j;
+      if (i < d) store(i, x[j]);
+    }
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < kPrologueElemsPerLane; ++j) {
+    const int i = lane + 32 * j;
+    if (i < d) stage[i] = x[j];
+  }
+  __syncwarp();
+  const int half = p.rotary_dim / 2;
+#pragma unroll
+  for (int jj = 0; jj < kProloguePairsPerLane; ++jj) {
+    const int j = lane + 32 * jj;
+    if (j >= half) break;
+    const int ia = p.neox ? j : 2 * j, ib = p.neox ? j + half : 2 * j + 1;
+    const float2 cs = rotation(jj);
+    const float a = stage[ia], b = stage[ib], c = cs.x, s = cs.y;
+    store(ia, a * c - b * s);
+    store(ib, b * c + a * s);
+  }
+  for (int i = p.rotary_dim + lane; i < d; i += 32) store(i, stage[i]);  // partial rotary
+}
+
+}  // namespace specula::cuda
