@@ -165,6 +165,19 @@ void Backend::fused_moe(const Tensor&, const Tensor&, const Tensor&, const Tenso
   throw Error(fmt::format("fused_moe is not implemented by the {} backend", name()));
 }
 
+// The reference form of the fused projection: the two ops it fuses.
+void Backend::qkv_projection(const Tensor& x, const LinearPrologue& input_norm, const LinearWeight& weight,
+                             const Tensor* bias, const QkvPrologue& params, KVCacheLayer& cache,
+                             const Tensor& slot_mapping, Tensor& q_out) {
+  SPECULA_CHECK(x.defined() && x.ndim() == 2 && weight.weight.defined() && weight.weight.ndim() == 2,
+                "qkv_projection: x {} must be [T, K] and the weight [(Hq + 2 Hk) D, K]", x.describe());
+  const size_t mark = scratch_mark();
+  Tensor qkv = scratch({x.size(0), weight.weight.size(0)}, x.dtype());
+  fused_linear(x, input_norm, weight, bias, qkv, LinearEpilogue::kStore);
+  qkv_prologue(qkv, params, cache, slot_mapping, q_out);
+  scratch_release(mark);
+}
+
 // The reference form of the fused prologue: split the heads with gather_rows, normalise, rope,
 // write the cache, each as its own op. Backends without a fused kernel (the CPU) run exactly this.
 void Backend::qkv_prologue(const Tensor& qkv, const QkvPrologue& p, KVCacheLayer& cache, const Tensor& slot_mapping,

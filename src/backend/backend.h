@@ -276,6 +276,12 @@ class Backend {
   };
   virtual void qkv_prologue(const Tensor& qkv, const QkvPrologue& params, KVCacheLayer& cache,
                             const Tensor& slot_mapping, Tensor& q_out);
+  // The attention's input projection and its prologue as one op: qkv = fused_linear(x, input_norm,
+  // weight, bias) then qkv_prologue(qkv, ...), which the default runs; CUDA fuses the two for one
+  // decode row, so that the qkv rows never reach memory and the prologue is not a launch of its own.
+  virtual void qkv_projection(const Tensor& x, const LinearPrologue& input_norm, const LinearWeight& weight,
+                              const Tensor* bias, const QkvPrologue& params, KVCacheLayer& cache,
+                              const Tensor& slot_mapping, Tensor& q_out);
 
   // ---- fused decode chain (Llama family) ----
   // Runs `chain` (backend/decoder_chain.h) as one op and returns true, or returns false without

@@ -191,15 +191,10 @@ void LlamaDecoderLayer::attention(const LlamaLayerWeights& w, const Tensor& x, c
   const DType dt = backend_.compute_dtype();
   const int64_t t = x.size(0), hq = num_heads_, hk = num_kv_heads_, d = head_dim_;
 
-  // One GEMM for q, k and v: [T, K] -> [T, (Hq + 2 Hk) D]; then one fused op splits the heads,
-  // applies Qwen3's per-head q/k RMSNorm, ropes q and k, and writes k and v into the cache (the
-  // new tokens' K/V go in first; attention then reads every key through the cache).
-  Tensor qkv = backend_.scratch({t, (hq + 2 * hk) * d}, dt);
-  {
-    phase_profile::Scope p("model.qkv_gemm (host)");
-    backend_.fused_linear(x, input_norm ? LinearPrologue::rms_norm(*input_norm, eps_) : LinearPrologue::none(),
-                          w.qkv_proj, if_defined(w.qkv_bias), qkv, LinearEpilogue::kStore);
-  }
+  // One GEMM for q, k and v: [T, K] -> [T, (Hq + 2 Hk) D], then the prologue: split the heads,
+  // apply Qwen3's per-head q/k RMSNorm, rope q and k, write k and v into the cache (the new
+  // tokens' K/V go in first; attention then reads every key through the cache). One backend op,
+  // so that a backend can fuse the two (Backend::qkv_projection).
   Tensor q = backend_.scratch({t, hq, d}, dt);
   Backend::QkvPrologue prologue;
   prologue.num_q_heads = hq;
@@ -212,8 +207,9 @@ void LlamaDecoderLayer::attention(const LlamaLayerWeights& w, const Tensor& x, c
   prologue.rotary_dim = rotary_dim_;
   prologue.neox = true;
   {
-    phase_profile::Scope p("model.qkv_prologue (host)");
-    backend_.qkv_prologue(qkv, prologue, cache, in.attn.slot_mapping, q);
+    phase_profile::Scope p("model.qkv_projection (host)");
+    backend_.qkv_projection(x, input_norm ? LinearPrologue::rms_norm(*input_norm, eps_) : LinearPrologue::none(),
+                            w.qkv_proj, if_defined(w.qkv_bias), prologue, cache, in.attn.slot_mapping, q);
   }
 
   Tensor attn = backend_.scratch({t, hq, d}, dt);

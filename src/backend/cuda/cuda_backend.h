@@ -92,10 +92,14 @@ class CudaBackend final : public Backend {
                  Tensor& topk_weights) override;
   void fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_ids,
                  const Tensor& topk_weights, Tensor& out) override;
-  // Fused Llama attention prologue (cuda_qkv_prologue.cc) and the engine's device services
+  // Fused Llama attention prologue (cuda_qkv_prologue.cc; with its projection:
+  // cuda_qkv_projection.cc) and the engine's device services
   // (cuda_engine_services.cc: memory query, CUDA-graph capture, the device token sampler).
   void qkv_prologue(const Tensor& qkv, const QkvPrologue& params, KVCacheLayer& cache, const Tensor& slot_mapping,
                     Tensor& q_out) override;
+  void qkv_projection(const Tensor& x, const LinearPrologue& input_norm, const LinearWeight& weight, const Tensor* bias,
+                      const QkvPrologue& params, KVCacheLayer& cache, const Tensor& slot_mapping,
+                      Tensor& q_out) override;
   // One persistent kernel for a small decoder's greedy chain (cuda_decoder_chain.cc).
   bool decoder_greedy_chain(const DecoderChain& chain) override;
   // One persistent kernel for a small decoder's whole forward (cuda_decoder_forward.cc).

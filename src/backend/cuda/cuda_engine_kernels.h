@@ -39,6 +39,25 @@ struct QkvPrologueParams {
 constexpr int kMaxPrologueHeadDim = 256;
 cudaError_t launch_qkv_prologue(const QkvPrologueParams& p, DType dtype, cudaStream_t stream);
 
+// ---- the qkv projection of one decode row with the prologue above in its epilogue ----
+// (Backend::qkv_projection): prologue(rms_norm(x) . w^T (+ bias)), the qkv row rounded to bf16 as
+// fused_linear stores it; the compute type is bf16.
+struct QkvProjectionParams {
+  const void* x = nullptr;            // [1, K] bf16
+  const void* norm_weight = nullptr;  // [K] bf16, or null: x as it is
+  float norm_eps = 0.0f;
+  const void* w = nullptr;  // [(Hq + 2 Hk) D, K], bf16 or e4m3
+  bool w_fp8 = false;
+  const float* w_scale = nullptr;  // F32 [(Hq + 2 Hk) D] for e4m3
+  const void* bias = nullptr;      // [(Hq + 2 Hk) D] or null
+  DType bias_dtype = DType::kF32;
+  int64_t k = 0;
+  QkvPrologueParams prologue;  // its qkv is unused and tokens is 1
+};
+// Whether launch_qkv_projection takes these shapes (and SPECULA_FUSED_QKV_PROJECTION is not 0).
+bool qkv_projection_supports(const QkvProjectionParams& p);
+cudaError_t launch_qkv_projection(const QkvProjectionParams& p, cudaStream_t stream);
+
 }  // namespace specula::cuda
 
 namespace specula::cuda {

@@ -1,0 +1,150 @@
+// The qkv projection with the attention prologue in its epilogue (CudaBackend::qkv_projection,
+// one decode row) against the two ops it fuses on the same GPU (Backend::qkv_projection:
+// fused_linear, then qkv_prologue): the q heads and every cache slot, bit for bit, for bf16 and
+// FP8 weights, bf16 and fp8 caches, with and without the input norm, q/k norms and bias.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "backend/cuda/cuda_engine_kernels.h"
+#include "cuda_test_util.h"
+
+namespace specula {
+namespace {
+
+using testing::expect_equal;
+using testing::random_bf16_values;
+using testing::to_gpu;
+using testing::to_host;
+
+struct ProjectionCase {
+  std::string name;
+  int hq, hk, d, k, rotary;
+  bool neox = true, input_norm = true, head_norms = true, fp8_weights = false, fp8_cache = false;
+  bool bias = false;
+  DType bias_dtype = DType::kBF16;
+  int32_t position = 41;         // >= the table's 97 rows: no rotation
+  int64_t slot = 37;             // -1: K/V not kept
+  bool fused = true;             // whether the shape takes the fused kernel
+};
+
+class CudaQkvProjection : public ::testing::TestWithParam<ProjectionCase> {};
+
+TEST_P(CudaQkvProjection, IsTheProjectionThenThePrologueBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const ProjectionCase c = GetParam();
+  auto gpu = make_cuda_backend(0);
+  std::mt19937 rng(11 + c.d + c.k);
+  const int64_t n = static_cast<int64_t>(c.hq + 2 * c.hk) * c.d, max_pos = 97, bs = 16, blocks = 4;
+  Tensor x = to_gpu(*gpu, random_bf16_values({1, c.k}, rng, 2.0f));
+  Tensor gamma = to_gpu(*gpu, random_bf16_values({c.k}, rng));
+  Tensor w = to_gpu(*gpu, random_bf16_values({n, c.k}, rng, 1.0f / std::sqrt(static_cast<float>(c.k))));
+  LinearWeight weight{w, Tensor()};
+  if (c.fp8_weights) {
+    weight = LinearWeight{gpu->empty({n, c.k}, DType::kF8E4M3), gpu->empty({n}, DType::kF32)};
+    gpu->quantize_fp8_rows(w, weight.weight, weight.scale);
+  }
+  Tensor bias;
+  if (c.bias) bias = to_gpu(*gpu, random_bf16_values({n}, rng), c.bias_dtype);
+  Tensor q_norm = to_gpu(*gpu, random_bf16_values({c.d}, rng)), k_norm = to_gpu(*gpu, random_bf16_values({c.d}, rng));
+  std::vector<float> table(static_cast<size_t>(max_pos * c.rotary));
+  for (int p = 0; p < max_pos; ++p)
+    for (int i = 0; i < c.rotary / 2; ++i) {
+      const double f = p * std::pow(10000.0, -2.0 * i / c.rotary);
+      table[p * c.rotary + i] = static_cast<float>(std::cos(f));
+      table[p * c.rotary + c.rotary / 2 + i] = static_cast<float>(std::sin(f));
+    }
+  Tensor cos_sin = to_gpu(*gpu, Tensor::from_f32(table, {max_pos, c.rotary}), DType::kF32);
+  Tensor pos = to_gpu(*gpu, Tensor::from_i32({c.position}), DType::kI32);
+  Tensor slots = to_gpu(*gpu, Tensor::from_i64({c.slot}), DType::kI64);
+  Backend::QkvPrologue p;
+  p.num_q_heads = c.hq;
+  p.num_kv_heads = c.hk;
+  p.q_norm = c.head_norms ? &q_norm : nullptr;
+  p.k_norm = c.head_norms ? &k_norm : nullptr;
+  p.eps = 1e-6f;
+  p.positions = &pos;
+  p.cos_sin = &cos_sin;
+  p.rotary_dim = c.rotary;
+  p.neox = c.neox;
+  const LinearPrologue norm = c.input_norm ? LinearPrologue::rms_norm(gamma, 1e-5f) : LinearPrologue::none();
+
+  struct Out {
+    std::vector<float> q, k, v;
+  };
+  auto run = [&](bool fused) {
+    const DType cache_dt = c.fp8_cache ? DType::kF8E4M3 : DType::kBF16;
+    KVCacheLayer cache{gpu->empty({blocks, bs, c.hk, c.d}, cache_dt), gpu->empty({blocks, bs, c.hk, c.d}, cache_dt)};
+    if (c.fp8_cache) {
+      cache.k_scale = 0.25f;
+      cache.v_scale = 1.0f / 16;
+    }
+    gpu->zero(cache.k);
+    gpu->zero(cache.v);
+    Tensor q = gpu->empty({1, c.hq, c.d}, DType::kBF16);
+    gpu->reset_scratch();
+    const Tensor* b = bias.defined() ? &bias : nullptr;
+    if (fused) {
+      gpu->qkv_projection(x, norm, weight, b, p, cache, slots, q);
+    } else {
+      gpu->Backend::qkv_projection(x, norm, weight, b, p, cache, slots, q);
+    }
+    return Out{to_host(*gpu, q), to_host(*gpu, cache.k), to_host(*gpu, cache.v)};
+  };
+  const Out want = run(false), got = run(true);
+  expect_equal(got.q, want.q, c.name + " q");
+  expect_equal(got.k, want.k, c.name + " cache.k");
+  expect_equal(got.v, want.v, c.name + " cache.v");
+  if (c.slot >= 0) {  // the kept token's K/V are not all zero: the op wrote them
+    bool written = false;
+    for (float v : got.v) written |= v != 0.0f;
+    EXPECT_TRUE(written) << c.name;
+  }
+
+  // Whether the fused kernel takes this shape (otherwise the op above ran the two ops).
+  cuda::QkvProjectionParams kp;
+  kp.x = x.data();
+  kp.w = weight.weight.data();
+  kp.w_fp8 = c.fp8_weights;
+  kp.w_scale = c.fp8_weights ? weight.scale.data_as<float>() : nullptr;
+  kp.norm_weight = c.input_norm ? gamma.data() : nullptr;
+  kp.k = c.k;
+  kp.prologue.tokens = 1;
+  kp.prologue.head_dim = c.d;
+  kp.prologue.num_q_heads = c.hq;
+  kp.prologue.num_kv_heads = c.hk;
+  EXPECT_EQ(cuda::qkv_projection_supports(kp), c.fused) << c.name;
+}
+
+ProjectionCase with(ProjectionCase c, void (*change)(ProjectionCase&)) {
+  change(c);
+  return c;
+}
+
+const ProjectionCase kQwen3{"qwen3_0_6b", 16, 8, 128, 1024, 128};
+// Llama's K of 4096 (four passes over a row) with fewer heads: 8 MB of weights.
+const ProjectionCase kLlama{"k4096_four_passes", 4, 2, 128, 4096, 128, true, true, false};
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, CudaQkvProjection,
+    ::testing::Values(
+        kQwen3, kLlama,
+        with(kQwen3, [](ProjectionCase& c) { c.name = "fp8_cache", c.fp8_cache = true; }),
+        with(kLlama, [](ProjectionCase& c) { c.name = "fp8_weights", c.fp8_weights = true; }),
+        with(kLlama, [](ProjectionCase& c) { c.name = "fp8_weights_fp8_cache", c.fp8_weights = c.fp8_cache = true; }),
+        with(kQwen3, [](ProjectionCase& c) { c.name = "qwen2_bias", c.head_norms = false, c.bias = true; }),
+        with(kQwen3, [](ProjectionCase& c) { c.name = "f32_bias_no_input_norm", c.input_norm = false, c.bias = true, c.bias_dtype = DType::kF32; }),
+        with(kQwen3, [](ProjectionCase& c) { c.name = "kv_not_kept", c.slot = -1; }),
+        with(kQwen3, [](ProjectionCase& c) { c.name = "position_past_table", c.position = 97; }),
+        ProjectionCase{"head_dim_64_partial_rotary", 4, 2, 64, 512, 32},
+        ProjectionCase{"head_dim_32_interleaved", 4, 4, 32, 256, 32, false},
+        ProjectionCase{"small_k_one_chunk_a_lane", 2, 1, 128, 128, 128},
+        ProjectionCase{"head_dim_80_clusters_of_5", 6, 2, 80, 512, 80},
+        with(ProjectionCase{"head_dim_72_two_ops", 6, 2, 72, 512, 72}, [](ProjectionCase& c) { c.fused = false; }),
+        with(kLlama, [](ProjectionCase& c) { c.name = "llama8b_two_ops", c.hq = 32, c.hk = 8, c.fused = false; }),
+        with(ProjectionCase{"head_dim_256_two_ops", 4, 1, 256, 512, 256}, [](ProjectionCase& c) { c.fused = false; })),
+    [](const ::testing::TestParamInfo<ProjectionCase>& i) { return i.param.name; });
+
+}  // namespace
+}  // namespace specula
