@@ -45,6 +45,7 @@ constexpr int kThreads = kGemvThreads;
 // after it (Qwen3-0.6B's o_proj and down: two and three passes of 4 chunks otherwise).
 constexpr int kNR = 2, kUnroll = 4;
 constexpr int kOnePassNR = 1, kOnePassUnroll = 16;
+constexpr int kShortRowsNR = 4;  // short_rows below
 // Warps that share a row of a plain projection (split_rows below).
 constexpr int kSplitWarps = 2;
 constexpr int64_t kMaxGatedRows = 4;
@@ -284,6 +285,18 @@ bool split_rows(const GemvArgs& a, int64_t chunk_weights) {
   return enabled && a.k / chunk_weights > 32 * kUnroll;
 }
 
+// Four rows a warp for a single row whose K is one pass of kUnroll chunks a lane (Qwen3-0.6B's
+// gate_up, K = 1024): 16 loads a lane in flight instead of 8, and row groups of 16 rows, which
+// fit the grid of resident blocks in one round rather than two. SPECULA_GEMV_SHORT_ROWS=0 turns
+// it off.
+bool short_rows(const GemvArgs& a, int64_t chunk_weights) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SPECULA_GEMV_SHORT_ROWS");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return enabled && a.k / chunk_weights <= 32 * kUnroll;
+}
+
 template <class W, class Out, bool STAGED, bool GATED, int KS>
 cudaError_t launch_for_rows(const GemvArgs& a, cudaStream_t stream) {
   if (a.m == 1) return launch_typed<W, 1, Out, STAGED, GATED, kNR, kUnroll, KS>(a, stream);
@@ -309,6 +322,7 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
     }
   }
   if (one) return launch_typed<W, 1, Out, STAGED, GATED, kOnePassNR, kOnePassUnroll>(a, stream);
+  if (a.m == 1 && short_rows(a, kChunkWeights)) return launch_typed<W, 1, Out, STAGED, GATED, kShortRowsNR, kUnroll>(a, stream);
   return launch_for_rows<W, Out, STAGED, GATED, 1>(a, stream);
 }
 
