@@ -281,17 +281,29 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
     }
     cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();
+    // Every split's statistics, then every needed output, requested together: two round trips
+    // to the other blocks' shared memory rather than a few a split.
     for (int idx = split * kThreads + tid; idx < entries * dv; idx += num_splits * kThreads) {
       const int g = idx / dv, e = idx % dv;
+      float split_max[kMaxClusterSplits], split_sum[kMaxClusterSplits], split_out[kMaxClusterSplits];
+#pragma unroll
+      for (int i = 0; i < kMaxClusterSplits; ++i) {
+        split_max[i] = i < num_splits ? cluster.map_shared_rank(&run_max[g], i)[0] : -INFINITY;
+        split_sum[i] = i < num_splits ? cluster.map_shared_rank(&run_sum[g], i)[0] : 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < kMaxClusterSplits; ++i)
+        split_out[i] = split_sum[i] > 0.0f ? cluster.map_shared_rank(&partial[0][g][e], i)[0] : 0.0f;
       float m = -INFINITY;
-      for (int i = 0; i < num_splits; ++i) m = fmaxf(m, cluster.map_shared_rank(&run_max[g], i)[0]);
+#pragma unroll
+      for (int i = 0; i < kMaxClusterSplits; ++i) m = fmaxf(m, split_max[i]);
       float total = 0.0f, o = 0.0f;
-      for (int i = 0; i < num_splits; ++i) {
-        const float l = cluster.map_shared_rank(&run_sum[g], i)[0];
-        if (l > 0.0f) {
-          const float w = fast_exp2(cluster.map_shared_rank(&run_max[g], i)[0] - m);
-          total += w * l;
-          o += w * cluster.map_shared_rank(&partial[0][g][e], i)[0];
+#pragma unroll
+      for (int i = 0; i < kMaxClusterSplits; ++i) {
+        if (split_sum[i] > 0.0f) {
+          const float w = fast_exp2(split_max[i] - m);
+          total += w * split_sum[i];
+          o += w * split_out[i];
         }
       }
       const int64_t row_head = static_cast<int64_t>(entry_row(g)) * hq + entry_head(g);
