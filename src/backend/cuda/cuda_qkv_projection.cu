@@ -144,20 +144,8 @@ __global__ void __launch_bounds__(kGemvThreads) qkv_projection_kernel(const QkvP
   const int64_t slot = q.slots[0];
   const bool keep_kv = slot >= 0 && slot < q.num_slots;
   if (!is_q && !keep_kv) return;  // a token whose K/V is not kept
-  bf16* q_dst = is_q ? static_cast<bf16*>(q.q_out) + static_cast<int64_t>(head) * d : nullptr;
-  C* cache_dst = is_k   ? static_cast<C*>(q.k_cache) + (slot * hk + (head - hq)) * d
-                 : is_v ? static_cast<C*>(q.v_cache) + (slot * hk + (head - hq - hk)) * d
-                        : nullptr;
-  const float inv_scale = is_k ? 1.0f / q.k_scale : 1.0f / q.v_scale;
-  auto store = [&](int i, float v) {
-    if (q_dst != nullptr) {
-      q_dst[i] = from_float<bf16>(v);
-    } else if constexpr (std::is_same_v<C, bf16>) {
-      cache_dst[i] = from_float<bf16>(v);
-    } else {
-      cache_dst[i] = from_float<C>(v * inv_scale);
-    }
-  };
+  const PrologueDestination<bf16, C> dst(q, 0, head, slot);
+  auto store = [&](int i, float v) { dst.store(i, v); };
   if (is_v) {  // v: its rows straight into the cache slot
     if (threadIdx.x < kBlockRows) store(first_row + threadIdx.x, block_rows[threadIdx.x]);
     return;

@@ -35,30 +35,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_prologue_kernel(QkvPr
   const int head = blockIdx.y * kWarpsPerBlock + warp;
   const int64_t token = blockIdx.x;
   if (head >= heads) return;
-  const bool is_q = head < hq, is_k = !is_q && head < hq + hk, is_v = head >= hq + hk;
+  const bool is_q = head < hq, is_v = head >= hq + hk;
   const int64_t slot = p.slots[token];
   const bool keep_kv = slot >= 0 && slot < p.num_slots;
   if (!is_q && !keep_kv) return;  // padding row or a token whose K/V is not kept
 
   const T* src = static_cast<const T*>(p.qkv) + (token * heads + head) * d;
-  T* q_dst = is_q ? static_cast<T*>(p.q_out) + (token * hq + head) * d : nullptr;
-  C* cache_dst = is_k   ? static_cast<C*>(p.k_cache) + (slot * hk + (head - hq)) * d
-                 : is_v ? static_cast<C*>(p.v_cache) + (slot * hk + (head - hq - hk)) * d
-                        : nullptr;
-  const float inv_scale = is_k ? 1.0f / p.k_scale : 1.0f / p.v_scale;
-  auto store = [&](int i, float x) {
-    if (q_dst != nullptr) {
-      q_dst[i] = from_float<T>(x);
-    } else if constexpr (std::is_same_v<C, T>) {
-      cache_dst[i] = from_float<T>(x);
-    } else {
-      cache_dst[i] = from_float<C>(x * inv_scale);
-    }
-  };
+  const PrologueDestination<T, C> dst(p, token, head, slot);
+  auto store = [&](int i, float x) { dst.store(i, x); };
   if (is_v) {  // v: a plain copy into its cache slot
     for (int i = lane; i < d; i += 32) {
       if constexpr (std::is_same_v<C, T>) {
-        cache_dst[i] = src[i];
+        dst.cache[i] = src[i];
       } else {
         store(i, to_float(src[i]));
       }

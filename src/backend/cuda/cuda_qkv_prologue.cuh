@@ -3,13 +3,47 @@
 // bits as the separate ops.
 #pragma once
 
+#include <type_traits>
+
 #include "backend/cuda/cuda_engine_kernels.h"
+#include "backend/cuda/cuda_kv_element.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
 
 constexpr int kPrologueElemsPerLane = kMaxPrologueHeadDim / 32;
 constexpr int kProloguePairsPerLane = kPrologueElemsPerLane / 2;
+
+// Where one head of a token goes: q heads to q_out, k and v heads into the cache slot `slot`
+// (the compute type T, or C = fp8 holding x / scale, rounded once from fp32).
+template <class T, class C>
+struct PrologueDestination {
+  T* q = nullptr;
+  C* cache = nullptr;
+  float inv_scale = 1.0f;
+
+  __device__ PrologueDestination(const QkvPrologueParams& p, int64_t token, int head, int64_t slot) {
+    const int hq = p.num_q_heads, hk = p.num_kv_heads, d = p.head_dim;
+    if (head < hq) {
+      q = static_cast<T*>(p.q_out) + (token * hq + head) * d;
+    } else if (head < hq + hk) {
+      cache = static_cast<C*>(p.k_cache) + (slot * hk + (head - hq)) * d;
+      inv_scale = 1.0f / p.k_scale;
+    } else {
+      cache = static_cast<C*>(p.v_cache) + (slot * hk + (head - hq - hk)) * d;
+      inv_scale = 1.0f / p.v_scale;
+    }
+  }
+  __device__ __forceinline__ void store(int i, float x) const {
+    if (q != nullptr) {
+      q[i] = from_float<T>(x);
+    } else if constexpr (std::is_same_v<C, T>) {
+      cache[i] = from_float<T>(x);
+    } else {
+      cache[i] = from_float<C>(x * inv_scale);
+    }
+  }
+};
 
 // Whether a token at `pos` is roped (as the rope op: not past the cos / sin table, rotary_dim > 0).
 __device__ __forceinline__ bool prologue_rotates(const QkvPrologueParams& p, int32_t pos) {

@@ -15,6 +15,7 @@ namespace {
 
 using testing::expect_equal;
 using testing::random_bf16_values;
+using testing::rope_table;
 using testing::to_gpu;
 using testing::to_host;
 
@@ -48,14 +49,7 @@ TEST_P(CudaQkvProjection, IsTheProjectionThenThePrologueBitForBit) {
   Tensor bias;
   if (c.bias) bias = to_gpu(*gpu, random_bf16_values({n}, rng), c.bias_dtype);
   Tensor q_norm = to_gpu(*gpu, random_bf16_values({c.d}, rng)), k_norm = to_gpu(*gpu, random_bf16_values({c.d}, rng));
-  std::vector<float> table(static_cast<size_t>(max_pos * c.rotary));
-  for (int p = 0; p < max_pos; ++p)
-    for (int i = 0; i < c.rotary / 2; ++i) {
-      const double f = p * std::pow(10000.0, -2.0 * i / c.rotary);
-      table[p * c.rotary + i] = static_cast<float>(std::cos(f));
-      table[p * c.rotary + c.rotary / 2 + i] = static_cast<float>(std::sin(f));
-    }
-  Tensor cos_sin = to_gpu(*gpu, Tensor::from_f32(table, {max_pos, c.rotary}), DType::kF32);
+  Tensor cos_sin = to_gpu(*gpu, rope_table(max_pos, c.rotary), DType::kF32);
   Tensor pos = to_gpu(*gpu, Tensor::from_i32({c.position}), DType::kI32);
   Tensor slots = to_gpu(*gpu, Tensor::from_i64({c.slot}), DType::kI64);
   Backend::QkvPrologue p;

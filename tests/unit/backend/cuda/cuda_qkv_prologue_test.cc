@@ -16,6 +16,7 @@ namespace {
 
 using testing::expect_close;
 using testing::random_bf16_values;
+using testing::rope_table;
 using testing::to_gpu;
 using testing::to_host;
 
@@ -50,14 +51,7 @@ std::pair<PrologueOut, PrologueOut> run_prologue(const PrologueCase& c, bool fp8
   std::shuffle(slots.begin(), slots.end(), rng);
   slots.resize(static_cast<size_t>(t));
   for (size_t i = 4; i < slots.size(); i += 5) slots[i] = -1;
-  std::vector<float> table(static_cast<size_t>(max_pos * c.rotary));
-  for (int p = 0; p < max_pos; ++p)
-    for (int i = 0; i < c.rotary / 2; ++i) {
-      const double f = p * std::pow(10000.0, -2.0 * i / c.rotary);
-      table[p * c.rotary + i] = static_cast<float>(std::cos(f));
-      table[p * c.rotary + c.rotary / 2 + i] = static_cast<float>(std::sin(f));
-    }
-  Tensor cos_sin = Tensor::from_f32(table, {max_pos, c.rotary});
+  Tensor cos_sin = rope_table(max_pos, c.rotary);
 
   auto run = [&](Backend& be, DType dt, bool on_gpu) {
     auto put = [&](const Tensor& h, DType want) { return on_gpu ? to_gpu(be, h, want) : h; };

@@ -54,6 +54,19 @@ inline Tensor to_gpu(Backend& gpu, const Tensor& host, DType dtype = DType::kBF1
   return t;
 }
 
+// A rope cos / sin table [max_pos, rotary] (cos in the first half of a row, sin in the second)
+// with the usual 10000^(-2i / rotary) frequencies, on the host.
+inline Tensor rope_table(int64_t max_pos, int rotary) {
+  std::vector<float> table(static_cast<size_t>(max_pos * rotary));
+  for (int64_t p = 0; p < max_pos; ++p)
+    for (int i = 0; i < rotary / 2; ++i) {
+      const double f = static_cast<double>(p) * std::pow(10000.0, -2.0 * i / rotary);
+      table[p * rotary + i] = static_cast<float>(std::cos(f));
+      table[p * rotary + rotary / 2 + i] = static_cast<float>(std::sin(f));
+    }
+  return Tensor::from_f32(table, {max_pos, rotary});
+}
+
 // Copies a GPU tensor back (waiting for it) as fp32 values.
 inline std::vector<float> to_host(Backend& gpu, const Tensor& t) {
   Tensor host = Tensor::empty(t.shape(), t.dtype());
