@@ -322,7 +322,9 @@ cudaError_t launch_rows(const GemvArgs& a, cudaStream_t stream) {
     }
   }
   if (one) return launch_typed<W, 1, Out, STAGED, GATED, kOnePassNR, kOnePassUnroll>(a, stream);
-  if (a.m == 1 && short_rows(a, kChunkWeights)) return launch_typed<W, 1, Out, STAGED, GATED, kShortRowsNR, kUnroll>(a, stream);
+  if (a.m == 1 && short_rows(a, kChunkWeights)) {
+    return launch_typed<W, 1, Out, STAGED, GATED, kShortRowsNR, kUnroll>(a, stream);
+  }
   return launch_for_rows<W, Out, STAGED, GATED, 1>(a, stream);
 }
 

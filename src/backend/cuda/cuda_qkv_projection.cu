@@ -145,9 +145,8 @@ __global__ void __launch_bounds__(kGemvThreads) qkv_projection_kernel(const QkvP
   const bool keep_kv = slot >= 0 && slot < q.num_slots;
   if (!is_q && !keep_kv) return;  // a token whose K/V is not kept
   const PrologueDestination<bf16, C> dst(q, 0, head, slot);
-  auto store = [&](int i, float v) { dst.store(i, v); };
   if (is_v) {  // v: its rows straight into the cache slot
-    if (threadIdx.x < kBlockRows) store(first_row + threadIdx.x, block_rows[threadIdx.x]);
+    if (threadIdx.x < kBlockRows) dst.store(first_row + threadIdx.x, block_rows[threadIdx.x]);
     return;
   }
   cg::cluster_group cluster = cg::this_cluster();
@@ -167,7 +166,7 @@ __global__ void __launch_bounds__(kGemvThreads) qkv_projection_kernel(const QkvP
     prologue_head<bf16>(
         q, head_norm != nullptr, [&](int j) { return gamma[j]; }, rotated, [&](int jj) { return rotation[jj]; },
         head_x, stage, [&](int i, float v) {
-          if (i >= first_row && i < first_row + kBlockRows) store(i, v);
+          if (i >= first_row && i < first_row + kBlockRows) dst.store(i, v);
         });
   }
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -197,8 +196,8 @@ bool qkv_projection_supports(const QkvProjectionParams& p) {
   const int64_t chunk = p.w_fp8 ? 16 : 8;
   const int64_t rows = static_cast<int64_t>(p.prologue.num_q_heads + 2 * p.prologue.num_kv_heads) * d;
   const int64_t weight_bytes = rows * p.k * (p.w_fp8 ? 1 : 2);
-  return enabled && p.prologue.tokens == 1 && rows > 0 && weight_bytes <= kMaxWeightBytes && d % kBlockRows == 0 && d / kBlockRows <= kMaxClusterBlocks &&
-         d <= kMaxPrologueHeadDim && p.k > 0 && p.k % chunk == 0 && aligned16(p.x) && aligned16(p.w) &&
+  return enabled && p.prologue.tokens == 1 && rows > 0 && weight_bytes <= kMaxWeightBytes && d % kBlockRows == 0 &&
+         d / kBlockRows <= kMaxClusterBlocks && d <= kMaxPrologueHeadDim && p.k > 0 && p.k % chunk == 0 && aligned16(p.x) && aligned16(p.w) &&
          (!p.w_fp8 || p.w_scale != nullptr) &&
          (p.norm_weight == nullptr ||
           (aligned16(p.norm_weight) && p.k * static_cast<int64_t>(sizeof(bf16)) <= kMaxStagedBytes));

@@ -83,7 +83,8 @@ void CudaBackend::qkv_prologue(const Tensor& qkv, const QkvPrologue& p, KVCacheL
   const char* op = "qkv_prologue";
   cuda_check::float_tensor(qkv, op, "qkv");
   SPECULA_CHECK(qkv.ndim() == 2, "qkv_prologue: qkv {} must be [T, (Hq + 2 Hk) D]", qkv.describe());
-  cuda::QkvPrologueParams kp = prologue_params(op, qkv.size(0), qkv.size(1), qkv.dtype(), p, cache, slot_mapping, q_out);
+  cuda::QkvPrologueParams kp =
+      prologue_params(op, qkv.size(0), qkv.size(1), qkv.dtype(), p, cache, slot_mapping, q_out);
   kp.qkv = qkv.data();
   check_cuda(cuda::launch_qkv_prologue(kp, qkv.dtype(), stream_), op);
 }

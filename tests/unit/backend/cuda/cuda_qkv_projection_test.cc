@@ -128,7 +128,10 @@ INSTANTIATE_TEST_SUITE_P(
         with(kLlama, [](ProjectionCase& c) { c.name = "fp8_weights", c.fp8_weights = true; }),
         with(kLlama, [](ProjectionCase& c) { c.name = "fp8_weights_fp8_cache", c.fp8_weights = c.fp8_cache = true; }),
         with(kQwen3, [](ProjectionCase& c) { c.name = "qwen2_bias", c.head_norms = false, c.bias = true; }),
-        with(kQwen3, [](ProjectionCase& c) { c.name = "f32_bias_no_input_norm", c.input_norm = false, c.bias = true, c.bias_dtype = DType::kF32; }),
+        with(kQwen3,
+             [](ProjectionCase& c) {
+               c.name = "f32_bias_no_input_norm", c.input_norm = false, c.bias = true, c.bias_dtype = DType::kF32;
+             }),
         with(kQwen3, [](ProjectionCase& c) { c.name = "kv_not_kept", c.slot = -1; }),
         with(kQwen3, [](ProjectionCase& c) { c.name = "position_past_table", c.position = 97; }),
         ProjectionCase{"head_dim_64_partial_rotary", 4, 2, 64, 512, 32},
