@@ -193,6 +193,15 @@ void EagleHead::load_maps(WeightSource& weights, bool dummy) {
   column_of_ = backend_.empty({vocab_}, DType::kI32);
   Tensor host = Tensor::from_i32(column_of, {vocab_});
   backend_.copy(host, column_of_);
+  std::vector<int32_t> target_of(static_cast<size_t>(draft_vocab_), 0);
+  for (int64_t t = 0; t < vocab_; ++t) {
+    const int32_t d = column_of[static_cast<size_t>(t)];
+    if (d >= 0) target_of[static_cast<size_t>(d)] = static_cast<int32_t>(t);
+  }
+  target_of_ = backend_.empty({draft_vocab_}, DType::kI32);
+  Tensor target_host = Tensor::from_i32(target_of, {draft_vocab_});
+  backend_.copy(target_host, target_of_);
+  backend_.synchronize();  // the host vectors go out of scope
 }
 
 KVCacheSpec EagleHead::kv_cache_spec() const {
@@ -218,6 +227,24 @@ void EagleHead::check_input(const EagleForwardInput& in, const KVCacheLayer& cac
   SPECULA_CHECK(r.logits_indices.defined() && r.logits_indices.ndim() == 1,
                 "EAGLE forward: logits_indices must be I32 [L], got {}", r.logits_indices.describe());
   SPECULA_CHECK(cache.k.defined() && cache.k.ndim() == 4, "EAGLE forward: no KV cache, got {}", cache.k.describe());
+}
+
+bool EagleHead::greedy_chain(DecoderChain& c) {
+  if (config_.version != EagleVersion::kEagle3 || config_.norm_before_residual) return false;
+  c.layers = {decoder_layer_weights(w_)};
+  c.embed_tokens = &embed_tokens_;
+  c.norm = &norm_;
+  c.lm_head = &lm_head_;
+  c.cos_sin = &cos_sin_;
+  c.rotary_dim = layer_.rotary_dim();
+  c.num_q_heads = config_.layer.num_attention_heads;
+  c.num_kv_heads = config_.layer.num_key_value_heads;
+  c.head_dim = config_.layer.head_dim;
+  c.eps = layer_.eps();
+  c.attn_scale = layer_.attn_scale();
+  c.hidden_norm = &hidden_norm_;
+  c.draft_to_target = target_of_.defined() ? &target_of_ : nullptr;
+  return backend_.decoder_greedy_chain(c);
 }
 
 EagleForwardOutput EagleHead::forward(const EagleForwardInput& in, KVCacheLayer& cache) {

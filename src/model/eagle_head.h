@@ -79,6 +79,11 @@ class EagleHead {
   // The head over a varlen batch; writes the rows' K/V into `cache` (slot -1 skips a row) first.
   // Does not reset the scratch arena.
   EagleForwardOutput forward(const EagleForwardInput& in, KVCacheLayer& cache);
+  // A greedy chain of head steps from chain.first_hidden (each step's prenorm the next one's
+  // hidden input, its argmax the next one's token) as one backend op (Backend::decoder_greedy_chain:
+  // one cluster kernel on CUDA), where the backend takes the head (EAGLE-3 without
+  // norm_before_residual); false: the caller runs the steps.
+  bool greedy_chain(DecoderChain& chain);
 
  private:
   void load_maps(WeightSource& weights, bool dummy);
@@ -96,6 +101,7 @@ class EagleHead {
   Tensor embed_tokens_;  // [V, H]
   Tensor lm_head_;       // [draft V, H]
   Tensor column_of_;     // I32 [V]: the draft id of each target id, -1 outside the draft vocabulary
+  Tensor target_of_;     // I32 [draft V]: the target id of each draft id (with column_of_)
 };
 
 }  // namespace specula

@@ -28,8 +28,6 @@
 namespace specula {
 namespace {
 
-const Tensor* if_defined(const Tensor& t) { return t.defined() ? &t : nullptr; }
-
 class LlamaModel final : public Model {
  public:
   LlamaModel(const ModelConfig& config, WeightSource& weights, Backend& backend,
@@ -222,22 +220,7 @@ bool LlamaModel::fused_forward(const ForwardInput& in, std::vector<KVCacheLayer>
 
 void LlamaModel::fill_decoder_weights(DecoderWeights& c) {
   c.layers.clear();
-  for (const LlamaLayerWeights& l : layers_) {
-    DecoderLayerWeights w;
-    w.input_layernorm = &l.input_layernorm;
-    w.qkv_proj = &l.qkv_proj.weight;
-    w.qkv_bias = if_defined(l.qkv_bias);
-    w.q_norm = if_defined(l.q_norm);
-    w.k_norm = if_defined(l.k_norm);
-    w.o_proj = &l.o_proj.weight;
-    w.o_bias = if_defined(l.o_bias);
-    w.post_attention_layernorm = &l.post_attention_layernorm;
-    w.gate_up_proj = &l.gate_up_proj.weight;
-    w.gate_up_bias = if_defined(l.gate_up_bias);
-    w.down_proj = &l.down_proj.weight;
-    w.down_bias = if_defined(l.down_bias);
-    c.layers.push_back(w);
-  }
+  for (const LlamaLayerWeights& l : layers_) c.layers.push_back(decoder_layer_weights(l));
   c.embed_tokens = &embed_tokens_;
   c.norm = &norm_;
   c.lm_head = &lm_head_;

@@ -15,6 +15,23 @@ const Tensor* if_defined(const Tensor& t) { return t.defined() ? &t : nullptr; }
 
 }  // namespace
 
+DecoderLayerWeights decoder_layer_weights(const LlamaLayerWeights& l) {
+  DecoderLayerWeights w;
+  w.input_layernorm = &l.input_layernorm;
+  w.qkv_proj = &l.qkv_proj.weight;
+  w.qkv_bias = if_defined(l.qkv_bias);
+  w.q_norm = if_defined(l.q_norm);
+  w.k_norm = if_defined(l.k_norm);
+  w.o_proj = &l.o_proj.weight;
+  w.o_bias = if_defined(l.o_bias);
+  w.post_attention_layernorm = &l.post_attention_layernorm;
+  w.gate_up_proj = &l.gate_up_proj.weight;
+  w.gate_up_bias = if_defined(l.gate_up_bias);
+  w.down_proj = &l.down_proj.weight;
+  w.down_bias = if_defined(l.down_bias);
+  return w;
+}
+
 Tensor LlamaWeightLoader::load(const std::string& name, const Shape& shape) {
   return source_.load(name, shape, backend_.compute_dtype(), backend_);
 }

@@ -37,6 +37,9 @@ struct LlamaLayerWeights {
   std::optional<KVCacheScales> kv_cache_scales;  // the checkpoint's, for an fp8 cache
 };
 
+// The layer's weights as the fused decoder ops take them (backend/decoder_weights.h).
+DecoderLayerWeights decoder_layer_weights(const LlamaLayerWeights& w);
+
 // Loads HF-named tensors in the backend's compute dtype, fusing row-stacked projections so that
 // each fused projection is one GEMM at run time. Linear layers follow `quantization`: FP8 weights
 // and scales read from the checkpoint, or quantised here from the full-precision weights.

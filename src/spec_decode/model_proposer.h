@@ -227,6 +227,9 @@ class ModelProposer : public Proposer {
     return static_cast<State&>(state(req_id));
   }
   const RequestState* find_state(std::string_view req_id) const;
+  // A hidden-state proposer's chained hidden input of a chain's `rows` rows (the catch-up's
+  // drafting rows' outputs once it ran): what draft 2's step reads.
+  Tensor chained_hidden(int rows) const { return chained_hidden_.slice(0, rows); }
 
   Backend& backend_;
   ModelProposerConfig config_;

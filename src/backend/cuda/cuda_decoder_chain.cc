@@ -1,7 +1,7 @@
 // CUDA backend: Backend::decoder_greedy_chain as one persistent kernel (cuda_decoder_chain.cu).
-// The kernel takes bf16 Llama-family decoders small enough for its fixed limits (rows, layers,
-// weights that fit one thread-block cluster's shared memory); anything else returns false and the
-// caller runs the chain layer by layer.
+// The kernel takes bf16 Llama-family decoders and EAGLE-3 heads small enough for its fixed limits
+// (rows, layers, weights that fit one thread-block cluster's shared memory); anything else
+// returns false and the caller runs the chain layer by layer.
 // SPECULA_FUSED_DECODER_CHAIN=0 turns the fused form off (for comparing the two).
 #include <cstdlib>
 #include <cstring>
@@ -48,6 +48,12 @@ bool CudaBackend::decoder_greedy_chain(const DecoderChain& c) {
                 "block_tables {}, out_tokens {}",
                 c.rows, c.steps, c.first_tokens.describe(), c.positions.describe(), c.slots.describe(),
                 c.block_tables.describe(), c.out_tokens.describe());
+  const bool eagle3 = c.hidden_norm != nullptr;
+  SPECULA_CHECK(!eagle3 || (c.first_hidden.dtype() == DType::kBF16 && c.first_hidden.device() == Device::kCUDA &&
+                            c.first_hidden.ndim() == 2 && c.first_hidden.size(0) >= c.rows &&
+                            c.first_hidden.size(1) == h),
+                "decoder_greedy_chain: an EAGLE-3 head's first hidden states must be bf16 [{}, {}] on the GPU, got {}",
+                c.rows, h, c.first_hidden.describe());
 
   cuda::DecoderChainParams p;
   p.num_layers = static_cast<int>(c.layers.size());
@@ -64,6 +70,7 @@ bool CudaBackend::decoder_greedy_chain(const DecoderChain& c) {
   p.head_dim = static_cast<int>(d);
   p.intermediate = static_cast<int>(inter);
   p.vocab = static_cast<int>(vocab);
+  p.lm_vocab = static_cast<int>(dims.lm_vocab);
   p.eps = c.eps;
   p.scale = c.attn_scale;
   p.rows = c.rows;
@@ -77,6 +84,11 @@ bool CudaBackend::decoder_greedy_chain(const DecoderChain& c) {
   p.slots = c.slots.data_as<int64_t>();
   p.block_tables = c.block_tables.data_as<int32_t>();
   p.out_tokens = const_cast<int32_t*>(c.out_tokens.data_as<int32_t>());
+  if (eagle3) {
+    p.hidden_norm = static_cast<const __nv_bfloat16*>(c.hidden_norm->data());
+    p.first_hidden = static_cast<const __nv_bfloat16*>(c.first_hidden.data());
+    p.draft_to_target = c.draft_to_target ? c.draft_to_target->data_as<int32_t>() : nullptr;
+  }
 
   // A cluster of 16 blocks (the H100's largest) where the GPU has one free, else 8 (portable); the
   // model's weights must fit its shared memory (plan_decoder_chain).
@@ -92,9 +104,10 @@ bool CudaBackend::decoder_greedy_chain(const DecoderChain& c) {
   if (!planned) return false;  // a larger model or context than the kernel is for
   check_cuda(cuda::launch_decoder_chain(p, smem, stream_), "decoder_greedy_chain");
   if (!chain_logged_) {
-    LOG_INFO("Fused decoder chain: {} layers, {} rows, a cluster of {} blocks, {} KiB shared memory per block, "
-             "lm_head in {}",
-             p.num_layers, c.rows, p.cluster, smem / 1024, p.lm_head_in_smem ? "shared memory" : "L2");
+    LOG_INFO("Fused decoder chain{}: {} layers, {} rows, a cluster of {} blocks ({} per kv group's attention), {} KiB "
+             "shared memory per block, lm_head in {}",
+             eagle3 ? " (EAGLE-3 head)" : "", p.num_layers, c.rows, p.cluster, p.q_split, smem / 1024,
+             p.lm_head_in_smem ? "shared memory" : "L2");
     chain_logged_ = true;
   }
   return true;

@@ -24,6 +24,11 @@
 //     per row                                                                  -> barrier
 //     and every block reduces the candidates to the step's tokens and looks up their embeddings
 //     (tied embeddings: in the lm_head rows of the block that holds them).
+// A kv group's attention may be split over q_split blocks by q heads (each computes the group's
+// k and v too, the first writes them), when one block's shared memory cannot hold the group.
+// An EAGLE-3 head is the same loop over its one layer: stage A's input is [input_layernorm(
+// embedding), hidden_norm(g)] (twice the hidden size) with g as the residual, g carried from step
+// to step; its lm_head covers the draft vocabulary, mapped to token ids at the reduction.
 // What bounds it (Nsight Compute): not bandwidth but the chain of short dependent phases: at
 // 2 warps a scheduler each warp issues an instruction every ~14 cycles, half the stalls at block
 // barriers between phases, each phase ~0.5-1 us however little it computes. (Variants measured
@@ -36,8 +41,8 @@
 // two logits are within rounding of each other.
 //
 // Memory ordering: cluster.sync() is a release/acquire barrier at cluster scope, which orders
-// the DSMEM partials and the K/V cache writes (a (row, group)'s K/V is only ever written and read
-// by the same block) before their reads.
+// the DSMEM partials and the K/V cache writes before their reads (a (row, group)'s K/V is written
+// by one block; with q_split > 1 the group's other blocks read it in later steps, from L2).
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -62,17 +67,29 @@ __host__ __device__ inline int64_t align16(int64_t bytes) { return (bytes + 15) 
 // block reads another's partial sums at its own offsets through DSMEM), then the block's weights:
 // its kv group's attention weights (blocks below num_kv_heads), its MLP slice, its lm_head rows.
 struct ChainLayout {
-  int64_t x, pa, pb, xs, att, act, gu, qkv, scores, part, red, norms, cos_sin, tables, pos, slots, cand_v, cand_i, tok,
-      best_v, best_i;
+  int64_t x, e, pa, pb, xs, att, act, gu, qkv, scores, part, red, norms, cos_sin, tables, pos, slots, cand_v, cand_i,
+      tok, best_v, best_i;
   int64_t area;         // bytes of the work area
-  int64_t attn_layer;   // bf16 elements of a layer's attention weights in a group's block
+  int64_t attn_layer;   // bf16 elements of a layer's attention weights in a unit's block
   int64_t mlp_layer;    // bf16 elements of a layer's MLP slice
-  int64_t norms_layer;  // bf16 elements of a layer's norm weights: in, post [H]; q, k [D]
+  int64_t norms_layer;  // bf16 elements of a layer's norm weights: in, post [H]; q, k [D]; EAGLE-3: hidden [H]
 };
+
+__host__ __device__ inline bool eagle3(const DecoderChainParams& p) { return p.hidden_norm != nullptr; }
+// The width of stage A's input rows: H, or an EAGLE-3 head's [embedding, g] 2 H.
+__host__ __device__ inline int attention_input(const DecoderChainParams& p) {
+  return eagle3(p) ? 2 * p.hidden : p.hidden;
+}
+// q heads of an attention unit, and the units (blocks holding attention weights).
+__host__ __device__ inline int unit_heads(const DecoderChainParams& p) {
+  return p.num_q_heads / p.num_kv_heads / p.q_split;
+}
+__host__ __device__ inline int attention_units(const DecoderChainParams& p) { return p.num_kv_heads * p.q_split; }
 
 __host__ __device__ inline ChainLayout chain_layout(const DecoderChainParams& p) {
   ChainLayout l{};
-  const int64_t rows = p.rows, h = p.hidden, d = p.head_dim, g = p.num_q_heads / p.num_kv_heads, n = p.mlp_cols;
+  const int64_t rows = p.rows, h = p.hidden, d = p.head_dim, g = unit_heads(p), n = p.mlp_cols;
+  const int64_t in = attention_input(p);
   int64_t at = 0;
   struct Take {
     int64_t& at;
@@ -83,9 +100,10 @@ __host__ __device__ inline ChainLayout chain_layout(const DecoderChainParams& p)
     }
   } take{at};
   l.x = take(rows * h * 4);   // residual rows (fp32, bf16-exact)
-  l.pa = take(rows * h * 4);  // o_proj shares of this block's (row, group) tasks
+  l.e = take(eagle3(p) ? rows * h * 4 : 0);  // EAGLE-3: the input tokens' embeddings
+  l.pa = take(rows * h * 4);  // o_proj shares of this block's (row, unit) tasks
   l.pb = take(rows * h * 4);  // down_proj shares of this block's MLP slice
-  l.xs = take(rows * h * 2);  // normed rows (bf16)
+  l.xs = take(rows * in * 2);  // normed rows (bf16)
   l.att = take(rows * g * d * 2);
   l.act = take(rows * n * 2);
   l.gu = take(rows * 2 * n * 4);
@@ -93,7 +111,7 @@ __host__ __device__ inline ChainLayout chain_layout(const DecoderChainParams& p)
   l.scores = take(g * static_cast<int64_t>(p.max_context) * 4);
   l.part = take(static_cast<int64_t>(kPvThreads) * 8 * 4);
   l.red = take(kMaxChainGroup * 4);
-  l.norms_layer = 2 * h + 2 * d;
+  l.norms_layer = 2 * h + 2 * d + (eagle3(p) ? h : 0);
   l.norms = take((p.num_layers * l.norms_layer + h) * 2);
   l.cos_sin = take(static_cast<int64_t>(p.steps) * rows * p.rotary_dim * 4);
   l.tables = take(rows * p.table_width * 4);
@@ -105,14 +123,14 @@ __host__ __device__ inline ChainLayout chain_layout(const DecoderChainParams& p)
   l.best_v = take(kWarps * rows * 4);
   l.best_i = take(kWarps * rows * 4);
   l.area = at;
-  l.attn_layer = (g + 2) * d * h + h * g * d;
+  l.attn_layer = (g + 2) * d * in + h * g * d;
   l.mlp_layer = 2 * n * h + h * n;
   return l;
 }
 
 // Byte offset of block b's MLP weights, and of its lm_head rows.
 __host__ __device__ inline int64_t mlp_offset(const DecoderChainParams& p, const ChainLayout& l, int b) {
-  return l.area + (b < p.num_kv_heads ? p.num_layers * l.attn_layer * 2 : 0);
+  return l.area + (b < attention_units(p) ? p.num_layers * l.attn_layer * 2 : 0);
 }
 __host__ __device__ inline int64_t lm_offset(const DecoderChainParams& p, const ChainLayout& l, int b) {
   return mlp_offset(p, l, b) + p.num_layers * l.mlp_layer * 2;
@@ -120,11 +138,11 @@ __host__ __device__ inline int64_t lm_offset(const DecoderChainParams& p, const 
 
 // This block's pointers into its shared memory, and other blocks' (DSMEM) where it reads them.
 struct ChainSmem {
-  float *x, *pa, *pb, *gu, *qkv, *scores, *part, *red, *cos_sin, *cand_v, *best_v;
+  float *x, *e, *pa, *pb, *gu, *qkv, *scores, *part, *red, *cos_sin, *cand_v, *best_v;
   bf16 *xs, *att, *act, *norms;
   int32_t *tables, *pos, *cand_i, *tok, *best_i;
   int64_t* slots;
-  const bf16* attn_w;  // blocks < num_kv_heads: their group's attention weights (see RemoteSmem)
+  const bf16* attn_w;  // blocks < attention_units: their unit's attention weights (see RemoteSmem)
   bf16* mlp_w;        // [layers][gate n | up n rows of H, then down H rows of n]
   const bf16* lm_w;   // rows vocab_begin[rank].. (shared memory or the global lm_head)
   int rank;
@@ -136,7 +154,9 @@ struct RemoteSmem {
   const float* pb[kMaxChainCluster];
   const float* cand_v[kMaxChainCluster];
   const int32_t* cand_i[kMaxChainCluster];
-  const bf16* attn_w[kMaxChainCluster];  // blocks < num_kv_heads: [layers][qkv rows (g+2) D of H, o H rows of g D]
+  // blocks < attention_units: [layers][the unit's q heads' then its group's k, v rows ((g + 2) D
+  // of attention_input), o's H rows of its g D columns], g = unit_heads
+  const bf16* attn_w[kMaxChainCluster];
   const bf16* lm_w[kMaxChainCluster];    // lm_head rows (when in shared memory)
 };
 
@@ -256,20 +276,23 @@ __host__ __device__ inline bool lm_head_mma_applies(const DecoderChainParams& p)
 // for just before its first use so that the copies overlap the first step: (0) layer 0's attention
 // weights, (1) the other layers' and every MLP slice, (2) the lm_head rows.
 __device__ void load_weights(const DecoderChainParams& p, const ChainLayout& l, unsigned char* smem, int rank) {
-  const int64_t h = p.hidden, d = p.head_dim, hq = p.num_q_heads, hk = p.num_kv_heads, g = hq / hk, n = p.mlp_cols;
-  const int64_t inter = p.intermediate;
+  const int64_t h = p.hidden, d = p.head_dim, hq = p.num_q_heads, hk = p.num_kv_heads, g = unit_heads(p);
+  const int64_t n = p.mlp_cols;
+  const int64_t inter = p.intermediate, in = attention_input(p);
+  const bool unit = rank < attention_units(p);
+  const int64_t group = rank / p.q_split, q0 = (group * p.q_split + rank % p.q_split) * g;  // its first q head
   auto attention = [&](int layer) {
     const DecoderChainLayer& L = p.layers[layer];
     bf16* w = reinterpret_cast<bf16*>(smem + l.area) + layer * l.attn_layer;
-    copy_rows_async(w, h, L.qkv + rank * g * d * h, h, g * d, h);                        // q heads
-    copy_rows_async(w + g * d * h, h, L.qkv + (hq + rank) * d * h, h, d, h);             // k head
-    copy_rows_async(w + (g + 1) * d * h, h, L.qkv + (hq + hk + rank) * d * h, h, d, h);  // v head
-    copy_rows_async(w + (g + 2) * d * h, g * d, L.o + rank * g * d, hq * d, h, g * d);   // o columns
+    copy_rows_async(w, in, L.qkv + q0 * d * in, in, g * d, in);                               // q heads
+    copy_rows_async(w + g * d * in, in, L.qkv + (hq + group) * d * in, in, d, in);            // k head
+    copy_rows_async(w + (g + 1) * d * in, in, L.qkv + (hq + hk + group) * d * in, in, d, in);  // v head
+    copy_rows_async(w + (g + 2) * d * in, g * d, L.o + q0 * d, hq * d, h, g * d);              // o columns
   };
-  if (rank < hk) attention(0);
+  if (unit) attention(0);
   cp_async_commit();
   for (int layer = 0; layer < p.num_layers; ++layer) {
-    if (rank < hk && layer > 0) attention(layer);
+    if (unit && layer > 0) attention(layer);
     const DecoderChainLayer& L = p.layers[layer];
     const int64_t j0 = static_cast<int64_t>(rank) * n, nb = min(n, inter - j0);
     if (nb > 0) {
@@ -292,7 +315,7 @@ __device__ void load_weights(const DecoderChainParams& p, const ChainLayout& l, 
 // the first tokens.
 __device__ void load_inputs(const DecoderChainParams& p, const ChainSmem& s) {
   const int h = p.hidden, d = p.head_dim, rows = p.rows, rot = p.rotary_dim;
-  const int per_layer = 2 * h + 2 * d;
+  const int per_layer = 2 * h + 2 * d + (eagle3(p) ? h : 0);
   for (int i = threadIdx.x; i < p.num_layers * per_layer + h; i += kThreads) {
     const int layer = i / per_layer, j = i % per_layer;
     const DecoderChainLayer* L = layer < p.num_layers ? &p.layers[layer] : nullptr;
@@ -301,7 +324,8 @@ __device__ void load_inputs(const DecoderChainParams& p, const ChainSmem& s) {
     else if (j < h) v = L->in_norm[j];
     else if (j < 2 * h) v = L->post_norm[j - h];
     else if (j < 2 * h + d) { if (L->q_norm) v = L->q_norm[j - 2 * h]; }
-    else if (L->k_norm) v = L->k_norm[j - 2 * h - d];
+    else if (j < 2 * h + 2 * d) { if (L->k_norm) v = L->k_norm[j - 2 * h - d]; }
+    else v = p.hidden_norm[j - 2 * h - 2 * d];
     s.norms[i] = v;
   }
   for (int i = threadIdx.x; i < p.steps * rows; i += kThreads) {
@@ -317,13 +341,16 @@ __device__ void load_inputs(const DecoderChainParams& p, const ChainSmem& s) {
     const int32_t t = p.first_tokens[threadIdx.x];
     s.tok[threadIdx.x] = t < 0 || t >= p.vocab ? 0 : t;
   }
+  if (eagle3(p))  // g of step 0
+    for (int i = threadIdx.x; i < rows * h; i += kThreads) s.x[i] = __bfloat162float(p.first_hidden[i]);
 }
 
-// x[r] = the embedding of tok[r]: from the lm_head rows of the block that holds them when the
-// embeddings are tied and those rows are in shared memory (DSMEM), else (and at step 0, while
-// they are still being copied) from global memory.
+// x[r] (an EAGLE-3 head: e[r]) = the embedding of tok[r]: from the lm_head rows of the block that
+// holds them when the embeddings are tied and those rows are in shared memory (DSMEM), else (and
+// at step 0, while they are still being copied) from global memory.
 __device__ void embed_rows(const DecoderChainParams& p, const ChainSmem& s, const RemoteSmem& rm, bool from_global) {
   const int h = p.hidden;
+  float* dst = eagle3(p) ? s.e : s.x;
   const bool tied = !from_global && p.lm_head_in_smem && p.embed == p.lm_head;
   for (int i = threadIdx.x; i < p.rows * h; i += kThreads) {
     const int r = i / h, c = i % h, t = s.tok[r];
@@ -336,33 +363,41 @@ __device__ void embed_rows(const DecoderChainParams& p, const ChainSmem& s, cons
       row = rm.lm_w[b] + static_cast<int64_t>(local) * h;
       if (lm_head_mma_applies(p)) at = ((c >> 3) ^ (local & 7)) * 8 + (c & 7);  // swizzled rows
     }
-    s.x[i] = __bfloat162float(row[at]);
+    dst[i] = __bfloat162float(row[at]);
   }
   __syncthreads();
 }
 
-// Stage A, task (row r, kv group g): the row's RMSNorm, the group's q/k/v columns, q/k norm and
-// rope, k/v into the cache, attention of the group's q heads over keys 0..position, and the
-// group's share of o_proj into pa[r]. The group's weights are in block g's shared memory.
+// Stage A, task (row r, attention unit u of kv group g): the row's RMSNorm, the unit's q and the
+// group's k/v columns, q/k norm and rope, k/v into the cache (the group's first unit), attention
+// of the unit's q heads over keys 0..position, and the unit's share of o_proj into pa[r]. The
+// unit's weights are in block u's shared memory.
 template <int R>
 __device__ void attention_task(const DecoderChainParams& p, const ChainLayout& l, const ChainSmem& s,
-                               const RemoteSmem& rm, int layer, int step, int r, int g) {
+                               const RemoteSmem& rm, int layer, int step, int r, int u) {
   const DecoderChainLayer& L = p.layers[layer];
-  const int h = p.hidden, hq = p.num_q_heads, hk = p.num_kv_heads, d = p.head_dim, gq = hq / hk, gd = gq * d;
-  const int qkv_cols = gd + 2 * d, maxc = p.max_context;
-  const bf16* w_qkv = (g == s.rank ? s.attn_w : rm.attn_w[g]) + layer * l.attn_layer;  // own: no DSMEM hop
-  const bf16* w_o = w_qkv + static_cast<int64_t>(qkv_cols) * h;
+  const int h = p.hidden, hq = p.num_q_heads, hk = p.num_kv_heads, d = p.head_dim, gq = unit_heads(p), gd = gq * d;
+  const int g = u / p.q_split, q0 = u * gq;  // its kv group, its first q head
+  const int qkv_cols = gd + 2 * d, maxc = p.max_context, in = attention_input(p);
+  const bf16* w_qkv = (u == s.rank ? s.attn_w : rm.attn_w[u]) + layer * l.attn_layer;  // own: no DSMEM hop
+  const bf16* w_o = w_qkv + static_cast<int64_t>(qkv_cols) * in;
   const bf16* norms = s.norms + layer * l.norms_layer;
   const int at = step * p.rows + r;
   const int pos = s.pos[at];
   const int64_t slot = s.slots[at];
   const bool own = slot >= 0 && slot < p.num_slots;
+  const bool writes_kv = own && u % p.q_split == 0;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
-  bf16* xs = s.xs + r * h;
-  norm_rows(s.x + r * h, 1, h, norms, p.eps, xs);
-  block_gemv<1, 4>(w_qkv, h, h, xs, h, 1, 0, qkv_cols, [&](int, int c, float v) {
-    const int col = c < gd ? g * gd + c : c < gd + d ? hq * d + g * d + (c - gd) : (hq + hk) * d + g * d + (c - gd - d);
+  bf16* xs = s.xs + r * in;
+  if (eagle3(p)) {  // [input_layernorm(embedding), hidden_norm(g)]
+    norm_rows(s.e + r * h, 1, h, norms, p.eps, xs);
+    norm_rows(s.x + r * h, 1, h, norms + 2 * h + 2 * d, p.eps, xs + h);
+  } else {
+    norm_rows(s.x + r * h, 1, h, norms, p.eps, xs);
+  }
+  block_gemv<1, 4>(w_qkv, in, in, xs, in, 1, 0, qkv_cols, [&](int, int c, float v) {
+    const int col = c < gd ? q0 * d + c : c < gd + d ? hq * d + g * d + (c - gd) : (hq + hk) * d + g * d + (c - gd - d);
     s.qkv[c] = round_bf16(v + bias_at(L.qkv_bias, col));
   });
   __syncthreads();
@@ -375,7 +410,7 @@ __device__ void attention_task(const DecoderChainParams& p, const ChainLayout& l
       warp_norm_rope_head(x, d, norm, p.eps, rope ? s.cos_sin + static_cast<int64_t>(at) * p.rotary_dim : nullptr,
                           p.rotary_dim);
     }
-    if (hh >= gq && own) {
+    if (hh >= gq && writes_kv) {
       bf16* cache = hh == gq ? L.k_cache : L.v_cache;
       for (int i = lane; i < d; i += 32) cache[(slot * hk + g) * d + i] = __float2bfloat16_rn(x[i]);
     }
@@ -464,7 +499,7 @@ __device__ void attention_task(const DecoderChainParams& p, const ChainLayout& l
     att[c] = __float2bfloat16_rn(v / s.red[c / d]);
   }
   __syncthreads();
-  // The group's share of o_proj (its g D input columns), summed with the others' after the barrier.
+  // The unit's share of o_proj (its q heads' input columns), summed with the others' after the barrier.
   block_gemv<1, 4>(w_o, gd, gd, att, gd, 1, 0, h, [&](int, int c, float v) { s.pa[r * h + c] = v; });
 }
 
@@ -637,7 +672,9 @@ __device__ void reduce_tokens(const DecoderChainParams& p, const ChainSmem& s, c
         bi = i;
       }
     }
-    const int32_t tok = bi == INT_MAX || bi < 0 || bi >= p.vocab ? 0 : bi;
+    int32_t tok = bi == INT_MAX || bi < 0 || bi >= p.lm_vocab ? 0 : bi;
+    if (p.draft_to_target != nullptr) tok = p.draft_to_target[tok];
+    if (tok < 0 || tok >= p.vocab) tok = 0;
     if (s.rank == 0) p.out_tokens[static_cast<int64_t>(step) * p.rows + r] = tok;
     s.tok[r] = tok;
   }
@@ -654,6 +691,7 @@ __global__ void __launch_bounds__(kThreads, 1) decoder_chain_kernel(const __grid
   ChainSmem s;
   s.rank = static_cast<int>(cluster.block_rank());
   s.x = reinterpret_cast<float*>(smem + l.x);
+  s.e = reinterpret_cast<float*>(smem + l.e);
   s.pa = reinterpret_cast<float*>(smem + l.pa);
   s.pb = reinterpret_cast<float*>(smem + l.pb);
   s.gu = reinterpret_cast<float*>(smem + l.gu);
@@ -686,7 +724,8 @@ __global__ void __launch_bounds__(kThreads, 1) decoder_chain_kernel(const __grid
     rm.pb[b] = cluster.map_shared_rank(s.pb, b);
     rm.cand_v[b] = cluster.map_shared_rank(s.cand_v, b);
     rm.cand_i[b] = cluster.map_shared_rank(s.cand_i, b);
-    rm.attn_w[b] = b < p.num_kv_heads ? cluster.map_shared_rank(reinterpret_cast<bf16*>(smem + l.area), b) : nullptr;
+    rm.attn_w[b] =
+        b < attention_units(p) ? cluster.map_shared_rank(reinterpret_cast<bf16*>(smem + l.area), b) : nullptr;
     rm.lm_w[b] = cluster.map_shared_rank(reinterpret_cast<bf16*>(smem + lm_offset(p, l, b)), b);
   }
   load_inputs(p, s);
@@ -695,17 +734,16 @@ __global__ void __launch_bounds__(kThreads, 1) decoder_chain_kernel(const __grid
   cluster.sync();  // every block's layer-0 attention weights are in place before any block reads them
   embed_rows(p, s, rm, true);
 
-  const int tasks = p.rows * p.num_kv_heads;
+  const int units = attention_units(p), tasks = p.rows * units;
   for (int step = 0; step < p.steps; ++step) {
     for (int layer = 0; layer < p.num_layers; ++layer) {
       const DecoderChainLayer& L = p.layers[layer];
       for (int task = s.rank; task < tasks; task += p.cluster) {
-        attention_task<R>(p, l, s, rm, layer, step, task / p.num_kv_heads, task % p.num_kv_heads);
+        attention_task<R>(p, l, s, rm, layer, step, task / units, task % units);
         __syncthreads();
       }
       cluster.sync();
-      add_shares(p, s, L.o_bias, p.num_kv_heads,
-                 [&](int r, int g) { return rm.pa[(r * p.num_kv_heads + g) % p.cluster]; });
+      add_shares(p, s, L.o_bias, units, [&](int r, int u) { return rm.pa[(r * units + u) % p.cluster]; });
       mlp_stage<R>(p, l, s, layer);
       cluster.sync();
       add_shares(p, s, L.down_bias, p.mlp_blocks, [&](int, int b) { return rm.pb[b]; });
@@ -723,41 +761,51 @@ __global__ void __launch_bounds__(kThreads, 1) decoder_chain_kernel(const __grid
 int64_t plan_decoder_chain(DecoderChainParams& p, int cluster, int64_t smem_budget, bool lm_head_in_l2) {
   const int hk = p.num_kv_heads;
   if (cluster <= 0 || cluster > kMaxChainCluster || hk <= 0 || hk > cluster || p.num_q_heads % hk != 0 ||
-      p.num_q_heads / hk > kMaxChainGroup || p.num_q_heads / hk * p.head_dim > 8 * kPvThreads)
+      p.num_q_heads / hk > kMaxChainGroup || p.lm_vocab <= 0)
     return 0;
   p.cluster = cluster;
   p.mlp_cols = ((p.intermediate + cluster - 1) / cluster + 7) / 8 * 8;
   p.mlp_blocks = (p.intermediate + p.mlp_cols - 1) / p.mlp_cols;
-  const ChainLayout l = chain_layout(p);
+  // The fewest q splits whose attention and MLP weights fit every block.
   const int64_t row_bytes = static_cast<int64_t>(p.hidden) * 2;
   int64_t fixed[kMaxChainCluster], cap[kMaxChainCluster], total_cap = 0;
+  for (p.q_split = 1;; p.q_split *= 2) {
+    const int group = p.num_q_heads / hk;
+    if (group % p.q_split != 0 || hk * p.q_split > cluster) return 0;
+    if (group / p.q_split * p.head_dim > 8 * kPvThreads) continue;
+    const ChainLayout l = chain_layout(p);
+    bool fits = true;
+    for (int b = 0; b < cluster; ++b) {
+      fixed[b] = lm_offset(p, l, b);
+      fits = fits && fixed[b] <= smem_budget;
+    }
+    if (fits) break;
+  }
   for (int b = 0; b < cluster; ++b) {
-    fixed[b] = lm_offset(p, l, b);
-    if (fixed[b] > smem_budget) return 0;
     cap[b] = (smem_budget - fixed[b]) / row_bytes;
     total_cap += cap[b];
   }
   // lm_head rows: in shared memory if they fit, spread so that the fullest block holds the fewest
   // rows possible (the stage lasts as long as its slowest block); else an even split read from L2.
   int64_t rows[kMaxChainCluster];
-  p.lm_head_in_smem = !lm_head_in_l2 && total_cap >= p.vocab;
+  p.lm_head_in_smem = !lm_head_in_l2 && total_cap >= p.lm_vocab;
   if (p.lm_head_in_smem) {
-    int64_t lo = 0, hi = p.vocab;  // the smallest per-block ceiling that covers the vocabulary
+    int64_t lo = 0, hi = p.lm_vocab;  // the smallest per-block ceiling that covers the vocabulary
     while (lo < hi) {
       const int64_t mid = (lo + hi) / 2;
       int64_t covered = 0;
       for (int b = 0; b < cluster; ++b) covered += std::min(cap[b], mid);
-      if (covered >= p.vocab) hi = mid;
+      if (covered >= p.lm_vocab) hi = mid;
       else lo = mid + 1;
     }
-    int64_t left = p.vocab;
+    int64_t left = p.lm_vocab;
     for (int b = 0; b < cluster; ++b) {
       rows[b] = std::min({cap[b], lo, left});
       left -= rows[b];
     }
   } else {
-    const int64_t per = (p.vocab + cluster - 1) / cluster;
-    int64_t left = p.vocab;
+    const int64_t per = (p.lm_vocab + cluster - 1) / cluster;
+    int64_t left = p.lm_vocab;
     for (int b = 0; b < cluster; ++b) {
       rows[b] = std::min(per, left);
       left -= rows[b];

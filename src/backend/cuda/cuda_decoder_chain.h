@@ -1,6 +1,8 @@
 // The persistent greedy decode-chain kernel's parameters, plan and launcher
 // (cuda_decoder_chain.cu): a small Llama-family decoder's `steps` decode steps of `rows` rows in
-// one launch of one thread-block cluster whose shared memory holds the model's weights.
+// one launch of one thread-block cluster whose shared memory holds the model's weights; or an
+// EAGLE-3 head's (model/eagle_head.h), whose layer reads [input_layernorm(embedding),
+// hidden_norm(g)] and chains g.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -37,11 +39,13 @@ struct DecoderChainParams {
   int num_layers = 0;
   const __nv_bfloat16* embed = nullptr;       // [V, H]
   const __nv_bfloat16* final_norm = nullptr;  // [H]
-  const __nv_bfloat16* lm_head = nullptr;     // [V, H] (may be embed: tied)
+  const __nv_bfloat16* lm_head = nullptr;     // [lm_vocab, H] (may be embed: tied)
   const float* cos_sin = nullptr;             // [max_pos, rotary_dim]: cos | sin (neox pairs)
   int rotary_dim = 0;
   int max_pos = 0;
-  int hidden = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0, intermediate = 0, vocab = 0;
+  int hidden = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0, intermediate = 0;
+  int vocab = 0;     // token ids (embedding rows)
+  int lm_vocab = 0;  // lm_head rows: vocab, or an EAGLE-3 head's draft vocabulary
   float eps = 0.0f, scale = 1.0f;
 
   int rows = 0;   // padded sequences, one decode row each, at most kMaxChainRows
@@ -56,10 +60,21 @@ struct DecoderChainParams {
   const int32_t* block_tables = nullptr;  // [rows, table_width]
   int32_t* out_tokens = nullptr;          // [steps * rows]: each step's argmax (the next step's input)
 
-  // The plan (plan_decoder_chain): the cluster's blocks; block b computes MLP features
-  // [b * mlp_cols, (b + 1) * mlp_cols) (mlp_blocks have any) and logits [vocab_begin[b],
-  // vocab_begin[b + 1]), their lm_head rows in its shared memory when lm_head_in_smem.
+  // An EAGLE-3 head (hidden_norm set; one layer): step s's layer reads x = [input_layernorm(
+  // embed(token)), hidden_norm(g)] (qkv [.., 2 H]) with g as its residual; g starts at
+  // first_hidden and each step's output (before the final norm) is the next step's g. The argmax
+  // d over lm_head's draft vocabulary is the token draft_to_target[d] (null: d).
+  const __nv_bfloat16* hidden_norm = nullptr;  // [H]
+  const __nv_bfloat16* first_hidden = nullptr;  // [rows, H]
+  const int32_t* draft_to_target = nullptr;     // [lm_vocab]
+
+  // The plan (plan_decoder_chain): the cluster's blocks; a kv group's q heads split over q_split
+  // attention units (blocks 0 .. num_kv_heads * q_split - 1 hold one unit's weights each: the
+  // fewest splits whose weights fit); block b computes MLP features [b * mlp_cols, (b + 1) *
+  // mlp_cols) (mlp_blocks have any) and logits [vocab_begin[b], vocab_begin[b + 1]), their lm_head
+  // rows in its shared memory when lm_head_in_smem.
   int cluster = 0;
+  int q_split = 1;
   int mlp_cols = 0;
   int mlp_blocks = 0;
   int vocab_begin[kMaxChainCluster + 1] = {};

@@ -38,9 +38,9 @@ int blocks_override() {
 
 bool CudaBackend::decoder_forward(DecoderForward& f) {
   FusedDecoderDims dims;
-  if (!fused_forward_enabled() || !f.kv || !f.attn || !f.token_ids || !f.positions || !f.logits_indices ||
-      f.layers.size() > static_cast<size_t>(cuda::kMaxForwardLayers) || !fused_decoder_dims(f, dims) ||
-      !fused_kv_fits(f, *f.kv, f.attn->block_size))
+  if (!fused_forward_enabled() || f.hidden_norm || !f.kv || !f.attn || !f.token_ids || !f.positions ||
+      !f.logits_indices || f.layers.size() > static_cast<size_t>(cuda::kMaxForwardLayers) ||
+      !fused_decoder_dims(f, dims) || !fused_kv_fits(f, *f.kv, f.attn->block_size))
     return false;
   const AttentionMetadata& md = *f.attn;
   const int64_t rows = f.token_ids->numel(), logits_rows = f.logits_indices->numel();

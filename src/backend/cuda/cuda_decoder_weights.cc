@@ -29,9 +29,17 @@ bool fused_decoder_dims(const DecoderWeights& w, FusedDecoderDims& dims) {
   const int64_t h = w.embed_tokens->size(1), vocab = w.embed_tokens->size(0), d = w.head_dim;
   const int64_t nq = w.num_q_heads * d, nkv = w.num_kv_heads * d, inter = w.layers.front().down_proj->size(1);
   if (h % 8 != 0 || inter % 8 != 0 || nq % 8 != 0 || d % 8 != 0 || d > 256 || w.rotary_dim > d) return false;
-  const int64_t qkv = nq + 2 * nkv;
+  const bool eagle3 = w.hidden_norm != nullptr;
+  const int64_t qkv = nq + 2 * nkv, in = eagle3 ? 2 * h : h;
+  const int64_t lm_vocab = eagle3 && w.lm_head && w.lm_head->defined() && w.lm_head->ndim() == 2 ? w.lm_head->size(0)
+                                                                                                 : vocab;
+  if (eagle3 && (w.layers.size() != 1 || !weight_fits(w.hidden_norm, {h}, false) || lm_vocab < 1 ||
+                 (w.draft_to_target && (w.draft_to_target->device() != Device::kCUDA ||
+                                        w.draft_to_target->dtype() != DType::kI32 ||
+                                        w.draft_to_target->numel() != lm_vocab))))
+    return false;
   for (const DecoderLayerWeights& l : w.layers) {
-    if (!weight_fits(l.input_layernorm, {h}, false) || !weight_fits(l.qkv_proj, {qkv, h}, false) ||
+    if (!weight_fits(l.input_layernorm, {h}, false) || !weight_fits(l.qkv_proj, {qkv, in}, false) ||
         !weight_fits(l.qkv_bias, {qkv}, true) || !weight_fits(l.q_norm, {d}, true) || !weight_fits(l.k_norm, {d}, true) ||
         !weight_fits(l.o_proj, {h, nq}, false) || !weight_fits(l.o_bias, {h}, true) ||
         !weight_fits(l.post_attention_layernorm, {h}, false) || !weight_fits(l.gate_up_proj, {2 * inter, h}, false) ||
@@ -40,9 +48,9 @@ bool fused_decoder_dims(const DecoderWeights& w, FusedDecoderDims& dims) {
       return false;
   }
   if (!weight_fits(w.embed_tokens, {vocab, h}, false) || !weight_fits(w.norm, {h}, false) ||
-      !weight_fits(w.lm_head, {vocab, h}, false))
+      !weight_fits(w.lm_head, {lm_vocab, h}, false))
     return false;
-  dims = {h, vocab, d, inter, nq, nkv};
+  dims = {h, vocab, d, inter, lm_vocab, nq, nkv};
   return true;
 }
 

@@ -8,8 +8,12 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <numeric>
 #include <random>
 
+#include "model/config.h"
+#include "model/eagle_head.h"
 #include "model/model.h"
 #include "model/weight_source.h"
 #include "test_paths.h"
@@ -150,6 +154,240 @@ TEST(DecoderChain, DeclinesMoreRowsThanTheKernelTakes) {
   chain.kv = &runner.kv();
   chain.block_size = kBlockSize;
   EXPECT_FALSE(model->greedy_chain(chain));
+}
+
+// Sequences' rows for an EAGLE head's forward: sequence i's tokens at positions first[i].. in its
+// own blocks, its last row a logits row. The host vectors live beside the input they describe.
+struct HeadRows {
+  ForwardInput in;
+  std::vector<int32_t> qsl, lens;
+};
+HeadRows head_rows(Backend& gpu, const std::vector<std::vector<int32_t>>& tokens, const std::vector<int>& first,
+                   const std::vector<std::vector<int32_t>>& blocks) {
+  HeadRows r;
+  std::vector<int32_t> ids, positions, last, tables;
+  std::vector<int64_t> slots;
+  const size_t width = blocks.front().size();
+  r.qsl = {0};
+  int max_len = 0;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    for (size_t j = 0; j < tokens[i].size(); ++j) {
+      const int pos = first[i] + static_cast<int>(j);
+      ids.push_back(tokens[i][j]);
+      positions.push_back(pos);
+      slots.push_back(int64_t{blocks[i][static_cast<size_t>(pos / kBlockSize)]} * kBlockSize + pos % kBlockSize);
+    }
+    r.qsl.push_back(static_cast<int32_t>(ids.size()));
+    last.push_back(static_cast<int32_t>(ids.size()) - 1);
+    r.lens.push_back(first[i] + static_cast<int32_t>(tokens[i].size()));
+    max_len = std::max(max_len, r.lens.back());
+    tables.insert(tables.end(), blocks[i].begin(), blocks[i].end());
+  }
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  ForwardInput& in = r.in;
+  in.token_ids = testing::to_gpu(gpu, Tensor::from_i32(ids));
+  in.positions = testing::to_gpu(gpu, Tensor::from_i32(positions));
+  in.logits_indices = testing::to_gpu(gpu, Tensor::from_i32(last));
+  in.attn.num_seqs = static_cast<int>(n);
+  in.attn.num_tokens = static_cast<int>(ids.size());
+  in.attn.max_query_len = 0;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    in.attn.max_query_len = std::max(in.attn.max_query_len, static_cast<int>(tokens[i].size()));
+  in.attn.max_seq_len = max_len;
+  in.attn.block_size = kBlockSize;
+  in.attn.query_start_loc = testing::to_gpu(gpu, Tensor::from_i32(r.qsl));
+  in.attn.seq_lens = testing::to_gpu(gpu, Tensor::from_i32(r.lens));
+  in.attn.block_tables = testing::to_gpu(gpu, Tensor::from_i32(tables, {n, static_cast<int64_t>(width)}));
+  in.attn.slot_mapping = testing::to_gpu(gpu, Tensor::from_i64(slots));
+  in.attn.query_start_loc_host = r.qsl;
+  in.attn.seq_lens_host = r.lens;
+  return r;
+}
+
+// The trained EAGLE-3 head's chain (EagleHead::greedy_chain: the same kernel reading
+// [input_layernorm(embedding), hidden_norm(g)] and carrying g from step to step) on the embedded
+// target's features of random prompts, from the same prefilled head caches and first hidden states:
+// - every row's tokens and K/V are those of the same row chained alone, bit for bit (rows never
+//   mix, whatever the tasks a block runs);
+// - against the head's own steps (EagleHead::forward fed the previous step's prenorm output, a row
+//   at a time): the same tokens but where two logits are within rounding, the same K/V; padding
+//   rows write nothing.
+void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int steps, unsigned seed) {
+  SCOPED_TRACE("rows " + std::to_string(real_rows) + " + " + std::to_string(padding_rows) + " padding, steps " +
+               std::to_string(steps));
+  auto gpu = make_cuda_backend(0);
+  const auto models = testing::models_dir();
+  const ModelConfig tc = load_model_config(models / "specula-tiny");
+  auto target_weights = open_safetensors_checkpoint(models / "specula-tiny");
+  auto target = create_model(tc, *target_weights, *gpu);
+  const EagleHeadConfig hc = load_eagle_head_config(models / "specula-tiny-eagle3", EagleVersion::kEagle3, tc);
+  auto head_weights = open_safetensors_checkpoint(models / "specula-tiny-eagle3");
+  EagleHead head(hc, *head_weights, *gpu, *target, false);
+  target->set_aux_hidden_state_layers(hc.aux_layers);
+  const int64_t vocab = tc.vocab_size, h = head.hidden_size();
+  constexpr int kWidth = 8;  // blocks a sequence
+  const int64_t num_blocks = kWidth * 8;
+  auto cache = [&](const KVCacheSpec& spec) {
+    std::vector<KVCacheLayer> kv;
+    for (int64_t l = 0; l < spec.num_layers; ++l) {
+      kv.push_back({gpu->empty({num_blocks, kBlockSize, spec.num_kv_heads, spec.head_dim}, DType::kBF16),
+                    gpu->empty({num_blocks, kBlockSize, spec.num_kv_heads, spec.v_head_dim}, DType::kBF16)});
+      gpu->zero(kv.back().k);
+      gpu->zero(kv.back().v);
+    }
+    return kv;
+  };
+  std::vector<KVCacheLayer> ref = cache(head.kv_cache_spec()), target_kv = cache(target->kv_cache_spec());
+
+  // Random prompts through the target (its features of every position, its greedy next token),
+  // then through the head: row p reads the features of p and token p + 1.
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> token(1, static_cast<int32_t>(vocab) - 1);
+  std::vector<std::vector<int32_t>> prompts, blocks;
+  std::vector<int> lens, zeros;
+  for (int r = 0; r < real_rows; ++r) {
+    prompts.emplace_back(static_cast<size_t>(17 + 13 * r));
+    for (int32_t& t : prompts.back()) t = token(rng);
+    lens.push_back(static_cast<int>(prompts.back().size()));
+    ASSERT_LE(lens.back() + steps, kWidth * kBlockSize);
+    zeros.push_back(0);
+    blocks.emplace_back();
+    for (int b = 0; b < kWidth; ++b) blocks.back().push_back(r * kWidth + (b * 5 + r) % kWidth);
+  }
+  const HeadRows target_rows = head_rows(*gpu, prompts, zeros, blocks);
+  const ForwardOutput target_out = target->forward(target_rows.in, target_kv);
+  ASSERT_TRUE(target_out.aux_hidden_states.defined());
+  const std::vector<float> target_logits = testing::to_host(*gpu, target_out.logits);
+  std::vector<std::vector<int32_t>> next(prompts);
+  for (int r = 0; r < real_rows; ++r) {
+    next[r].erase(next[r].begin());
+    next[r].push_back(testing::argmax(target_logits.data() + r * vocab, vocab));
+  }
+  Tensor features = gpu->empty(target_out.aux_hidden_states.shape(), DType::kBF16);
+  gpu->copy(target_out.aux_hidden_states, features);
+  const HeadRows prefill = head_rows(*gpu, next, zeros, blocks);
+  EagleForwardInput in;
+  in.rows = prefill.in;
+  in.hidden = features;
+  gpu->reset_scratch();
+  EagleForwardOutput out = head.forward(in, ref[0]);
+  const std::vector<float> prenorm = testing::to_host(*gpu, out.prenorm), logits = testing::to_host(*gpu, out.logits);
+  const std::vector<float> prefilled_k = testing::to_host(*gpu, ref[0].k), prefilled_v = testing::to_host(*gpu, ref[0].v);
+
+  // A chain of the listed real rows (plus `padding` rows at position 0 without writing, over the
+  // first row's blocks) from the prefilled cache: draft 1 (the prefill's argmax) and the last row's
+  // prenorm start it, step s of row r runs position len_r + s. Returns its tokens [steps][rows].
+  std::vector<int32_t> first(static_cast<size_t>(real_rows));
+  std::vector<float> first_hidden(static_cast<size_t>(real_rows * h));
+  for (int r = 0, at = 0; r < real_rows; ++r) {
+    at += lens[r];
+    first[r] = testing::argmax(logits.data() + r * vocab, vocab);
+    std::copy_n(prenorm.begin() + static_cast<int64_t>(at - 1) * h, h, first_hidden.begin() + r * h);
+  }
+  auto slot_of = [&](int r, int pos) {
+    return int64_t{blocks[r][static_cast<size_t>(pos / kBlockSize)]} * kBlockSize + pos % kBlockSize;
+  };
+  auto run_chain = [&](const std::vector<int>& real, int padding, std::vector<KVCacheLayer>& kv) {
+    const int n = static_cast<int>(real.size()) + padding;
+    std::vector<int32_t> first_tokens(static_cast<size_t>(n), 0), positions(static_cast<size_t>(steps) * n, 0);
+    std::vector<int32_t> tables(static_cast<size_t>(n) * kWidth, 0);
+    std::vector<int64_t> slots(static_cast<size_t>(steps) * n, -1);
+    std::vector<float> hidden(static_cast<size_t>(n * h), 0.0f);
+    for (int i = 0; i < n; ++i) {
+      const int r = real[i < static_cast<int>(real.size()) ? i : 0];
+      std::copy(blocks[r].begin(), blocks[r].end(), tables.begin() + i * kWidth);
+      if (i >= static_cast<int>(real.size())) continue;
+      first_tokens[i] = first[r];
+      std::copy_n(first_hidden.begin() + r * h, h, hidden.begin() + i * h);
+      for (int s = 0; s < steps; ++s) {
+        positions[s * n + i] = lens[r] + s;
+        slots[s * n + i] = slot_of(r, lens[r] + s);
+      }
+    }
+    gpu->copy(testing::to_gpu(*gpu, Tensor::from_f32(prefilled_k, ref[0].k.shape())), kv[0].k);
+    gpu->copy(testing::to_gpu(*gpu, Tensor::from_f32(prefilled_v, ref[0].v.shape())), kv[0].v);
+    DecoderChain chain;
+    chain.rows = n;
+    chain.steps = steps;
+    chain.first_tokens = testing::to_gpu(*gpu, Tensor::from_i32(first_tokens));
+    chain.first_hidden = testing::to_gpu(*gpu, Tensor::from_f32(hidden, {n, h}));
+    chain.positions = testing::to_gpu(*gpu, Tensor::from_i32(positions));
+    chain.slots = testing::to_gpu(*gpu, Tensor::from_i64(slots));
+    chain.block_tables = testing::to_gpu(*gpu, Tensor::from_i32(tables, {n, kWidth}));
+    chain.out_tokens = gpu->empty({static_cast<int64_t>(steps) * n}, DType::kI32);
+    chain.kv = &kv;
+    chain.block_size = kBlockSize;
+    EXPECT_TRUE(head.greedy_chain(chain)) << "the CUDA backend has no fused chain for the embedded EAGLE-3 head";
+    const std::vector<float> got = testing::to_host(*gpu, chain.out_tokens);
+    std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(steps));
+    for (int s = 0; s < steps; ++s)
+      for (int i = 0; i < n; ++i) tokens[s].push_back(static_cast<int32_t>(got[s * n + i]));
+    return tokens;
+  };
+  std::vector<int> all(static_cast<size_t>(real_rows));
+  std::iota(all.begin(), all.end(), 0);
+  std::vector<KVCacheLayer> fused = cache(head.kv_cache_spec()), alone = cache(head.kv_cache_spec());
+  const std::vector<std::vector<int32_t>> chain_out = run_chain(all, padding_rows, fused);
+  const std::vector<float> fused_k = testing::to_host(*gpu, fused[0].k), fused_v = testing::to_host(*gpu, fused[0].v);
+
+  // Each row chained alone: the same tokens and K/V entries, bit for bit.
+  const int64_t entry = head.kv_cache_spec().num_kv_heads * head.kv_cache_spec().head_dim;
+  for (int r = 0; r < real_rows; ++r) {
+    const std::vector<std::vector<int32_t>> own = run_chain({r}, 0, alone);
+    const std::vector<float> k = testing::to_host(*gpu, alone[0].k), v = testing::to_host(*gpu, alone[0].v);
+    for (int s = 0; s < steps; ++s) {
+      EXPECT_EQ(own[s][0], chain_out[s][r]) << "row " << r << " step " << s << ": alone and in the batch";
+      const int64_t at = slot_of(r, lens[r] + s) * entry;
+      for (int64_t j = 0; j < entry; ++j) {
+        EXPECT_EQ(k[at + j], fused_k[at + j]) << "row " << r << " step " << s << " K " << j;
+        EXPECT_EQ(v[at + j], fused_v[at + j]) << "row " << r << " step " << s << " V " << j;
+      }
+    }
+  }
+
+  // Head steps, fed the chain's tokens and their own prenorm, a row at a time.
+  int exact = 0, count = 0;
+  for (int r = 0; r < real_rows; ++r) {
+    Tensor g = testing::to_gpu(*gpu, Tensor::from_f32(std::vector<float>(first_hidden.begin() + r * h,
+                                                                         first_hidden.begin() + (r + 1) * h),
+                                                      {1, h}));
+    for (int s = 0; s < steps; ++s) {
+      const int32_t input = s == 0 ? first[r] : chain_out[s - 1][r];
+      const HeadRows step = head_rows(*gpu, {{input}}, {lens[r] + s}, {blocks[r]});
+      EagleForwardInput e;
+      e.rows = step.in;
+      e.hidden = g;
+      e.from_target = false;
+      gpu->reset_scratch();
+      EagleForwardOutput o = head.forward(e, ref[0]);
+      const std::vector<float> l = testing::to_host(*gpu, o.logits);
+      Tensor next_g = gpu->empty({1, h}, DType::kBF16);
+      gpu->copy(o.prenorm, next_g);
+      g = next_g;
+      const int32_t want = testing::argmax(l.data(), vocab), got = chain_out[s][r];
+      ASSERT_GE(got, 0);
+      ASSERT_LT(got, vocab);
+      ++count;
+      if (got == want) {
+        ++exact;
+        continue;
+      }
+      EXPECT_LE(l[want] - l[got], 0.05f) << "step " << s << " row " << r << ": chain " << got << ", head " << want;
+    }
+  }
+  EXPECT_GE(exact, count - std::max(1, count / 10)) << exact << " of " << count << " tokens equal";
+  testing::expect_close(fused_k, testing::to_host(*gpu, ref[0].k), 1.0 / 64, 1e-2, "K");
+  testing::expect_close(fused_v, testing::to_host(*gpu, ref[0].v), 1.0 / 64, 1e-2, "V");
+}
+
+TEST(DecoderChain, Eagle3HeadChainIsTheHeadStepsArgmax) {
+  SKIP_WITHOUT_GPU();
+  if (!std::filesystem::exists(testing::models_dir() / "specula-tiny-eagle3" / "model.safetensors"))
+    GTEST_SKIP() << "no trained EAGLE-3 head";
+  expect_eagle3_chain_matches_head_steps(1, 0, 4, 7);
+  expect_eagle3_chain_matches_head_steps(1, 0, 9, 8);
+  expect_eagle3_chain_matches_head_steps(2, 1, 5, 9);  // (4 rows do not fit its shared memory)
+  expect_eagle3_chain_matches_head_steps(3, 0, 3, 10);
 }
 
 }  // namespace
