@@ -21,6 +21,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_kernels.h"
 #include "core/dtype.h"
 
 namespace specula {
@@ -225,19 +226,21 @@ void decode_projections(CudaBackend& be, const char* model, const std::vector<Pr
     be.fused_linear(q.x, prologue, q.weights[l], nullptr, out, q.shape.epilogue);
   };
   const char* name = wdt == DType::kBF16 ? "bf16" : "fp8";
+  // Verification row counts: the tensor-core GEMV (the default) against what runs without it.
+  const char* path = m <= be.gemv_max_rows(wdt) ? "" : be.gemv_mma_max_rows() >= m ? " mma" : " gemm";
   double sum_us = 0;
   for (const Projection& q : projections) {
     const double ms = time_graph_ms(be, [&] { for (int l = 0; l < layers; ++l) run(q, l); }, 1) / layers;
     const double bytes = static_cast<double>(dtype_size(wdt)) * q.shape.n * q.shape.k;
     sum_us += ms * 1e3;
-    std::printf("decode  %s %-4s M=%-2ld %-8s N=%-6ld K=%-5ld: %7.2f us  %3.0f%% of copy\n", model, name, m,
+    std::printf("decode  %s %-4s M=%-2ld%s %-8s N=%-6ld K=%-5ld: %7.2f us  %3.0f%% of copy\n", model, name, m, path,
                 q.shape.label, q.shape.n, q.shape.k, ms * 1e3, 100 * bytes / (ms * 1e-3) / 1e12 / roofline_tbs);
   }
   const double chain_ms = time_graph_ms(be, [&] {
     for (int l = 0; l < layers; ++l)
       for (const Projection& q : projections) run(q, l);
   }, 1) / layers;
-  std::printf("decode  %s %-4s M=%-2ld layer chain: %7.2f us (alone %.2f)  %3.0f%% of copy\n", model, name, m,
+  std::printf("decode  %s %-4s M=%-2ld%s layer chain: %7.2f us (alone %.2f)  %3.0f%% of copy\n", model, name, m, path,
               chain_ms * 1e3, sum_us, 100 * layer_bytes / (chain_ms * 1e-3) / 1e12 / roofline_tbs);
 }
 
@@ -251,9 +254,25 @@ void decode_projection_shapes(CudaBackend& be, double roofline_tbs) {
                                              {"o_proj", 1024, 2048, false, E::kAccumulate},
                                              {"gate_up", 6144, 1024, true, E::kSiluMul},
                                              {"down", 1024, 3072, false, E::kAccumulate}};
+  // The embedded specula-tiny (hidden 256, 8 / 2 heads of 32, MLP 704): the speculative pair's target.
+  const std::vector<ProjectionShape> tiny = {{"qkv", 384, 256, true, E::kStore},
+                                             {"o_proj", 256, 256, false, E::kAccumulate},
+                                             {"gate_up", 1408, 256, true, E::kSiluMul},
+                                             {"down", 256, 704, false, E::kAccumulate}};
   for (int64_t m : {1, 2, 4}) decode_projections(be, "llama8b", llama, m, DType::kBF16, roofline_tbs);
   decode_projections(be, "llama8b", llama, 1, DType::kF8E4M3, roofline_tbs);
   for (int64_t m : {1, 2}) decode_projections(be, "qwen0.6b", qwen, m, DType::kBF16, roofline_tbs);
+  // Verification and small batches (k + 1 = 4, 6, 8 rows; 16): the tensor-core GEMV on every
+  // size (the default takes it for small weights only), then none (cuBLASLt, separate ops).
+  for (int64_t with_mma : {cuda::kGemvMmaMaxRows, int64_t{0}}) {
+    be.set_gemv_mma_limits(with_mma, int64_t{1} << 40);
+    for (int64_t m : {4, 6, 8, 16}) {
+      decode_projections(be, "llama8b", llama, m, DType::kBF16, roofline_tbs);
+      decode_projections(be, "qwen0.6b", qwen, m, DType::kBF16, roofline_tbs);
+      decode_projections(be, "tiny", tiny, m, DType::kBF16, roofline_tbs);
+    }
+  }
+  be.set_gemv_mma_limits(cuda::kGemvMmaMaxRows, cuda::kGemvMmaMaxWeightBytes);
 }
 
 // Llama-3.1-8B attention: 32 query heads, 8 kv heads, head_dim 128, block size 16. capture_len >

@@ -124,6 +124,12 @@ class CudaBackend final : public Backend {
   // move it to measure and check both paths.
   int64_t gemv_max_rows(DType weight) const;
   void set_gemv_max_rows(DType weight, int64_t rows);
+  // The tensor-core GEMV (bf16 weights): up to max_rows rows (0: never) for weights of at most
+  // max_weight_bytes, and at the GEMV's rows for a norm or SwiGLU the GEMV does not fold in; else
+  // cuBLASLt with separate norm / SwiGLU kernels. SPECULA_GEMV_MMA=0 sets max_rows to 0 at
+  // construction.
+  int64_t gemv_mma_max_rows() const { return gemv_mma_max_rows_; }
+  void set_gemv_mma_limits(int64_t max_rows, int64_t max_weight_bytes);
   // The most key splits of a decode attention that merge inside its launch (a thread-block
   // cluster, cuda_attention_decode.cu); more splits use the merge kernel, and 0 or 1 keep it for
   // every split count (benchmarks and tests compare the two).
@@ -161,6 +167,10 @@ class CudaBackend final : public Backend {
   void fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor* bias, Tensor& out,
                   bool accumulate);
   int64_t bf16_gemv_max_rows_ = 4;
+  int64_t gemv_mma_max_rows_ = default_gemv_mma_max_rows();
+  int64_t gemv_mma_max_weight_bytes_ = default_gemv_mma_max_weight_bytes();
+  static int64_t default_gemv_mma_max_rows();
+  static int64_t default_gemv_mma_max_weight_bytes();
   int decode_cluster_splits_ = 0;  // set in the constructor (sm_90+: cuda::kMaxClusterSplits)
   // Above fp8_gemv_max_rows_: cuBLASLt's FP8 GEMM, except for the (N, K, out dtype) it has no
   // algorithm for on this GPU, which run the GEMV kernel over slices of rows.

@@ -64,6 +64,17 @@ constexpr int64_t kGemvMaxNormRows = 2;
 // 4 rows), a norm's rows within 64 KiB of shared memory.
 bool gemv_supports(const GemvArgs& args);
 cudaError_t launch_gemv(const GemvArgs& args, cudaStream_t stream);
+// The same on the tensor cores (cuda_gemv_mma.cu), for bf16 weights and up to kGemvMmaMaxRows
+// rows: verification steps and small batches, where the GEMV's activation loads bound it. Takes
+// every epilogue at every row count, and the norm while its rows fit 96 KiB of shared memory.
+constexpr int64_t kGemvMmaMaxRows = 16;
+// Above this many bytes of weights cuBLASLt streams 5-16 rows faster (Llama-3.1-8B's projections
+// at 87-94 % of copy, this kernel's at 36-55 %; Qwen3-0.6B's 4-12 MB ones split); below it a
+// projection is a launch's latency, and the norm and SwiGLU folded in are launches saved
+// (docs/PERFORMANCE.md, "Verification rows on the tensor cores").
+constexpr int64_t kGemvMmaMaxWeightBytes = 2 << 20;
+bool gemv_mma_supports(const GemvArgs& args);
+cudaError_t launch_gemv_mma(const GemvArgs& args, cudaStream_t stream);
 // out[i, r] = in[i, r] * x_scale[i] * w_scale[r] (+ bias[r]), or out[i, r] += that rounded to out's
 // dtype (accumulate), in and out F32 or BF16 [m, n] (in may be out when not accumulating): the row
 // scales of an unscaled FP8 GEMM.

@@ -1,10 +1,14 @@
-// CUDA backend: linear layers. Up to gemv_max_rows(weight dtype) rows (decode, verification) the
-// GEMV kernel (cuda_gemv.cu) streams the weights once, with the norm before and the residual add
-// or SwiGLU after a projection folded in (fused_linear); more rows go to cuBLASLt's tensor-core
-// GEMMs (cuda_gemm.cc), the norm and SwiGLU then separate ops and the residual add the GEMM's
-// beta. FP8 weights above the GEMV: the activations are quantised per row and cuBLASLt's
+// CUDA backend: linear layers. Up to gemv_max_rows(weight dtype) rows (decode) the GEMV kernel
+// (cuda_gemv.cu) streams the weights once, with the norm before and the residual add or SwiGLU
+// after a projection folded in (fused_linear); bf16 weights up to gemv_mma_max_rows() rows
+// (verification, small batches), and what the GEMV does not fold at its rows, take the same
+// kernel's tensor-core form (cuda_gemv_mma.cu); more rows go to cuBLASLt's tensor-core GEMMs
+// (cuda_gemm.cc), the norm and SwiGLU then separate ops and the residual add the GEMM's beta. FP8 weights above the GEMV: the activations are quantised per row and cuBLASLt's
 // FP8 GEMM runs on the codes, its output then scaled by both rows' scales (what vLLM computes on
 // Hopper: cuBLASLt's per-row "outer vector" scaling has no Hopper kernel).
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -69,6 +73,21 @@ void CudaBackend::set_gemv_max_rows(DType weight, int64_t rows) {
   (weight == DType::kF8E4M3 ? fp8_gemv_max_rows_ : bf16_gemv_max_rows_) = rows;
 }
 
+int64_t CudaBackend::default_gemv_mma_max_rows() {
+  const char* v = std::getenv("SPECULA_GEMV_MMA");
+  return v && std::strcmp(v, "0") == 0 ? 0 : cuda::kGemvMmaMaxRows;
+}
+
+int64_t CudaBackend::default_gemv_mma_max_weight_bytes() { return cuda::kGemvMmaMaxWeightBytes; }
+
+void CudaBackend::set_gemv_mma_limits(int64_t max_rows, int64_t max_weight_bytes) {
+  SPECULA_CHECK(max_rows >= 0 && max_rows <= cuda::kGemvMmaMaxRows && max_weight_bytes >= 0,
+                "gemv_mma limits: {} rows must be in [0, {}], {} bytes not negative", max_rows, cuda::kGemvMmaMaxRows,
+                max_weight_bytes);
+  gemv_mma_max_rows_ = max_rows;
+  gemv_mma_max_weight_bytes_ = max_weight_bytes;
+}
+
 int64_t CudaBackend::matmul_rows_class(int64_t rows) const { return CublasLtGemm::m_bucket(rows); }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) {
@@ -83,6 +102,14 @@ void CudaBackend::linear(const Tensor& x, const Tensor& weight, const Tensor* bi
     const cuda::GemvArgs a = gemv_args(x, LinearWeight{weight, Tensor()}, bias, out, s);
     if (cuda::gemv_supports(a)) {
       check_cuda(cuda::launch_gemv(a, stream_), "linear");
+      return;
+    }
+  }
+  if (x.dtype() == DType::kBF16 && s.m <= gemv_mma_max_rows_ &&
+      s.n * s.k * static_cast<int64_t>(sizeof(uint16_t)) <= gemv_mma_max_weight_bytes_) {
+    const cuda::GemvArgs a = gemv_args(x, LinearWeight{weight, Tensor()}, bias, out, s);
+    if (cuda::gemv_mma_supports(a)) {
+      check_cuda(cuda::launch_gemv_mma(a, stream_), "linear");
       return;
     }
   }
@@ -159,7 +186,9 @@ void CudaBackend::fused_linear(const Tensor& x, const LinearPrologue& prologue, 
                     (prologue.norm_weight->dtype() == DType::kBF16 && prologue.norm_weight->numel() == k),
                 "fused_linear: the RMSNorm weight must be BF16 [{}]", k);
   if (m == 0 || n == 0) return;
-  if (m <= gemv_max_rows(weight.weight.dtype())) {
+  const bool gemv_rows = m <= gemv_max_rows(weight.weight.dtype());
+  const bool mma_rows = !weight.fp8() && m <= gemv_mma_max_rows_;
+  if (gemv_rows || mma_rows) {
     if (bias != nullptr) cuda_check::float_tensor(*bias, "fused_linear", "bias");
     SPECULA_CHECK(!bias || (bias->ndim() == 1 && bias->size(0) == n), "fused_linear: bias must be [{}]", n);
     SPECULA_CHECK(weight.weight.size(1) == k, "fused_linear: x {} must end in K = {} (weight {})", x.describe(),
@@ -170,8 +199,15 @@ void CudaBackend::fused_linear(const Tensor& x, const LinearPrologue& prologue, 
                                                            : cuda::GemvEpilogue::kStore;
     a.norm_weight = prologue.norm_weight ? prologue.norm_weight->data() : nullptr;
     a.eps = prologue.eps;
-    if (cuda::gemv_supports(a)) {
+    if (gemv_rows && cuda::gemv_supports(a)) {
       check_cuda(cuda::launch_gemv(a, stream_), "fused_linear");
+      return;
+    }
+    // The tensor-core form: above the GEMV's rows for small weights, and at its rows for what it
+    // does not fold in (a norm over more than 2 rows, SwiGLU over more than 4) whatever the size.
+    const bool small = n * k * static_cast<int64_t>(sizeof(uint16_t)) <= gemv_mma_max_weight_bytes_;
+    if (mma_rows && (small || (gemv_rows && (a.norm_weight || gated))) && cuda::gemv_mma_supports(a)) {
+      check_cuda(cuda::launch_gemv_mma(a, stream_), "fused_linear");
       return;
     }
   }

@@ -8,11 +8,13 @@
 // |gpu - cpu| <= 1e-2 + 1e-2 |cpu| for bf16 out, 1e-4 (+1e-4 relative) for f32 out.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_gemm.h"
+#include "backend/cuda/cuda_kernels.h"
 #include "cuda_test_util.h"
 
 namespace specula {
@@ -22,6 +24,9 @@ using testing::expect_close;
 using testing::random_bf16_values;
 using testing::to_gpu;
 using testing::to_host;
+
+// Weight bytes above any test's: the tensor-core GEMV's size limit lifted.
+constexpr int64_t kAnySize = int64_t{1} << 40;
 
 struct LinearCase {
   int64_t m, n, k;
@@ -43,8 +48,9 @@ TEST(CudaLinear, MatchesCpu) {
   };
   auto& cuda = dynamic_cast<CudaBackend&>(*gpu);
   for (const LinearCase& c : cases) {
-   for (int64_t gemv_rows : {int64_t{16}, int64_t{0}}) {  // both paths for small M
-    cuda.set_gemv_max_rows(DType::kBF16, gemv_rows);
+   for (int64_t gemv_rows : {int64_t{16}, int64_t{0}, int64_t{-1}}) {  // GEMV, tensor-core GEMV, cuBLASLt
+    cuda.set_gemv_max_rows(DType::kBF16, std::max<int64_t>(gemv_rows, 0));
+    cuda.set_gemv_mma_limits(gemv_rows == 0 ? cuda::kGemvMmaMaxRows : 0, kAnySize);
     Tensor x = random_bf16_values({c.m, c.k}, rng);
     Tensor w = random_bf16_values({c.n, c.k}, rng, 2.0f / std::sqrt(static_cast<float>(c.k)));
     Tensor b = random_bf16_values({c.n}, rng, 0.5f);
@@ -55,8 +61,9 @@ TEST(CudaLinear, MatchesCpu) {
     gpu->linear(to_gpu(*gpu, x, c.in), to_gpu(*gpu, w, c.in), c.bias ? &bg : nullptr, out);
     const bool bf16_out = c.out == bf;
     expect_close(to_host(*gpu, out), want.to_f32_vector(), bf16_out ? 1e-2 : 1e-4, bf16_out ? 1e-2 : 1e-4,
-                 fmt::format("linear [{}, {}] x [{}, {}]^T {} -> {}{} (GEMV up to {} rows)", c.m, c.k, c.n, c.k,
-                             dtype_name(c.in), dtype_name(c.out), c.bias ? " + bias" : "", gemv_rows));
+                 fmt::format("linear [{}, {}] x [{}, {}]^T {} -> {}{} ({})", c.m, c.k, c.n, c.k, dtype_name(c.in),
+                             dtype_name(c.out), c.bias ? " + bias" : "",
+                             gemv_rows > 0 ? "GEMV" : gemv_rows == 0 ? "tensor-core GEMV" : "cuBLASLt"));
    }
   }
 }
@@ -241,6 +248,98 @@ TEST(CudaLinear, FusedLinearMatchesTheSeparateOps) {
     expect_close(to_host(*gpu, fused), to_host(*gpu, separate), 2e-2, 1e-2,
                  fmt::format("fused_linear M={} N={} K={}{} epilogue {}{}{}", c.m, c.n, c.k, c.norm ? " norm" : "",
                              static_cast<int>(c.epilogue), c.bias ? " + bias" : "", c.fp8 ? " FP8" : ""));
+  }
+}
+
+// The tensor-core GEMV (3 to 16 rows of bf16 weights, cuda_gemv_mma.cu) against cuBLASLt and the
+// separate norm / SwiGLU / add kernels on the same GPU: verification-sized M (one and two tiles of 8
+// rows, partial ones), the embedded model's projections, Llama-3.1-8B's qkv, ragged N (a partial
+// last tile; SwiGLU over an odd number of columns), K not a multiple of the 32-element k-step,
+// bias in bf16 and f32, F32 out (lm_head). Tolerance as above: the norm's and the products'
+// summation orders differ.
+TEST(CudaLinear, TensorCoreRowsMatchCublasAndTheSeparateOps) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  auto& cuda = dynamic_cast<CudaBackend&>(*gpu);
+  cuda.set_gemv_mma_limits(cuda::kGemvMmaMaxRows, kAnySize);  // every size here, not only small weights
+  std::mt19937 rng(31);
+  using Epi = LinearEpilogue;
+  struct Case {
+    int64_t m, n, k;
+    bool norm;
+    Epi epilogue;
+    bool bias;
+    DType bias_dtype, out;
+  };
+  const DType bf = DType::kBF16, f32 = DType::kF32;
+  const Case cases[] = {
+      {6, 384, 256, true, Epi::kStore, false, bf, bf},         {6, 256, 256, false, Epi::kAccumulate, false, bf, bf},
+      {6, 1408, 256, true, Epi::kSiluMul, false, bf, bf},      {6, 256, 704, false, Epi::kAccumulate, false, bf, bf},
+      {6, 8192, 256, false, Epi::kStore, false, bf, f32},      {3, 384, 256, true, Epi::kStore, true, bf, bf},
+      {4, 1408, 256, true, Epi::kSiluMul, true, f32, bf},      {5, 1000, 1024, true, Epi::kStore, true, f32, bf},
+      {8, 6144, 4096, true, Epi::kStore, false, bf, bf},       {9, 4096, 1024, true, Epi::kStore, false, bf, bf},
+      {11, 130, 72, true, Epi::kSiluMul, true, bf, bf},        {16, 998, 2048, false, Epi::kAccumulate, true, bf, bf},
+      {13, 17, 40, false, Epi::kStore, true, f32, f32},        {7, 4096, 14336, false, Epi::kAccumulate, false, bf, bf},
+      {12, 262, 3072, true, Epi::kSiluMul, false, bf, f32},    {16, 6144, 1024, true, Epi::kSiluMul, true, bf, bf},
+  };
+  for (const Case& c : cases) {
+    Tensor x = to_gpu(*gpu, random_bf16_values({c.m, c.k}, rng));
+    Tensor norm = to_gpu(*gpu, random_bf16_values({c.k}, rng, 2.0f));
+    Tensor bias = to_gpu(*gpu, random_bf16_values({c.n}, rng, 0.5f), c.bias_dtype);
+    const LinearWeight weight{
+        to_gpu(*gpu, random_bf16_values({c.n, c.k}, rng, 4.0f / std::sqrt(static_cast<float>(c.k)))), Tensor()};
+    const int64_t out_cols = c.epilogue == Epi::kSiluMul ? c.n / 2 : c.n;
+    const Tensor residual = to_gpu(*gpu, random_bf16_values({c.m, out_cols}, rng, 4.0f), c.out);
+    const LinearPrologue prologue = c.norm ? LinearPrologue::rms_norm(norm, 1e-5f) : LinearPrologue::none();
+    Tensor mma = gpu->empty({c.m, out_cols}, c.out), reference = gpu->empty({c.m, out_cols}, c.out);
+    gpu->copy(residual, mma);
+    gpu->copy(residual, reference);
+    gpu->fused_linear(x, prologue, weight, c.bias ? &bias : nullptr, mma, c.epilogue);
+    cuda.set_gemv_mma_limits(0, kAnySize);
+    gpu->fused_linear(x, prologue, weight, c.bias ? &bias : nullptr, reference, c.epilogue);
+    cuda.set_gemv_mma_limits(cuda::kGemvMmaMaxRows, kAnySize);
+    expect_close(to_host(*gpu, mma), to_host(*gpu, reference), 2e-2, 1e-2,
+                 fmt::format("tensor-core fused_linear M={} N={} K={}{} epilogue {}{} -> {}", c.m, c.n, c.k,
+                             c.norm ? " norm" : "", static_cast<int>(c.epilogue),
+                             c.bias ? fmt::format(" + {} bias", dtype_name(c.bias_dtype)) : "", dtype_name(c.out)));
+  }
+}
+
+// Each row of the tensor-core GEMV is the same bits whatever the rows beside it (5 to 16: one tile
+// or two), with the norm staged in the kernel and with SwiGLU: a verified token's hidden state
+// does not depend on how many drafts it is verified with.
+TEST(CudaLinear, TensorCoreRowsDoNotDependOnTheBatch) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  dynamic_cast<CudaBackend&>(*gpu).set_gemv_mma_limits(cuda::kGemvMmaMaxRows, kAnySize);
+  std::mt19937 rng(37);
+  using Epi = LinearEpilogue;
+  struct Case {
+    int64_t n, k;
+    bool norm;
+    Epi epilogue;
+  };
+  for (const Case& c : {Case{384, 256, true, Epi::kStore}, Case{1408, 256, true, Epi::kSiluMul},
+                        Case{1000, 3072, false, Epi::kStore}}) {
+    const int64_t rows = 16, out_cols = c.epilogue == Epi::kSiluMul ? c.n / 2 : c.n;
+    Tensor x = random_bf16_values({rows, c.k}, rng);
+    Tensor norm = to_gpu(*gpu, random_bf16_values({c.k}, rng, 2.0f));
+    const LinearWeight weight{
+        to_gpu(*gpu, random_bf16_values({c.n, c.k}, rng, 4.0f / std::sqrt(static_cast<float>(c.k)))), Tensor()};
+    const LinearPrologue prologue = c.norm ? LinearPrologue::rms_norm(norm, 1e-5f) : LinearPrologue::none();
+    Tensor all = gpu->empty({rows, out_cols}, DType::kBF16);
+    gpu->fused_linear(to_gpu(*gpu, x), prologue, weight, nullptr, all, c.epilogue);
+    const std::vector<float> want = to_host(*gpu, all), x_values = x.to_f32_vector();
+    for (int64_t m : {5, 6, 8, 9, 13}) {
+      const Tensor xm = Tensor::from_f32({x_values.begin(), x_values.begin() + m * c.k}, {m, c.k});
+      Tensor out = gpu->empty({m, out_cols}, DType::kBF16);
+      gpu->fused_linear(to_gpu(*gpu, xm), prologue, weight, nullptr, out, c.epilogue);
+      const std::vector<float> got = to_host(*gpu, out);
+      int64_t differing = 0;
+      for (int64_t i = 0; i < m * out_cols; ++i) differing += got[i] != want[i];
+      EXPECT_EQ(differing, 0) << "N=" << c.n << " K=" << c.k << (c.norm ? " norm" : "") << " epilogue "
+                              << static_cast<int>(c.epilogue) << ": " << m << " rows";
+    }
   }
 }
 
