@@ -33,6 +33,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_kernel_attributes.h"
 #include "backend/cuda/cuda_kernels.h"
@@ -370,6 +371,16 @@ __global__ void decode_merge_kernel(PagedAttentionParams p, int num_splits, cons
 // Entries (query row, query head) of one kv head: a block takes up to 8.
 int entries_per_block(int entries) { return entries <= 1 ? 1 : entries <= 2 ? 2 : entries <= 4 ? 4 : 8; }
 
+// Blocks of 2 entries for several query rows too (below); SPECULA_VERIFY_ATTENTION_PAIRS=0 keeps
+// them to single-row steps (for comparing the two).
+bool verification_pairs_enabled(const PagedAttentionParams& p) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SPECULA_VERIFY_ATTENTION_PAIRS");
+    return !(v && v[0] == '0');
+  }();
+  return p.max_query_len == 1 || enabled;
+}
+
 // Elements a lane reads with one load: 16 for an fp8 cache whose rows start 16-byte aligned, in
 // batches whose (sequence, kv head, entries) blocks do not fill the GPU (they split keys to fill
 // it, and fewer instructions a row shorten each split); where they fill it, 8 and up to 8 entries
@@ -383,16 +394,17 @@ int slice_elems(const PagedAttentionParams& p) {
 }
 
 // Entries a block takes: at most 2 with 16 elements a lane (their q and outputs in registers), and
-// at most 2 in a decode step whose blocks of 4 would not fill the GPU: a block of 2 requests each
-// tile's K and V rows together (kPrefetchV), one memory round trip a tile instead of two, and the
-// twice as many blocks share each K/V row through L2 (H200, Llama-3.1-8B heads, bf16: batch 1 x
-// 256 keys 8.0 against 11.3 us, batch 16 x 1024 37.0 against 40.9; at batch 64 blocks of 4 fill
-// the GPU and stay: 2 took 38 against 30 us).
+// at most 2 in a decode or verification step whose blocks of 4 or 8 would not fill the GPU: a
+// block of 2 requests each tile's K and V rows together (kPrefetchV), one memory round trip a tile
+// instead of two, and the more blocks share each K/V row through L2 (H200, Llama-3.1-8B heads,
+// bf16: batch 1 x 256 keys 8.0 against 11.3 us, batch 16 x 1024 37.0 against 40.9; at batch 64
+// blocks of 4 fill the GPU and stay: 2 took 38 against 30 us; the embedded model's 6-row
+// verification: docs/PERFORMANCE.md, "Verification rows on the tensor cores").
 int heads_per_block(const PagedAttentionParams& p, int elems) {
   const int entries = p.max_query_len * (p.num_q_heads / p.num_kv_heads);
   const int g = entries_per_block(entries);
   const bool fills = p.num_seqs * p.num_kv_heads * ceil_div(entries, g) >= p.sm_count;
-  if (elems == 16 || (g == 4 && p.max_query_len == 1 && !fills)) return std::min(g, 2);
+  if (elems == 16 || (g >= 4 && !fills && verification_pairs_enabled(p))) return std::min(g, 2);
   return g;
 }
 

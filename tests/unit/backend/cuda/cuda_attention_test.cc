@@ -198,6 +198,10 @@ std::vector<AttnCase> decode_cases() {
   std::mt19937 rng(5);
   for (int i = 0; i < 64; ++i) many_lens.push_back(1 + static_cast<int>(rng() % 128));
   cases.push_back({"decode_batch64", 32, 8, 128, 128, 16, ones(64), many_lens, 5});
+  // Verification of a batch that fills the GPU with blocks of 8 entries (small batches take 2).
+  std::vector<int> verify_lens;
+  for (int i = 0; i < 48; ++i) verify_lens.push_back(std::max(4, many_lens[static_cast<size_t>(i)]));
+  cases.push_back({"verify_batch48", 32, 8, 128, 128, 16, std::vector<int>(48, 4), verify_lens});
   for (int d : {16, 32, 48, 64, 80, 96, 112, 128, 160, 256}) {
     cases.push_back({"decode_d" + std::to_string(d), 8, 2, d, d, 16, {1, 1, 1}, {5, 70, 300}});
   }
