@@ -171,6 +171,10 @@ class CudaBackend final : public Backend {
   int64_t gemv_mma_max_weight_bytes_ = default_gemv_mma_max_weight_bytes();
   static int64_t default_gemv_mma_max_rows();
   static int64_t default_gemv_mma_max_weight_bytes();
+  // Whether the tensor-core GEMV takes m rows of bf16 weights of weight_bytes (see
+  // set_gemv_mma_limits); `unfolded`: at m rows the GEMV would leave its norm or SwiGLU to a
+  // kernel of its own.
+  bool gemv_mma_takes(int64_t m, int64_t weight_bytes, bool unfolded) const;
   int decode_cluster_splits_ = 0;  // set in the constructor (sm_90+: cuda::kMaxClusterSplits)
   // Above fp8_gemv_max_rows_: cuBLASLt's FP8 GEMM, except for the (N, K, out dtype) it has no
   // algorithm for on this GPU, which run the GEMV kernel over slices of rows.

@@ -48,7 +48,6 @@ constexpr int kOnePassNR = 1, kOnePassUnroll = 16;
 constexpr int kShortRowsNR = 4;  // short_rows below
 // Warps that share a row of a plain projection (split_rows below).
 constexpr int kSplitWarps = 2;
-constexpr int64_t kMaxGatedRows = 4;
 // Shared memory for a norm's rows: above 64 KiB fewer than 3 blocks fit an SM, too few warps to
 // keep enough weight loads in flight; such shapes take the separate ops.
 constexpr int64_t kMaxStagedBytes = 64 << 10;
@@ -349,7 +348,7 @@ bool gemv_supports(const GemvArgs& a) {
   if (a.m < 1 || a.k % (fp8 ? 16 : 8) != 0) return false;
   if (!aligned16(a.x) || !aligned16(a.w) || (fp8 && a.scale == nullptr)) return false;
   if (a.m > (a.norm_weight != nullptr ? kGemvMaxNormRows
-             : a.epilogue == GemvEpilogue::kSiluMul ? kMaxGatedRows
+             : a.epilogue == GemvEpilogue::kSiluMul ? kGemvMaxGatedRows
                                                     : kGemvMaxRows)) {
     return false;
   }

@@ -5,10 +5,12 @@
 // Why: the GEMV (cuda_gemv.cu) reads each weight once but multiplies it on the CUDA cores, and
 // every 16-byte weight chunk needs the matching 8 activations of every row: past ~4 rows the
 // activation loads from L1 / shared memory, not HBM, bound it, so verification steps used to take
-// cuBLAS and a separate kernel for the norm, the SwiGLU and (before qkv) nothing else: 9 kernels a
-// layer where a decode row takes 5. Here a warp owns 16 weight rows as the A operand of mma.sync
-// m16n8k16 and the rows of x as B (8 a tile, two tiles up to 16 rows), so a warp loads each
-// activation once per 16 weight rows.
+// cuBLAS with separate kernels for the norm and the SwiGLU: 9 kernels a layer where a decode row
+// takes 5. Here a warp owns 16 weight rows as the A operand of mma.sync m16n8k16 and the rows of
+// x as B (8 a tile, two tiles up to 16 rows), so a warp loads each activation once per 16 weight
+// rows. A block's tiles stream back to back: the next tile's first weights are requested before
+// the current tile's partial sums are added; a pass's activations are all requested before its
+// first product.
 //
 // Loads: lane l (g = l / 4, q = l % 4) reads 16 contiguous bytes of weight rows g and g + 8 at
 // k-step offset 8 q (so a warp instruction covers 8 rows x 64 contiguous bytes), and the same 8
@@ -88,6 +90,101 @@ __device__ void stage_norm_rows(const GemvArgs& a, bf16* staged, int64_t ld) {
   }
 }
 
+// A warp's weight registers: U k-steps of its rows g and g + 8.
+template <int U>
+struct WeightPass {
+  uint4 a[U], b[U];
+};
+
+// Requests the k-steps s0, s0 + 4, ... (U of them) of weight rows row_a and row_b (zeros past K).
+template <int U>
+__device__ __forceinline__ void load_pass(WeightPass<U>& w, const bf16* row_a, const bf16* row_b, int64_t s0,
+                                          int64_t k) {
+  const int q = threadIdx.x % 4;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int64_t off = (s0 + static_cast<int64_t>(kWarps) * u) * kStepK + 8 * q;
+    w.a[u] = off < k ? load_streaming(row_a + off) : make_uint4(0, 0, 0, 0);
+    w.b[u] = off < k ? load_streaming(row_b + off) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+// The block's sums of one tile: each warp's passes over its k-steps (the first pass's weights
+// already requested), then the four warps' partial tiles added in warp order. Warp 0 returns them
+// in acc: acc[t][j] is (weight row g, x row 8t + 2q + j), acc[t][2 + j] (row g + 8, the same x
+// row). next_a / next_b: the next tile's rows of this lane (or null), whose first pass is
+// requested before the adds, so that a block's tiles stream back to back.
+template <int NT, int U>
+__device__ void tile_sums(int64_t k, WeightPass<U>& w, const bf16* row_a, const bf16* row_b, const bf16* next_a,
+                          const bf16* next_b, const bf16* const (&x_rows)[NT], float (&acc)[NT][4],
+                          float (&partial)[kWarps][NT][4][32]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, q = lane % 4;
+  const int64_t steps = (k + kStepK - 1) / kStepK, pass_steps = static_cast<int64_t>(kWarps) * U;
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
+  for (int64_t s0 = warp; s0 < steps; s0 += pass_steps) {
+    if (s0 != warp) load_pass(w, row_a, row_b, s0, k);
+    // The pass's activations, all requested before the first product (a k-step past the end
+    // reads zeros and adds nothing): loaded one step at a time, each would be a dependent round
+    // trip to L2.
+    uint4 xv[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t off = (s0 + static_cast<int64_t>(kWarps) * u) * kStepK + 8 * q;
+#pragma unroll
+      for (int t = 0; t < NT; ++t)
+        xv[u][t] = off < k ? *reinterpret_cast<const uint4*>(x_rows[t] + off) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const uint32_t a0[4] = {w.a[u].x, w.b[u].x, w.a[u].y, w.b[u].y};
+      const uint32_t a1[4] = {w.a[u].z, w.b[u].z, w.a[u].w, w.b[u].w};
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        mma_bf16_16816(acc[t], a0, xv[u][t].x, xv[u][t].y);
+        mma_bf16_16816(acc[t], a1, xv[u][t].z, xv[u][t].w);
+      }
+    }
+  }
+  if (next_a != nullptr) load_pass(w, next_a, next_b, warp, k);
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) partial[warp][t][i][lane] = acc[t][i];
+  __syncthreads();
+  if (warp == 0) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float sum = partial[0][t][i][lane];
+#pragma unroll
+        for (int v = 1; v < kWarps; ++v) sum += partial[v][t][i][lane];
+        acc[t][i] = sum;
+      }
+  }
+}
+
+// x's rows as the block reads them: rms_norm(x) staged in shared memory (STAGED), or x itself.
+// Returns this lane's row in each tile (rows past m repeat the last).
+template <int NT, bool STAGED>
+__device__ void input_rows(const GemvArgs& a, uint4* staged_raw, int64_t ld, const bf16* (&x_rows)[NT]) {
+  const bf16* xs = static_cast<const bf16*>(a.x);
+  int64_t x_ld = a.k;
+  if constexpr (STAGED) {
+    auto* staged = reinterpret_cast<bf16*>(staged_raw);
+    stage_norm_rows(a, staged, ld);
+    __syncthreads();
+    xs = staged;
+    x_ld = ld;
+  }
+  const int g = threadIdx.x % 32 / 4, m = static_cast<int>(a.m);
+#pragma unroll
+  for (int t = 0; t < NT; ++t) x_rows[t] = xs + min(8 * t + g, m - 1) * x_ld;
+}
+
 // NT: tiles of 8 x rows (m <= 8 NT); U: k-steps a lane keeps in flight; STAGED: the norm before;
 // GATED: SwiGLU after (a tile's rows 0..7 are gate rows of 8 output columns, 8..15 the up rows
 // of the same columns, so one lane holds both halves of its outputs).
@@ -97,97 +194,36 @@ __global__ void __launch_bounds__(kThreads) gemv_mma_kernel(const GemvArgs a, in
   __shared__ float partial[kWarps][NT][4][32];
   const int m = static_cast<int>(a.m);
   const int64_t n = a.n, k = a.k, half_n = n / 2;
-  const int64_t steps = (k + kStepK - 1) / kStepK;
   const int64_t tiles = GATED ? (half_n + 7) / 8 : (n + kTileRows - 1) / kTileRows;
   const auto* w = static_cast<const bf16*>(a.w);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
 
-  // Tile row l's weight row (clamped: rows past the end compute and store nothing).
-  auto weight_row = [&](int64_t tile, int l) -> int64_t {
+  // This lane's weight row of tile `tile`: h = 0 row g, h = 1 row g + 8 (clamped: rows past the
+  // end compute and store nothing).
+  auto weight_row = [&](int64_t tile, int h) -> const bf16* {
     if constexpr (GATED) {
-      return (l < 8 ? 0 : half_n) + min(tile * 8 + l % 8, half_n - 1);
+      return w + ((h == 0 ? 0 : half_n) + min(tile * 8 + g, half_n - 1)) * k;
     } else {
-      return min(tile * kTileRows + l, n - 1);
-    }
-  };
-  auto load_weights = [&](uint4 (&wa)[U], uint4 (&wb)[U], const bf16* row_a, const bf16* row_b, int64_t s0) {
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t s = s0 + static_cast<int64_t>(kWarps) * u, off = s * kStepK + 8 * q;
-      const bool valid = s < steps && off < k;
-      wa[u] = valid ? load_streaming(row_a + off) : make_uint4(0, 0, 0, 0);
-      wb[u] = valid ? load_streaming(row_b + off) : make_uint4(0, 0, 0, 0);
+      return w + min(tile * kTileRows + g + 8 * h, n - 1) * k;
     }
   };
 
-  uint4 wa[U], wb[U];
-  load_weights(wa, wb, w + weight_row(blockIdx.x, g) * k, w + weight_row(blockIdx.x, g + 8) * k, warp);
-  bool prefetched = true;
+  WeightPass<U> wp;
+  load_pass(wp, weight_row(blockIdx.x, 0), weight_row(blockIdx.x, 1), threadIdx.x / 32, k);
   if (start_next_early) allow_next_kernel_start();
   wait_for_previous_kernels();
+  const bf16* x_rows[NT];
+  input_rows<NT, STAGED>(a, staged_raw, ld, x_rows);
 
-  const bf16* xs;
-  int64_t x_ld;
-  if constexpr (STAGED) {
-    auto* staged = reinterpret_cast<bf16*>(staged_raw);
-    stage_norm_rows(a, staged, ld);
-    __syncthreads();
-    xs = staged;
-    x_ld = ld;
-  } else {
-    xs = static_cast<const bf16*>(a.x);
-    x_ld = k;
-  }
-  const bf16* x_rows[NT];  // this lane's x row in each tile (rows past m repeat the last)
-#pragma unroll
-  for (int t = 0; t < NT; ++t) x_rows[t] = xs + min(8 * t + g, m - 1) * x_ld;
-
-  const int64_t pass_steps = static_cast<int64_t>(kWarps) * U;
   for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-    const bf16* row_a = w + weight_row(tile, g) * k;
-    const bf16* row_b = w + weight_row(tile, g + 8) * k;
+    const bool last = tile + gridDim.x >= tiles;
     float acc[NT][4];
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[t][i] = 0.0f;
-    for (int64_t s0 = warp; s0 < steps; s0 += pass_steps) {
-      if (!prefetched) load_weights(wa, wb, row_a, row_b, s0);
-      prefetched = false;
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t s = s0 + static_cast<int64_t>(kWarps) * u, off = s * kStepK + 8 * q;
-        if (s >= steps) break;
-        const uint32_t a0[4] = {wa[u].x, wb[u].x, wa[u].y, wb[u].y};
-        const uint32_t a1[4] = {wa[u].z, wb[u].z, wa[u].w, wb[u].w};
-#pragma unroll
-        for (int t = 0; t < NT; ++t) {
-          const uint4 xv = off < k ? *reinterpret_cast<const uint4*>(x_rows[t] + off) : make_uint4(0, 0, 0, 0);
-          mma_bf16_16816(acc[t], a0, xv.x, xv.y);
-          mma_bf16_16816(acc[t], a1, xv.z, xv.w);
-        }
-      }
-    }
-    prefetched = false;
-    if (!start_next_early && tile + gridDim.x >= tiles) allow_next_kernel_start();  // the block's last tile
-
-    // The four warps' partial tiles, added in warp order by warp 0.
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) partial[warp][t][i][lane] = acc[t][i];
-    __syncthreads();
-    if (warp == 0) {
+    tile_sums<NT, U>(k, wp, weight_row(tile, 0), weight_row(tile, 1), last ? nullptr : weight_row(tile + gridDim.x, 0),
+                     last ? nullptr : weight_row(tile + gridDim.x, 1), x_rows, acc, partial);
+    if (!start_next_early && last) allow_next_kernel_start();  // the block's last tile
+    if (threadIdx.x < 32) {
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float sum = partial[0][t][i][lane];
-#pragma unroll
-          for (int v = 1; v < kWarps; ++v) sum += partial[v][t][i][lane];
-          acc[t][i] = sum;
-        }
-        // acc[t][j] is (row g, x row 8t + 2q + j), acc[t][2 + j] (row g + 8, the same x row).
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int mi = 8 * t + 2 * q + j;

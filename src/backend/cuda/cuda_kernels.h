@@ -59,6 +59,7 @@ struct GemvArgs {
 // normalises them all, which at 3-4 rows costs more than the separate norm kernel on the H100).
 constexpr int64_t kGemvMaxRows = 16;
 constexpr int64_t kGemvMaxNormRows = 2;
+constexpr int64_t kGemvMaxGatedRows = 4;  // SwiGLU
 // What launch_gemv takes: the dtypes above, k a multiple of the 16-byte chunk (8 bf16 or 16 e4m3
 // weights), 16-byte aligned x, w and norm weight, m within the limits (kSiluMul: n even, at most
 // 4 rows), a norm's rows within 64 KiB of shared memory.

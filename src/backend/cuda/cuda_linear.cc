@@ -88,6 +88,11 @@ void CudaBackend::set_gemv_mma_limits(int64_t max_rows, int64_t max_weight_bytes
   gemv_mma_max_weight_bytes_ = max_weight_bytes;
 }
 
+bool CudaBackend::gemv_mma_takes(int64_t m, int64_t weight_bytes, bool unfolded) const {
+  if (m > gemv_mma_max_rows_) return false;
+  return weight_bytes <= gemv_mma_max_weight_bytes_ || (m <= bf16_gemv_max_rows_ && unfolded);
+}
+
 int64_t CudaBackend::matmul_rows_class(int64_t rows) const { return CublasLtGemm::m_bucket(rows); }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) {
@@ -105,8 +110,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& weight, const Tensor* bi
       return;
     }
   }
-  if (x.dtype() == DType::kBF16 && s.m <= gemv_mma_max_rows_ &&
-      s.n * s.k * static_cast<int64_t>(sizeof(uint16_t)) <= gemv_mma_max_weight_bytes_) {
+  if (x.dtype() == DType::kBF16 && gemv_mma_takes(s.m, s.n * s.k * static_cast<int64_t>(sizeof(uint16_t)), false)) {
     const cuda::GemvArgs a = gemv_args(x, LinearWeight{weight, Tensor()}, bias, out, s);
     if (cuda::gemv_mma_supports(a)) {
       check_cuda(cuda::launch_gemv_mma(a, stream_), "linear");
@@ -187,7 +191,10 @@ void CudaBackend::fused_linear(const Tensor& x, const LinearPrologue& prologue, 
                 "fused_linear: the RMSNorm weight must be BF16 [{}]", k);
   if (m == 0 || n == 0) return;
   const bool gemv_rows = m <= gemv_max_rows(weight.weight.dtype());
-  const bool mma_rows = !weight.fp8() && m <= gemv_mma_max_rows_;
+  // The tensor-core form: above the GEMV's rows for small weights, and at its rows for what it
+  // does not fold in (a norm over more than 2 rows, SwiGLU over more than 4) whatever the size.
+  const bool unfolded = (prologue.norm_weight && m > cuda::kGemvMaxNormRows) || (gated && m > cuda::kGemvMaxGatedRows);
+  const bool mma_rows = !weight.fp8() && gemv_mma_takes(m, n * k * static_cast<int64_t>(sizeof(uint16_t)), unfolded);
   if (gemv_rows || mma_rows) {
     if (bias != nullptr) cuda_check::float_tensor(*bias, "fused_linear", "bias");
     SPECULA_CHECK(!bias || (bias->ndim() == 1 && bias->size(0) == n), "fused_linear: bias must be [{}]", n);
@@ -203,10 +210,7 @@ void CudaBackend::fused_linear(const Tensor& x, const LinearPrologue& prologue, 
       check_cuda(cuda::launch_gemv(a, stream_), "fused_linear");
       return;
     }
-    // The tensor-core form: above the GEMV's rows for small weights, and at its rows for what it
-    // does not fold in (a norm over more than 2 rows, SwiGLU over more than 4) whatever the size.
-    const bool small = n * k * static_cast<int64_t>(sizeof(uint16_t)) <= gemv_mma_max_weight_bytes_;
-    if (mma_rows && (small || (gemv_rows && (a.norm_weight || gated))) && cuda::gemv_mma_supports(a)) {
+    if (mma_rows && cuda::gemv_mma_supports(a)) {
       check_cuda(cuda::launch_gemv_mma(a, stream_), "fused_linear");
       return;
     }
