@@ -1,11 +1,12 @@
 // CUDA backend: linear layers. Up to gemv_max_rows(weight dtype) rows (decode) the GEMV kernel
 // (cuda_gemv.cu) streams the weights once, with the norm before and the residual add or SwiGLU
-// after a projection folded in (fused_linear); bf16 weights up to gemv_mma_max_rows() rows
+// after a projection folded in (fused_linear); small bf16 weights up to gemv_mma_max_rows() rows
 // (verification, small batches), and what the GEMV does not fold at its rows, take the same
-// kernel's tensor-core form (cuda_gemv_mma.cu); more rows go to cuBLASLt's tensor-core GEMMs
-// (cuda_gemm.cc), the norm and SwiGLU then separate ops and the residual add the GEMM's beta. FP8 weights above the GEMV: the activations are quantised per row and cuBLASLt's
-// FP8 GEMM runs on the codes, its output then scaled by both rows' scales (what vLLM computes on
-// Hopper: cuBLASLt's per-row "outer vector" scaling has no Hopper kernel).
+// kernel's tensor-core form (cuda_gemv_mma.cu, gemv_mma_takes); more rows go to cuBLASLt's
+// tensor-core GEMMs (cuda_gemm.cc), the norm and SwiGLU then separate ops and the residual add
+// the GEMM's beta. FP8 weights above the GEMV: the activations are quantised per row and
+// cuBLASLt's FP8 GEMM runs on the codes, its output then scaled by both rows' scales (what vLLM
+// computes on Hopper: cuBLASLt's per-row "outer vector" scaling has no Hopper kernel).
 #include <cstdlib>
 #include <cstring>
 
@@ -193,7 +194,8 @@ void CudaBackend::fused_linear(const Tensor& x, const LinearPrologue& prologue, 
   const bool gemv_rows = m <= gemv_max_rows(weight.weight.dtype());
   // The tensor-core form: above the GEMV's rows for small weights, and at its rows for what it
   // does not fold in (a norm over more than 2 rows, SwiGLU over more than 4) whatever the size.
-  const bool unfolded = (prologue.norm_weight && m > cuda::kGemvMaxNormRows) || (gated && m > cuda::kGemvMaxGatedRows);
+  const bool unfolded =
+      (prologue.norm_weight && m > cuda::kGemvMaxNormRows) || (gated && m > cuda::kGemvMaxGatedRows);
   const bool mma_rows = !weight.fp8() && gemv_mma_takes(m, n * k * static_cast<int64_t>(sizeof(uint16_t)), unfolded);
   if (gemv_rows || mma_rows) {
     if (bias != nullptr) cuda_check::float_tensor(*bias, "fused_linear", "bias");
