@@ -102,6 +102,12 @@ class TokenSampler {
   // can_feed_started() (the default never: its start_sample() returns the tokens to the host).
   virtual bool can_feed_started() const { return false; }
   virtual void feed_started_tokens(Tensor& token_ids) {}
+  // Chained drafts: queues rows' draws (rows that only draw: no logprobs, verification, penalties,
+  // masked ids, bias or allowed mask), keeping probs_out rows as sample() does, and writes row i's
+  // token into tokens_out[i] (I32 on the device) in stream order. Nothing comes back to the host
+  // and the call does not wait for the device, so calls can be queued back to back.
+  virtual void draw_on_device(const Tensor& logits, std::span<const TokenSamplingRow> rows, Tensor* probs_out,
+                              Tensor& tokens_out) = 0;
   // log_softmax of raw logits rows[i] reporting targets[i] and the top top_n (<= max_top_logprobs).
   virtual std::vector<TokenSamplingResult> logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
                                                        std::span<const int32_t> targets, int top_n) = 0;

@@ -8,6 +8,13 @@
 
 namespace specula {
 
+bool draws_without_context(const SamplingRow& row) {
+  const SamplingParams& p = *row.params;
+  return row.masked_token_ids.empty() && row.allowed_token_mask.empty() && !row.logprobs &&
+         p.repetition_penalty == 1.0f && p.frequency_penalty == 0.0f && p.presence_penalty == 0.0f &&
+         p.logit_bias.empty();
+}
+
 namespace {
 
 class CpuDraftSampler : public DraftSampler {
@@ -69,6 +76,17 @@ class CpuDraftSampler : public DraftSampler {
       }
     }
     return out;
+  }
+
+  // The host draws at once; the tokens go where the chain reads them.
+  void draw_on_device(const Tensor& draft_logits, std::span<const DraftSampleRow> rows, Tensor* q_store,
+                      Tensor& tokens_out) override {
+    for (const DraftSampleRow& r : rows)
+      SPECULA_CHECK(draws_without_context(r.row), "internal error: a chained draft row with context (penalties, masks)");
+    SPECULA_CHECK(tokens_out.dtype() == DType::kI32 && tokens_out.numel() == static_cast<int64_t>(rows.size()),
+                  "internal error: {} chained draft tokens into {}", rows.size(), tokens_out.describe());
+    if (rows.empty()) return;
+    backend_.copy(Tensor::from_i32(sample(draft_logits, rows, q_store)), tokens_out);
   }
 
  private:

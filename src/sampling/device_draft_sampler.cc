@@ -20,11 +20,43 @@ class DeviceDraftSampler : public DraftSampler {
                               Tensor* q_store) override {
     std::vector<int32_t> out(rows.size());
     if (rows.empty()) return out;
+    bool keeps_q = false;
+    const std::vector<TokenSamplingRow> dev = device_rows(draft_logits, rows, q_store, keeps_q);
+    for (size_t b = 0; b < dev.size(); b += static_cast<size_t>(max_rows_)) {
+      const size_t n = std::min(dev.size() - b, static_cast<size_t>(max_rows_));
+      const std::vector<TokenSamplingResult> res = device_->sample(
+          draft_logits, std::span<const TokenSamplingRow>(dev.data() + b, n), nullptr, keeps_q ? q_store : nullptr);
+      for (size_t i = 0; i < n; ++i) out[b + i] = res[i].token;
+    }
+    return out;
+  }
+
+  void draw_on_device(const Tensor& draft_logits, std::span<const DraftSampleRow> rows, Tensor* q_store,
+                      Tensor& tokens_out) override {
+    SPECULA_CHECK(tokens_out.dtype() == DType::kI32 && tokens_out.numel() == static_cast<int64_t>(rows.size()),
+                  "internal error: {} chained draft tokens into {}", rows.size(), tokens_out.describe());
+    if (rows.empty()) return;
+    for (const DraftSampleRow& r : rows)
+      SPECULA_CHECK(draws_without_context(r.row), "internal error: a chained draft row with context (penalties, masks)");
+    bool keeps_q = false;
+    const std::vector<TokenSamplingRow> dev = device_rows(draft_logits, rows, q_store, keeps_q);
+    for (size_t b = 0; b < dev.size(); b += static_cast<size_t>(max_rows_)) {
+      const size_t n = std::min(dev.size() - b, static_cast<size_t>(max_rows_));
+      Tensor out = tokens_out.slice(static_cast<int64_t>(b), static_cast<int64_t>(b + n));
+      device_->draw_on_device(draft_logits, std::span<const TokenSamplingRow>(dev.data() + b, n),
+                              keeps_q ? q_store : nullptr, out);
+    }
+  }
+
+ private:
+  // The rows' device settings; non-greedy rows with a q row write q there (keeps_q).
+  std::vector<TokenSamplingRow> device_rows(const Tensor& draft_logits, std::span<const DraftSampleRow> rows,
+                                            Tensor* q_store, bool& keeps_q) const {
     SPECULA_CHECK(draft_logits.dtype() == DType::kF32 && draft_logits.ndim() == 2 && !draft_logits.is_cpu() &&
                       draft_logits.size(1) == vocab_,
                   "draft sampling: logits must be F32 [L, {}] on the device, got {}", vocab_, draft_logits.describe());
     std::vector<TokenSamplingRow> dev(rows.size());
-    bool keeps_q = false;
+    keeps_q = false;
     for (size_t i = 0; i < rows.size(); ++i) {
       const SamplingRow& r = rows[i].row;
       SPECULA_CHECK(r.logits_row >= 0 && r.logits_row < draft_logits.size(0),
@@ -39,16 +71,9 @@ class DeviceDraftSampler : public DraftSampler {
         keeps_q = true;
       }
     }
-    for (size_t b = 0; b < dev.size(); b += static_cast<size_t>(max_rows_)) {
-      const size_t n = std::min(dev.size() - b, static_cast<size_t>(max_rows_));
-      const std::vector<TokenSamplingResult> res = device_->sample(
-          draft_logits, std::span<const TokenSamplingRow>(dev.data() + b, n), nullptr, keeps_q ? q_store : nullptr);
-      for (size_t i = 0; i < n; ++i) out[b + i] = res[i].token;
-    }
-    return out;
+    return dev;
   }
 
- private:
   std::unique_ptr<TokenSampler> device_;
   int max_rows_;
   int64_t vocab_;

@@ -27,7 +27,17 @@ class DraftSampler {
   // no row keeps q). Returns one token per row.
   virtual std::vector<int32_t> sample(const Tensor& draft_logits, std::span<const DraftSampleRow> rows,
                                       Tensor* q_store) = 0;
+  // Chained drafts (spec_decode/draft_chain.h): what sample() draws, with row i's token written to
+  // tokens_out[i] (I32 on the backend's device) in stream order and nothing brought back, so that
+  // the next draft step can be queued at once. Rows must keep no context (no penalties, masked ids,
+  // logit bias or allowed-token mask: draws_without_context); logprobs are not reported.
+  virtual void draw_on_device(const Tensor& draft_logits, std::span<const DraftSampleRow> rows, Tensor* q_store,
+                              Tensor& tokens_out) = 0;
 };
+
+// A row whose draw depends on nothing but its logits, settings and (seed, position): it can be
+// drawn on the device ahead of the host knowing the drafts before it (draw_on_device).
+bool draws_without_context(const SamplingRow& row);
 
 std::unique_ptr<DraftSampler> make_cpu_draft_sampler(Backend& backend);
 

@@ -40,7 +40,7 @@ if [ -z "${SKIP_MEMCHECK:-}" ]; then
     echo "== compute-sanitizer memcheck"
     start=$(date +%s)
     # One case per kernel family; memcheck slows kernels 10-100x.
-    filter='CudaMemory.CastsBetweenFloatTypesLikeTheCpu:CudaRowwise.*:CudaKvCache.*:CudaLinear.MatchesCpu:CudaGraph.*'
+    filter='CudaMemory.CastsBetweenFloatTypesLikeTheCpu:CudaRowwise.*:CudaKvCache.*:CudaLinear.MatchesCpu:CudaGraph.*:CudaSampling.*'
     filter+=':Decode/CudaAttention.MatchesCpu/decode_long_splits:Decode/CudaAttention.MatchesCpu/decode_d24_dv16'
     filter+=':Decode/CudaAttention.MatchesCpu/decode_long_splits_8kv:Decode/CudaAttention.MatchesCpu/decode_batch64:Decode/CudaAttention.MatchesCpu/verify_long_splits:Prefill/CudaAttention.MatchesCpu/mixed_prefill_decode'
     filter+=':Prefill/CudaAttention.MatchesCpu/prefill_d200:Prefill/CudaAttention.MatchesCpu/mixed_block5'

@@ -130,14 +130,18 @@ cudaError_t launch_build_token_counts(const CountsDesc* descs, const int32_t* id
 cudaError_t launch_feed_sampled_tokens(int32_t* token_ids, int64_t n, const SamplingRowResult* results,
                                        cudaStream_t stream);
 
+// Chained drafts: out[i] = results[i].token (0 for a row that sampled nothing).
+cudaError_t launch_copy_sampled_tokens(const SamplingRowResult* results, int n, int32_t* out, cudaStream_t stream);
+
 // A row that only draws (greedy or at a temperature; no top-k / top-p / min-p, penalties, masks,
-// bias, logprobs, verification or probs_out): launch_sample_plain_rows samples batches of them with
-// a cluster of 16 blocks per row (sm_90), to the same tokens as launch_sample_rows. Up to 64 rows
-// measured faster than a block a row (H200, 128k vocabulary, 64 rows: 67 against 195 us).
+// bias, logprobs or verification; it may keep its distribution in probs_out):
+// launch_sample_plain_rows samples batches of them with a cluster of 16 blocks per row (sm_90), to
+// the same tokens and probs_out rows as launch_sample_rows. Up to 64 rows measured faster than a
+// block a row (H200, 128k vocabulary, 64 rows: 67 against 195 us).
 constexpr int kMaxPlainClusterRows = 64;
 bool sampling_row_is_plain(const SamplingRowDesc& d, int64_t vocab);
 cudaError_t launch_sample_plain_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
-                                     SamplingRowResult* results, cudaStream_t stream);
+                                     float* probs_out, SamplingRowResult* results, cudaStream_t stream);
 
 // One block per row: penalties, greedy argmax, the filtered draw or the verification of a draft
 // token (draft_probs: F32 [R, V], may be null when no row verifies), logprobs of the raw logits.

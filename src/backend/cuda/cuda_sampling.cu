@@ -621,6 +621,7 @@ __global__ void __launch_bounds__(kThreads) sample_rows_kernel(const float* __re
 // and the draw is the first token whose cumulative mass passes the target.
 __global__ void __launch_bounds__(kThreads) sample_plain_rows_kernel(const float* __restrict__ logits, int64_t vocab,
                                                                      const SamplingRowDesc* __restrict__ rows,
+                                                                     float* __restrict__ probs_out,
                                                                      SamplingRowResult* __restrict__ results) {
   namespace cg = cooperative_groups;
   __shared__ Shared s;
@@ -693,6 +694,12 @@ __global__ void __launch_bounds__(kThreads) sample_plain_rows_kernel(const float
     total += t;
     if (b < rank) before += t;
   }
+  if (probs_out != nullptr && d.probs_out_row >= 0) {  // write_probs' values, the slice a block
+    float* probs = probs_out + static_cast<int64_t>(d.probs_out_row) * vocab;
+    const double inv_total = 1.0 / static_cast<double>(total);
+    for (int64_t i = lo + threadIdx.x; i < hi; i += kThreads)
+      probs[i] = static_cast<float>(static_cast<double>(mass(i)) * inv_total);
+  }
   u64 target = static_cast<u64>(d.uniform * static_cast<double>(total));
   if (target >= total) target = total - 1;
   if (before <= target && target < before + local) {
@@ -742,11 +749,11 @@ cudaError_t launch_build_token_counts(const CountsDesc* descs, const int32_t* id
 
 bool sampling_row_is_plain(const SamplingRowDesc& d, int64_t vocab) {
   return (d.top_k <= 0 || d.top_k >= vocab) && !(d.top_p < 1.0f) && !(d.min_p > 0.0f) && d.counts_row < 0 &&
-         d.allowed_begin < 0 && d.top_n < 0 && d.target < 0 && d.draft_token < 0 && d.probs_out_row < 0;
+         d.allowed_begin < 0 && d.top_n < 0 && d.target < 0 && d.draft_token < 0;
 }
 
 cudaError_t launch_sample_plain_rows(const float* logits, int64_t vocab, const SamplingRowDesc* rows, int num_rows,
-                                     SamplingRowResult* results, cudaStream_t stream) {
+                                     float* probs_out, SamplingRowResult* results, cudaStream_t stream) {
   if (num_rows == 0) return cudaSuccess;
   if (vocab <= 0 || vocab > INT_MAX) return cudaErrorInvalidValue;
   const cudaError_t allowed =
@@ -763,7 +770,7 @@ cudaError_t launch_sample_plain_rows(const float* logits, int64_t vocab, const S
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, sample_plain_rows_kernel, logits, vocab, rows, results);
+  return cudaLaunchKernelEx(&config, sample_plain_rows_kernel, logits, vocab, rows, probs_out, results);
 }
 
 namespace {
@@ -783,6 +790,20 @@ cudaError_t launch_feed_sampled_tokens(int32_t* token_ids, int64_t n, const Samp
   constexpr int kFeedThreads = 256;
   const int64_t blocks = (n + kFeedThreads - 1) / kFeedThreads;
   feed_sampled_tokens_kernel<<<static_cast<unsigned>(blocks), kFeedThreads, 0, stream>>>(token_ids, n, results);
+  return cudaGetLastError();
+}
+
+namespace {
+__global__ void copy_sampled_tokens_kernel(const SamplingRowResult* results, int n, int32_t* out) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i < n) out[i] = results[i].token < 0 ? 0 : results[i].token;
+}
+}  // namespace
+
+cudaError_t launch_copy_sampled_tokens(const SamplingRowResult* results, int n, int32_t* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  constexpr int kCopyThreads = 128;
+  copy_sampled_tokens_kernel<<<(n + kCopyThreads - 1) / kCopyThreads, kCopyThreads, 0, stream>>>(results, n, out);
   return cudaGetLastError();
 }
 

@@ -38,16 +38,26 @@ CudaTokenSampler::CudaTokenSampler(CudaBackend& backend, int max_rows, int64_t v
              "CUDA sampler: compute capability");
   plain_row_clusters_ = major >= 9;
   check_cuda(cudaEventCreateWithFlags(&results_copied_, cudaEventDisableTiming), "CUDA sampler: event");
+  const size_t descs = sizeof(cuda::SamplingRowDesc) * static_cast<size_t>(max_rows);
+  check_cuda(cudaHostAlloc(&host_draws_, descs * kDrawSlots, cudaHostAllocDefault), "CUDA sampler: pinned draw slots");
+  for (cudaEvent_t& e : draw_uploaded_)
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "CUDA sampler: event");
+  draw_descs_ = backend.empty({static_cast<int64_t>(descs)}, DType::kU8);
 }
 
 CudaTokenSampler::~CudaTokenSampler() {
   cudaStreamSynchronize(stream_);
   if (results_copied_) cudaEventDestroy(results_copied_);
+  for (cudaEvent_t e : draw_uploaded_)
+    if (e) cudaEventDestroy(e);
+  if (host_draws_) cudaFreeHost(host_draws_);
   if (host_results_) cudaFreeHost(host_results_);
   if (host_upload_) cudaFreeHost(host_upload_);
 }
 
-size_t CudaTokenSampler::device_bytes() const { return counts_.nbytes() + results_.nbytes() + upload_.nbytes(); }
+size_t CudaTokenSampler::device_bytes() const {
+  return counts_.nbytes() + results_.nbytes() + upload_.nbytes() + draw_descs_.nbytes();
+}
 
 void CudaTokenSampler::ensure_upload_capacity(size_t bytes) {
   if (bytes <= upload_capacity_) return;
@@ -204,6 +214,67 @@ void CudaTokenSampler::start_sample(const Tensor& logits, std::span<const TokenS
   started_ = true;
 }
 
+void CudaTokenSampler::draw_on_device(const Tensor& logits, std::span<const TokenSamplingRow> rows, Tensor* probs_out,
+                                      Tensor& tokens_out) {
+  check_logits(logits);
+  const int n = static_cast<int>(rows.size());
+  SPECULA_CHECK(!started_, "internal error: CUDA sampler: a draw while a start_sample() is outstanding");
+  SPECULA_CHECK(n <= max_rows_, "CUDA sampler: {} rows, made for at most {}", n, max_rows_);
+  SPECULA_CHECK(tokens_out.device() == Device::kCUDA && tokens_out.dtype() == DType::kI32 && tokens_out.numel() == n,
+                "internal error: CUDA sampler: {} draws into {}", n, tokens_out.describe());
+  if (n == 0) return;
+  // The slot's last upload must have run before its host memory is rewritten.
+  const int slot = next_draw_slot_;
+  next_draw_slot_ = (next_draw_slot_ + 1) % kDrawSlots;
+  if (draw_slot_used_[slot])
+    check_cuda(cudaEventSynchronize(draw_uploaded_[slot]), "CUDA sampler: waiting for a draw slot");
+  auto* descs = static_cast<cuda::SamplingRowDesc*>(host_draws_) + static_cast<size_t>(slot) * max_rows_;
+  bool plain = plain_row_clusters_ && n <= cuda::kMaxPlainClusterRows;
+  for (int i = 0; i < n; ++i) {
+    const TokenSamplingRow& r = rows[static_cast<size_t>(i)];
+    SPECULA_CHECK(r.logits_row >= 0 && r.logits_row < logits.size(0),
+                  "CUDA sampler: row {} reads logits row {} of {}", i, r.logits_row, logits.size(0));
+    SPECULA_CHECK(!needs_counts(r) && r.allowed_mask.empty() && r.top_logprobs < 0 && r.draft_token < 0,
+                  "internal error: CUDA sampler: draw row {} needs more than its logits and settings", i);
+    SPECULA_CHECK(r.greedy || r.temperature > 0.0f, "CUDA sampler: row {} samples at temperature {}", i, r.temperature);
+    cuda::SamplingRowDesc d;
+    d.logits_row = r.logits_row;
+    d.greedy = r.greedy ? 1 : 0;
+    d.temperature = r.temperature;
+    d.top_k = r.top_k > 0 ? r.top_k : 0;
+    d.top_p = r.top_p;
+    d.min_p = r.min_p;
+    d.uniform = r.uniform;
+    if (r.probs_out_row >= 0) {
+      SPECULA_CHECK(!r.greedy, "CUDA sampler: row {} asks for its distribution but is greedy", i);
+      check_probs(probs_out, r.probs_out_row, "output probabilities", static_cast<size_t>(i));
+      d.probs_out_row = r.probs_out_row;
+    }
+    plain = plain && cuda::sampling_row_is_plain(d, vocab_);
+    descs[i] = d;
+  }
+  auto* dev = static_cast<cuda::SamplingRowDesc*>(draw_descs_.data());
+  check_cuda(cudaMemcpyAsync(dev, descs, sizeof(cuda::SamplingRowDesc) * static_cast<size_t>(n),
+                             cudaMemcpyHostToDevice, stream_),
+             "CUDA sampler: draw upload");
+  check_cuda(cudaEventRecord(draw_uploaded_[slot], stream_), "CUDA sampler: recording a draw upload");
+  draw_slot_used_[slot] = true;
+  auto* results = static_cast<cuda::SamplingRowResult*>(results_.data());
+  if (plain) {
+    check_cuda(cuda::launch_sample_plain_rows(logits.data_as<float>(), vocab_, dev, n,
+                                              probs_out ? probs_out->data_as<float>() : nullptr, results, stream_),
+               "CUDA sampler: drawing (plain rows)");
+  } else {
+    auto* top = reinterpret_cast<cuda::TopLogprob*>(static_cast<char*>(results_.data()) + results_bytes(max_rows_));
+    check_cuda(cuda::launch_sample_rows(logits.data_as<float>(), vocab_, dev, n, nullptr, nullptr, nullptr,
+                                        probs_out ? probs_out->data_as<float>() : nullptr, results, top,
+                                        kMaxTopLogprobs, stream_),
+               "CUDA sampler: drawing");
+  }
+  check_cuda(cuda::launch_copy_sampled_tokens(results, n, tokens_out.data_as<int32_t>(), stream_),
+             "CUDA sampler: drawn tokens");
+}
+
 std::vector<TokenSamplingResult> CudaTokenSampler::logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
                                                                std::span<const int32_t> targets, int top_n) {
   check_logits(logits);
@@ -275,6 +346,7 @@ void CudaTokenSampler::launch(const Tensor& logits, const std::vector<cuda::Samp
   if (plain) {
     check_cuda(cuda::launch_sample_plain_rows(logits.data_as<float>(), vocab_,
                                               reinterpret_cast<const cuda::SamplingRowDesc*>(dev + rows_at), n,
+                                              probs_out ? probs_out->data_as<float>() : nullptr,
                                               reinterpret_cast<cuda::SamplingRowResult*>(res_dev), stream_),
                "CUDA sampler: sampling (plain rows)");
   } else {

@@ -40,6 +40,8 @@ class CudaTokenSampler final : public TokenSampler {
   std::vector<TokenSamplingResult> finish_sample() override;
   bool can_feed_started() const override { return started_ && !finished_early_; }
   void feed_started_tokens(Tensor& token_ids) override;
+  void draw_on_device(const Tensor& logits, std::span<const TokenSamplingRow> rows, Tensor* probs_out,
+                      Tensor& tokens_out) override;
   std::vector<TokenSamplingResult> logprobs_of(const Tensor& logits, std::span<const int32_t> rows,
                                                std::span<const int32_t> targets, int top_n) override;
   size_t device_bytes() const override;
@@ -75,6 +77,14 @@ class CudaTokenSampler final : public TokenSampler {
   std::vector<int32_t> launched_top_n_;  // per row of the launched batch (read_results decodes it)
   bool started_ = false;                 // start_sample() ran, finish_sample() not yet
   std::optional<std::vector<TokenSamplingResult>> finished_early_;  // a start_sample() that had to wait
+  // draw_on_device's row descriptors: a ring of pinned host slots (each reused only once the copy
+  // out of it ran: an event a slot), all uploaded into one device buffer (stream-ordered).
+  static constexpr int kDrawSlots = 8;
+  void* host_draws_ = nullptr;
+  cudaEvent_t draw_uploaded_[kDrawSlots] = {};
+  bool draw_slot_used_[kDrawSlots] = {};
+  int next_draw_slot_ = 0;
+  Tensor draw_descs_;  // SamplingRowDesc [max_rows]
 };
 
 }  // namespace specula

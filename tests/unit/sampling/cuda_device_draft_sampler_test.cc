@@ -189,6 +189,60 @@ TEST(DeviceDraftSampler, GreedyTiesDraftTheFirstMaximum) {
   EXPECT_TRUE(got[1] == 700 || got[1] == 5000 || got[1] == 6000) << got[1];
 }
 
+// Chained drafts: draws queued back to back on the device (more calls than the sampler's staging
+// slots, nothing waited for between them) give the tokens and q rows that sample() gives, bit for
+// bit, for every setting that draws without context, with and without q rows (the plain-row
+// kernel and the block-a-row one).
+TEST(DeviceDraftSampler, DrawsOnTheDeviceWhatItSamples) {
+  SKIP_WITHOUT_GPU();
+  auto gpu = make_cuda_backend(0);
+  const int64_t vocab = 8192, calls = 12, rows_per_call = 5;
+  std::vector<SamplingParams> params;
+  for (const SamplingParams& p : testing::common_sampling_settings()) {
+    SamplingRow probe;
+    probe.params = &p;
+    if (draws_without_context(probe)) params.push_back(p);
+  }
+  ASSERT_GE(params.size(), 5u);
+  Tensor logits = testing::upload_f32(*gpu, testing::random_logits(calls * rows_per_call, vocab, 61, 2.5f, 0.0f),
+                                      calls * rows_per_call, vocab);
+  std::vector<std::vector<DraftSampleRow>> rows(static_cast<size_t>(calls));
+  for (int64_t c = 0; c < calls; ++c) {
+    for (int64_t i = 0; i < rows_per_call; ++i) {
+      DraftSampleRow d;
+      d.row.logits_row = static_cast<int>(c * rows_per_call + i);
+      d.row.params = &params[static_cast<size_t>((c + i) % static_cast<int64_t>(params.size()))];
+      d.row.seed = 70 + static_cast<uint64_t>(c);
+      d.row.position = 11 + i;
+      d.q_row = c % 3 == 0 ? -1 : static_cast<int>(c * rows_per_call + i);  // every third call keeps no q
+      rows[static_cast<size_t>(c)].push_back(d);
+    }
+  }
+  const std::vector<float> sentinel(static_cast<size_t>(calls * rows_per_call * vocab), -7.0f);
+  Tensor want_store = testing::upload_f32(*gpu, sentinel, calls * rows_per_call, vocab);
+  Tensor got_store = testing::upload_f32(*gpu, sentinel, calls * rows_per_call, vocab);
+  auto dev = make_device_draft_sampler(*gpu, 8, vocab);
+  std::vector<int32_t> want;
+  for (const auto& r : rows)
+    for (int32_t t : dev->sample(logits, r, &want_store)) want.push_back(t);
+  Tensor tokens = gpu->empty({calls * rows_per_call}, DType::kI32);
+  for (int64_t c = 0; c < calls; ++c) {
+    Tensor out = tokens.slice(c * rows_per_call, (c + 1) * rows_per_call);
+    dev->draw_on_device(logits, rows[static_cast<size_t>(c)], &got_store, out);
+  }
+  Tensor host = Tensor::empty({calls * rows_per_call}, DType::kI32, Device::kCPU);
+  gpu->copy(tokens, host);
+  gpu->synchronize();
+  const std::vector<int32_t> got(host.data_as<int32_t>(), host.data_as<int32_t>() + host.numel());
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(to_host(*gpu, got_store), to_host(*gpu, want_store));
+  SamplingParams penalised;
+  penalised.repetition_penalty = 1.2f;
+  SamplingRow probe;
+  probe.params = &penalised;
+  EXPECT_FALSE(draws_without_context(probe));
+}
+
 // Not a check: the cost of one batch-1 call at a draft's vocabulary, device vs host, for the log.
 TEST(DeviceDraftSampler, ReportsTheBatchOneCost) {
   SKIP_WITHOUT_GPU();

@@ -1,7 +1,8 @@
 // The plain-row sampling kernel (a thread-block cluster per row, cuda_sampling.cu) against the
 // one-block-per-row kernel on the same rows and uniforms: the same token for greedy and
 // temperature rows, a maximum that repeats (the first index wins), rows with one finite logit and
-// rows with none, vocabularies from 17 tokens (fewer than the cluster's blocks) to Qwen3's.
+// rows with none, vocabularies from 17 tokens (fewer than the cluster's blocks) to Qwen3's; the
+// rows that keep their distribution (probs_out, a speculative draft's q) write the same bits.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -51,15 +52,21 @@ TEST(CudaSampling, PlainRowClustersDrawWhatOneBlockPerRowDraws) {
         d.greedy = (r + trial) % 3 == 0 ? 1 : 0;
         d.temperature = r % 2 ? 1.0f : 0.6f;
         d.uniform = trial == 0 ? 0.0 : trial == 1 ? std::nextafter(1.0, 0.0) : uniform(rng);
+        if (r % 4 == 1 && d.logits_row != 3) d.probs_out_row = r;  // keeps q
         ASSERT_TRUE(cuda::sampling_row_is_plain(d, vocab));
       }
       cuda::SamplingRowDesc* d_descs = upload(descs);
       std::vector<cuda::SamplingRowResult> none(kRows);
       cuda::SamplingRowResult* d_cluster = upload(none);
       cuda::SamplingRowResult* d_block = upload(none);
-      check_cuda(cuda::launch_sample_plain_rows(d_logits, vocab, d_descs, kRows, d_cluster, gpu.stream()), "plain");
-      check_cuda(cuda::launch_sample_rows(d_logits, vocab, d_descs, kRows, nullptr, nullptr, nullptr, nullptr, d_block,
-                                          nullptr, 0, gpu.stream()),
+      const std::vector<float> sentinel(static_cast<size_t>(kRows * vocab), -3.0f);
+      float* d_cluster_probs = upload(sentinel);
+      float* d_block_probs = upload(sentinel);
+      check_cuda(cuda::launch_sample_plain_rows(d_logits, vocab, d_descs, kRows, d_cluster_probs, d_cluster,
+                                                gpu.stream()),
+                 "plain");
+      check_cuda(cuda::launch_sample_rows(d_logits, vocab, d_descs, kRows, nullptr, nullptr, nullptr, d_block_probs,
+                                          d_block, nullptr, 0, gpu.stream()),
                  "one block a row");
       check_cuda(cudaStreamSynchronize(gpu.stream()), "test: sync");
       std::vector<cuda::SamplingRowResult> cluster(kRows), block(kRows);
@@ -78,6 +85,18 @@ TEST(CudaSampling, PlainRowClustersDrawWhatOneBlockPerRowDraws) {
         if (d.logits_row == 2) EXPECT_EQ(cluster[r].token, vocab - 1);
         if (d.logits_row == 3) EXPECT_EQ(cluster[r].token, d.greedy ? 0 : -1);
       }
+      std::vector<float> cluster_probs(sentinel.size()), block_probs(sentinel.size());
+      check_cuda(cudaMemcpy(cluster_probs.data(), d_cluster_probs, sizeof(float) * sentinel.size(),
+                            cudaMemcpyDeviceToHost),
+                 "test: download");
+      check_cuda(cudaMemcpy(block_probs.data(), d_block_probs, sizeof(float) * sentinel.size(), cudaMemcpyDeviceToHost),
+                 "test: download");
+      EXPECT_TRUE(cluster_probs == block_probs) << "vocab " << vocab << " trial " << trial << ": q rows differ";
+      int kept = 0;
+      for (int r = 0; r < kRows; ++r) kept += cluster_probs[static_cast<size_t>(r) * vocab] != -3.0f ? 1 : 0;
+      EXPECT_GT(kept, 0);
+      cudaFree(d_cluster_probs);
+      cudaFree(d_block_probs);
       cudaFree(d_descs);
       cudaFree(d_cluster);
       cudaFree(d_block);
