@@ -25,7 +25,7 @@ double DraftModelProposer::draft_fixed_cost() const {
   // beside ~90 us for the first (the catch-up forward, the chain's launch and the drafts' copy):
   // ~3 further drafts of fixed cost a step. Drafted layer by layer, each draft is a forward like
   // the first, the default shape.
-  const bool fused = config_.greedy_chain && draft_config_.fused_chain && backend_.device() == Device::kCUDA;
+  const bool fused = config_.chain_drafts && draft_config_.fused_chain && backend_.device() == Device::kCUDA;
   return fused ? 3.0 : Proposer::draft_fixed_cost();
 }
 
@@ -106,7 +106,7 @@ int DraftModelProposer::longest_sequence() const {
   return std::min(draft_config_.draft_max_model_len, ModelProposer::longest_sequence());
 }
 
-GreedyDraftChain::FusedChain DraftModelProposer::fused_chain() {
+DraftChain::FusedChain DraftModelProposer::fused_chain() {
   if (!draft_config_.fused_chain) return nullptr;
   return [this](DecoderChain& chain) {
     chain.kv = &kv_;

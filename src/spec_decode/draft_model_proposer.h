@@ -70,7 +70,7 @@ class DraftModelProposer : public ModelProposer {
   DraftForwardOutput draft_forward(DraftForwardInput& in) override;
   int longest_sequence() const override;
   std::unique_ptr<RequestState> new_request_state() const override { return std::make_unique<DraftState>(); }
-  GreedyDraftChain::FusedChain fused_chain() override;
+  DraftChain::FusedChain fused_chain() override;
   std::unique_ptr<DeviceGraph> record_graph(const std::function<void()>& work) override {
     return draft_->capture_graph(backend_, work);
   }

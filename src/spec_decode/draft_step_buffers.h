@@ -2,7 +2,7 @@
 // (model_proposer.h) run one decode row per drafting request over these buffers, at a padded
 // batch size, so that a step reads nothing else and a CUDA graph captured over them replays with
 // new contents (prepare() refills them with plain copies before each step). A greedy chain
-// (greedy_draft_chain.h) stages all its steps here at once. What a step computes (the draft
+// (draft_chain.h) stages all its steps here at once. What a step computes (the draft
 // model, an MTP layer with its chained hidden state) is the proposer's; this is only its inputs.
 #pragma once
 

@@ -27,7 +27,7 @@ ModelProposer::DraftForwardOutput EagleProposer::draft_forward(DraftForwardInput
   return DraftForwardOutput{out.logits, out.prenorm};
 }
 
-GreedyDraftChain::FusedChain EagleProposer::fused_chain() {
+DraftChain::FusedChain EagleProposer::fused_chain() {
   return [this](DecoderChain& chain) {
     chain.kv = &kv_;
     chain.first_hidden = chained_hidden(chain.rows);

@@ -34,7 +34,7 @@ class EagleProposer : public ModelProposer {
  private:
   const Tensor& target_features(const ProposeBatch& batch) const override;
   DraftForwardOutput draft_forward(DraftForwardInput& in) override;
-  GreedyDraftChain::FusedChain fused_chain() override;
+  DraftChain::FusedChain fused_chain() override;
 
   std::unique_ptr<EagleHead> head_;
 };

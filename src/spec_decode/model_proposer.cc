@@ -1,6 +1,7 @@
 #include "spec_decode/model_proposer.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <numeric>
 #include <optional>
 
@@ -28,6 +29,16 @@ SamplingRow draft_sampling_row(const ProposerRequest& r, int logits_row, int pos
   row.output_token_ids = std::span<const int32_t>(context.data() + r.num_prompt_tokens,
                                                   static_cast<size_t>(position - r.num_prompt_tokens));
   if (position - r.num_prompt_tokens < r.params->min_tokens) row.masked_token_ids = r.min_tokens_stop_ids;
+  return row;
+}
+
+// A chained draft's sampling row (DraftChain::kind_for took the request: nothing in it reads the
+// context), its logits row set by each draw.
+SamplingRow chained_sampling_row(const ProposerRequest& r, int position) {
+  SamplingRow row;
+  row.params = r.params;
+  row.seed = r.seed;
+  row.position = position;
   return row;
 }
 
@@ -67,6 +78,8 @@ ModelProposer::ModelProposer(Backend& backend, std::unique_ptr<DraftSampler> sam
                 "proposer: bad configuration (k={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={})",
                 config.num_speculative_tokens, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len);
   if (!sampler_) sampler_ = make_cpu_draft_sampler(backend);
+  if (const char* env = std::getenv("SPECULA_SAMPLED_DRAFT_CHAIN"); env && std::string_view(env) == "0")
+    config_.chain_sampled_drafts = false;
   q_store_ = backend.empty({static_cast<int64_t>(config.max_num_seqs) * config.num_speculative_tokens, vocab_size},
                            DType::kF32);
   for (int s = config.max_num_seqs - 1; s >= 0; --s) free_slots_.push_back(s);
@@ -99,7 +112,7 @@ void ModelProposer::allocate_kv_cache(int num_blocks, int block_size) {
   }
   step_.allocate(backend_, config_.max_num_seqs, max_blocks_per_seq_, block_size, kv_cache_name_.c_str(),
                  config_.num_speculative_tokens - 1);
-  chain_.allocate(backend_, config_.max_num_seqs, config_.num_speculative_tokens);
+  chain_.allocate(backend_, config_.max_num_seqs, config_.num_speculative_tokens, sampler_.get(), &q_store_);
   if (!reads_target_hidden()) {  // the logits rows of uniform catch-ups (graphs, launch-ahead)
     every_row_logits_idx_ =
         backend_.empty({static_cast<int64_t>(std::max(kMaxCatchUpGraphBatch, config_.max_num_seqs)) * kCatchUpGraphRows},
@@ -254,8 +267,11 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   // 1. What each request needs: a catch-up piece, and maybe drafts.
   std::optional<phase_profile::Scope> plan_phase(std::in_place, "draft.plan");
   chain_.end();
-  const bool chain =
-      config_.greedy_chain && batch.depth > 0 && GreedyDraftChain::applies(batch, config_.argmax_drafts);
+  const DraftChain::Kind chain_kind =
+      config_.chain_drafts && batch.depth > 0
+          ? DraftChain::kind_for(batch, config_.argmax_drafts, config_.chain_sampled_drafts)
+          : DraftChain::Kind::kNone;
+  const bool chain = chain_kind != DraftChain::Kind::kNone;
   step_row_min_drafts_ = chain ? 1 : 2;
   num_drafts_.assign(n, 0);
   pieces_.clear();
@@ -276,7 +292,8 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   }
   for (const Piece& piece : pieces_) last_catch_up_tokens_ += piece.to - piece.from;
   for (size_t i = 0; i < n; ++i)
-    if (num_drafts_[i] > 0) state(batch.requests[i].req_id).deterministic_drafts = chain;
+    if (num_drafts_[i] > 0)
+      state(batch.requests[i].req_id).deterministic_drafts = chain_kind == DraftChain::Kind::kArgmax;
   if (batch.ahead) {
     // can_propose_ahead() said every request drafts a chain from a two-row piece.
     bool two_rows = pieces_.size() == n;
@@ -292,7 +309,18 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
     SPECULA_CHECK(padded >= static_cast<int>(rows.size()) && padded <= config_.max_num_seqs,
                   "internal error: {} draft chain of {} rows padded to {} (max_num_seqs {})", method(), rows.size(),
                   padded, config_.max_num_seqs);
-    chain_.begin(rows, padded);
+    std::vector<DraftSampleRow> first_rows;
+    std::vector<int> row_drafts;
+    if (chain_kind == DraftChain::Kind::kSampled) {
+      for (size_t i : rows) {
+        const ProposerRequest& r = batch.requests[i];
+        // Draft j is the token at position tokens.size() + j - 1, as run_draft_steps draws it.
+        first_rows.push_back(DraftSampleRow{chained_sampling_row(r, static_cast<int>(r.tokens.size())),
+                                            state(r.req_id).slot * config_.num_speculative_tokens});
+        row_drafts.push_back(num_drafts_[i]);
+      }
+    }
+    chain_.begin(rows, padded, chain_kind, std::move(first_rows), std::move(row_drafts));
   }
 
   plan_phase.reset();
@@ -351,11 +379,11 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
 }
 
 bool ModelProposer::can_propose_ahead(const ProposeBatch& batch) const {
-  if (!batch.ahead || reads_target_hidden() || !config_.greedy_chain || !batch.may_leave_drafts_on_device ||
+  if (!batch.ahead || reads_target_hidden() || !config_.chain_drafts || !batch.may_leave_drafts_on_device ||
       chain_.pending() || batch.requests.empty() || kv_.empty() ||
       static_cast<int>(batch.requests.size()) > config_.max_num_seqs ||
       2 * static_cast<int>(batch.requests.size()) > config_.max_num_batched_tokens ||
-      !GreedyDraftChain::applies(batch, config_.argmax_drafts))
+      DraftChain::kind_for(batch, config_.argmax_drafts, false) != DraftChain::Kind::kArgmax)
     return false;
   for (const ProposerRequest& r : batch.requests) {
     // Steady: it drafted last step, so its cache holds every position before the verification's
@@ -563,7 +591,7 @@ void ModelProposer::gather_target_rows(const Tensor& target_hidden, int t) {
 void ModelProposer::sample_first_drafts(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                                         const Tensor& logits, const std::function<int(int)>& row_of,
                                         std::vector<std::vector<int32_t>>& drafts) {
-  if (chain_.on()) {  // their argmax, on the device, as the chain's next first drafts
+  if (chain_.on()) {  // drawn on the device, as the chain's next first drafts
     std::vector<int32_t> logits_rows;
     for (size_t s = 0; s < pieces.size(); ++s)
       if (pieces[s].drafts) logits_rows.push_back(row_of(static_cast<int>(s)));

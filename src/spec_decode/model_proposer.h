@@ -11,7 +11,7 @@
 //      every piece is short, in the uniform layout of a catch-up CUDA graph (below);
 //   3. drafts 2..k: one decode row per drafting request per draft, from static buffers at a padded
 //      batch size (draft_step_buffers.h), replayed as a CUDA graph per padded size and step
-//      variant (MTP: per layer). In a greedy chain (greedy_draft_chain.h) every draft stays on
+//      variant (MTP: per layer). In a greedy chain (draft_chain.h) every draft stays on
 //      the device until the end; otherwise each step's logits go through the DraftSampler, which
 //      keeps q per request slot in the q store (draft_probs) for lossless verification. A request
 //      with a grammar (structured outputs) drafts this way, each draft under the grammar's mask
@@ -53,7 +53,7 @@
 #include "model/model.h"
 #include "sampling/draft_sampler.h"
 #include "spec_decode/draft_step_buffers.h"
-#include "spec_decode/greedy_draft_chain.h"
+#include "spec_decode/draft_chain.h"
 #include "spec_decode/proposer.h"
 #include "spec_decode/staged_tensor.h"
 
@@ -68,9 +68,12 @@ struct ModelProposerConfig {
   // The padded batch size a draft step of n rows runs at (n <= max_num_seqs): a CUDA graph's
   // capture sizes. Identity when unset.
   std::function<int(int)> pad_batch;
-  // Chain greedy drafts on the device (greedy_draft_chain.h); false: every draft through the
-  // draft sampler (tests compare the two).
-  bool greedy_chain = true;
+  // Chain drafts on the device (draft_chain.h); false: every draft through the draft sampler
+  // step by step (tests compare the two).
+  bool chain_drafts = true;
+  // Chain sampled drafts too (DraftChain::Kind::kSampled); false: only argmax ones
+  // (SPECULA_SAMPLED_DRAFT_CHAIN=0 sets it, for A/B runs).
+  bool chain_sampled_drafts = true;
   // Every request drafts the argmax of the proposer's logits, also when it samples (vLLM's way):
   // its drafts are then deterministic (q one-hot: accepted with probability p(draft)) and chain
   // on the device as greedy ones do; false: a sampling request's drafts are drawn from its own
@@ -86,7 +89,7 @@ class ModelProposer : public Proposer {
   size_t capture_graphs(const std::vector<int>& batch_sizes) override;
   // A greedy chain leaves its drafts on the device where batch.may_leave_drafts_on_device.
   void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
-  bool leaves_drafts_on_device() const override { return config_.greedy_chain; }
+  bool leaves_drafts_on_device() const override { return config_.chain_drafts; }
   const DraftsOnDevice* drafts_on_device() const override { return chain_.pending() ? &on_device_ : nullptr; }
   std::vector<std::vector<int32_t>> finish_drafts() override;
   // Launch-ahead (README.md): a tokens-only proposer whose every request drafts a greedy chain
@@ -114,8 +117,9 @@ class ModelProposer : public Proposer {
   int64_t num_catch_up_graph_replays() const { return catch_up_graph_replays_; }
   // Catch-ups that ran the uniform r-rows-per-request layout (replayed or, without graphs, eagerly).
   int64_t num_uniform_catch_ups() const { return uniform_catch_ups_; }
-  // Proposals whose drafts were chained on the device (greedy chain), for tests.
-  int64_t num_greedy_chains() const { return chain_.num_chains(); }
+  // Proposals whose drafts were chained on the device (argmax, sampled chains), for tests.
+  int64_t num_greedy_chains() const { return chain_.num_chains() - chain_.num_sampled_chains(); }
+  int64_t num_sampled_chains() const { return chain_.num_sampled_chains(); }
   int64_t num_fused_chains() const { return chain_.num_fused_chains(); }
   int64_t num_multi_step_chains() const { return chain_.num_multi_step_chains(); }
 
@@ -201,7 +205,7 @@ class ModelProposer : public Proposer {
   virtual std::unique_ptr<RequestState> new_request_state() const { return std::make_unique<RequestState>(); }
   // Drafts 2..k of a greedy chain as one op, where the model has one (Model::greedy_chain); empty
   // when none.
-  virtual GreedyDraftChain::FusedChain fused_chain() { return nullptr; }
+  virtual DraftChain::FusedChain fused_chain() { return nullptr; }
   // Records one catch-up or draft step (`work`) as a graph; a proposer whose model spans several
   // devices records through it (Model::capture_graph). Default: the backend's capture.
   virtual std::unique_ptr<DeviceGraph> record_graph(const std::function<void()>& work) {
@@ -324,7 +328,7 @@ class ModelProposer : public Proposer {
   std::unique_ptr<DeviceEvent> catch_up_uploaded_;  // after the last uniform staging's uploads
   std::vector<std::string> ahead_ids_;  // the launch-ahead's requests, for settle_ahead
   DraftStepBuffers step_;  // static draft-step inputs, [max_num_seqs] rows
-  GreedyDraftChain chain_;  // this propose's, when on
+  DraftChain chain_;  // this propose's, when on
   // A chain that left its drafts on the device: where they are, and whose they are (batch order).
   DraftsOnDevice on_device_;
   std::vector<std::string> on_device_ids_;

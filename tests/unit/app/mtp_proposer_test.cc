@@ -7,7 +7,7 @@
 // forces depth 0 on every other step), preemption and prefix-cache hits, with draft steps run at
 // a padded batch size or not; padded, short catch-ups also run the CUDA graphs' layout (r rows
 // per request, rows past a piece's end writing nothing) eagerly; all-greedy batches chain their
-// drafts on the device (greedy_draft_chain.h).
+// drafts on the device (draft_chain.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>

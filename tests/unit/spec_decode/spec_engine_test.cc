@@ -32,7 +32,7 @@ struct SpecOptions {
   double draft_noise = 0.0;  // 0: the draft is the target itself
   int draft_max_model_len = 0;
   std::function<int(int)> pad_batch;
-  bool greedy_chain = true;
+  bool chain_drafts = true;
   bool async_scheduling = false;
 };
 
@@ -86,7 +86,7 @@ class SpecEngine {
       dc.max_model_len = c.max_model_len;
       dc.draft_max_model_len = o.draft_max_model_len > 0 ? o.draft_max_model_len : c.max_model_len;
       dc.pad_batch = o.pad_batch;
-      dc.greedy_chain = o.greedy_chain;
+      dc.chain_drafts = o.chain_drafts;
       auto p = std::make_unique<DraftModelProposer>(std::move(draft), *backend_, make_cpu_draft_sampler(*backend_), dc);
       p->allocate_kv_cache(c.num_blocks, c.block_size);
       draft_proposer = p.get();
@@ -298,7 +298,7 @@ TEST(SpecEngine, GreedyChainDraftsWhatTheDraftSamplerDrafts) {
     std::vector<std::vector<std::vector<int32_t>>> outputs;
     for (bool chain : {true, false}) {
       SpecOptions o = noisy_padded_draft(k);
-      o.greedy_chain = chain;
+      o.chain_drafts = chain;
       SpecEngine e(core_config(32, 24, 6), o);
       add_greedy(e, reqs);
       e.run();
@@ -329,8 +329,58 @@ TEST(SpecEngine, GreedyChainDraftsWhatTheDraftSamplerDrafts) {
     e.run();
     EXPECT_GT(e.stats().spec_num_draft_tokens, 0);
     EXPECT_EQ(e.draft_proposer->num_greedy_chains(), 0) << (penalised ? "penalised" : "sampled");
+    if (penalised) EXPECT_EQ(e.draft_proposer->num_sampled_chains(), 0);
     EXPECT_EQ(e.tokens("a"), e.model.reference_greedy(prompt_of(9, 1), 24));
   }
+}
+
+// Sampled drafts chained on the device (each draft drawn there from the request's (seed,
+// position) draw, q kept in the store) draft exactly what the draft sampler draws step by step:
+// the same tokens, the same drafts and acceptance per position, synchronous and async, through
+// chunked prefill, preemption, prefix hits, padded steps, mixed greedy / sampled batches and
+// max_tokens inside a draft. A penalised request keeps its batches on the step-by-step path.
+TEST(SpecEngine, SampledChainDrawsWhatTheDraftSamplerDraws) {
+  const auto reqs = mixed_requests();
+  for (int k : {1, 3, 5}) {
+    for (bool async : {false, true}) {
+      SCOPED_TRACE("k=" + std::to_string(k) + (async ? " async" : ""));
+      std::vector<SchedulerStats> stats;
+      std::vector<std::vector<std::vector<int32_t>>> outputs;
+      for (bool chain : {true, false}) {
+        SpecOptions o = noisy_padded_draft(k);
+        o.chain_drafts = chain;
+        o.async_scheduling = async;
+        SpecEngine e(core_config(32, 24, 6), o);
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          SamplingParams p = i % 3 == 0 ? greedy(reqs[i].second) : seeded(reqs[i].second, 100 + i);
+          if (i % 4 == 1) p.top_p = 0.9f;
+          e.add("r" + std::to_string(i), reqs[i].first, p);
+        }
+        e.run();
+        if (chain) {
+          EXPECT_GT(e.draft_proposer->num_sampled_chains(), 10);
+        } else {
+          EXPECT_EQ(e.draft_proposer->num_sampled_chains(), 0);
+        }
+        stats.push_back(e.stats());
+        outputs.emplace_back();
+        for (size_t i = 0; i < reqs.size(); ++i) outputs.back().push_back(e.tokens("r" + std::to_string(i)));
+        e.expect_all_blocks_free();
+      }
+      EXPECT_EQ(outputs[0], outputs[1]);
+      expect_same_drafting(stats[0], stats[1]);
+      EXPECT_LT(stats[0].spec_num_accepted_tokens, stats[0].spec_num_draft_tokens);
+    }
+  }
+  SpecOptions o = noisy_padded_draft(3);
+  SpecEngine e(core_config(), o);
+  SamplingParams p = seeded(40, 7);
+  p.frequency_penalty = 0.5f;
+  e.add("a", prompt_of(9, 1), seeded(40, 8));
+  e.add("b", prompt_of(13, 2), p);
+  e.run();
+  EXPECT_GT(e.stats().spec_num_draft_tokens, 0);
+  EXPECT_EQ(e.draft_proposer->num_sampled_chains(), 0) << "a penalised row's drafts depend on the drafts before them";
 }
 
 // Async scheduling: a greedy chain's drafts stay on the device until the next step is launched
@@ -350,7 +400,7 @@ TEST(SpecEngine, DraftsLeftOnTheDeviceUnderAsyncSchedulingChangeNothing) {
     for (bool chain : {true, false}) {
       SpecOptions o = noisy_padded_draft(k);
       o.async_scheduling = true;
-      o.greedy_chain = chain;
+      o.chain_drafts = chain;
       SpecEngine e(core_config(32, 24, 6), o);
       add_greedy(e, reqs);
       e.run();
@@ -408,7 +458,7 @@ TEST(SpecEngine, DraftsLaunchedAheadOfTheVerificationChangeNothing) {
         o.draft_noise = 0.3;
         o.draft_max_model_len = draft_len;
         o.async_scheduling = mode < 2;
-        o.greedy_chain = mode == 0;
+        o.chain_drafts = mode == 0;
         SpecEngine e(core_config(), o);
         add_greedy(e, reqs);
         e.run();
