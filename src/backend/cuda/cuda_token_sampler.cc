@@ -42,7 +42,7 @@ CudaTokenSampler::CudaTokenSampler(CudaBackend& backend, int max_rows, int64_t v
   check_cuda(cudaHostAlloc(&host_draws_, descs * kDrawSlots, cudaHostAllocDefault), "CUDA sampler: pinned draw slots");
   for (cudaEvent_t& e : draw_uploaded_)
     check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "CUDA sampler: event");
-  draw_descs_ = backend.empty({static_cast<int64_t>(descs)}, DType::kU8);
+  draw_upload_ = backend.empty({static_cast<int64_t>(descs)}, DType::kU8);
 }
 
 CudaTokenSampler::~CudaTokenSampler() {
@@ -56,7 +56,7 @@ CudaTokenSampler::~CudaTokenSampler() {
 }
 
 size_t CudaTokenSampler::device_bytes() const {
-  return counts_.nbytes() + results_.nbytes() + upload_.nbytes() + draw_descs_.nbytes();
+  return counts_.nbytes() + results_.nbytes() + upload_.nbytes() + draw_upload_.nbytes();
 }
 
 void CudaTokenSampler::ensure_upload_capacity(size_t bytes) {
@@ -85,6 +85,21 @@ void CudaTokenSampler::check_probs(const Tensor* probs, int32_t row, const char*
                     row < probs->size(0),
                 "CUDA sampler: row {} uses {} row {} that is not there (F32 [R, {}] on the GPU needed, got {})",
                 row_index, what, row, vocab_, probs ? probs->describe() : std::string("none"));
+}
+
+cuda::SamplingRowDesc CudaTokenSampler::draw_desc(const Tensor& logits, const TokenSamplingRow& r, size_t i) const {
+  SPECULA_CHECK(r.logits_row >= 0 && r.logits_row < logits.size(0), "CUDA sampler: row {} reads logits row {} of {}", i,
+                r.logits_row, logits.size(0));
+  SPECULA_CHECK(r.greedy || r.temperature > 0.0f, "CUDA sampler: row {} samples at temperature {}", i, r.temperature);
+  cuda::SamplingRowDesc d;
+  d.logits_row = r.logits_row;
+  d.greedy = r.greedy ? 1 : 0;
+  d.temperature = r.temperature;
+  d.top_k = r.top_k > 0 ? r.top_k : 0;
+  d.top_p = r.top_p;
+  d.min_p = r.min_p;
+  d.uniform = r.uniform;
+  return d;
 }
 
 namespace {
@@ -142,24 +157,13 @@ void CudaTokenSampler::start_sample(const Tensor& logits, std::span<const TokenS
   std::vector<int32_t> ids;
   for (size_t i = 0; i < rows.size(); ++i) {
     const TokenSamplingRow& r = rows[i];
-    SPECULA_CHECK(r.logits_row >= 0 && r.logits_row < logits.size(0),
-                  "CUDA sampler: row {} reads logits row {} of {}", i, r.logits_row, logits.size(0));
     SPECULA_CHECK(r.top_logprobs <= kMaxTopLogprobs, "CUDA sampler: {} top logprobs asked, at most {} on the device",
                   r.top_logprobs, kMaxTopLogprobs);
-    SPECULA_CHECK(r.greedy || r.temperature > 0.0f, "CUDA sampler: row {} samples at temperature {}", i,
-                  r.temperature);
-    cuda::SamplingRowDesc& d = descs[i];
-    d.logits_row = r.logits_row;
-    d.greedy = r.greedy ? 1 : 0;
-    d.temperature = r.temperature;
-    d.top_k = r.top_k > 0 ? r.top_k : 0;
-    d.top_p = r.top_p;
-    d.min_p = r.min_p;
+    cuda::SamplingRowDesc& d = descs[i] = draw_desc(logits, r, i);
     d.repetition_penalty = r.repetition_penalty;
     d.frequency_penalty = r.frequency_penalty;
     d.presence_penalty = r.presence_penalty;
     d.top_n = r.top_logprobs;
-    d.uniform = r.uniform;
     if (r.draft_token >= 0) {
       SPECULA_CHECK(!r.greedy, "CUDA sampler: row {} verifies a draft token greedily (compare with the argmax)", i);
       SPECULA_CHECK(r.draft_token < vocab_, "verification: draft token {} outside the vocab of {}", r.draft_token,
@@ -232,19 +236,9 @@ void CudaTokenSampler::draw_on_device(const Tensor& logits, std::span<const Toke
   bool plain = plain_row_clusters_ && n <= cuda::kMaxPlainClusterRows;
   for (int i = 0; i < n; ++i) {
     const TokenSamplingRow& r = rows[static_cast<size_t>(i)];
-    SPECULA_CHECK(r.logits_row >= 0 && r.logits_row < logits.size(0),
-                  "CUDA sampler: row {} reads logits row {} of {}", i, r.logits_row, logits.size(0));
     SPECULA_CHECK(!needs_counts(r) && r.allowed_mask.empty() && r.top_logprobs < 0 && r.draft_token < 0,
                   "internal error: CUDA sampler: draw row {} needs more than its logits and settings", i);
-    SPECULA_CHECK(r.greedy || r.temperature > 0.0f, "CUDA sampler: row {} samples at temperature {}", i, r.temperature);
-    cuda::SamplingRowDesc d;
-    d.logits_row = r.logits_row;
-    d.greedy = r.greedy ? 1 : 0;
-    d.temperature = r.temperature;
-    d.top_k = r.top_k > 0 ? r.top_k : 0;
-    d.top_p = r.top_p;
-    d.min_p = r.min_p;
-    d.uniform = r.uniform;
+    cuda::SamplingRowDesc d = draw_desc(logits, r, static_cast<size_t>(i));
     if (r.probs_out_row >= 0) {
       SPECULA_CHECK(!r.greedy, "CUDA sampler: row {} asks for its distribution but is greedy", i);
       check_probs(probs_out, r.probs_out_row, "output probabilities", static_cast<size_t>(i));
@@ -253,7 +247,7 @@ void CudaTokenSampler::draw_on_device(const Tensor& logits, std::span<const Toke
     plain = plain && cuda::sampling_row_is_plain(d, vocab_);
     descs[i] = d;
   }
-  auto* dev = static_cast<cuda::SamplingRowDesc*>(draw_descs_.data());
+  auto* dev = static_cast<cuda::SamplingRowDesc*>(draw_upload_.data());
   check_cuda(cudaMemcpyAsync(dev, descs, sizeof(cuda::SamplingRowDesc) * static_cast<size_t>(n),
                              cudaMemcpyHostToDevice, stream_),
              "CUDA sampler: draw upload");

@@ -58,6 +58,8 @@ class CudaTokenSampler final : public TokenSampler {
               const Tensor* draft_probs, Tensor* probs_out);
   std::vector<TokenSamplingResult> read_results();
   void check_logits(const Tensor& logits) const;
+  // Row i's draw settings (logits row, greedy or temperature and filters, its uniform), checked.
+  cuda::SamplingRowDesc draw_desc(const Tensor& logits, const TokenSamplingRow& r, size_t i) const;
   void check_probs(const Tensor* probs, int32_t row, const char* what, size_t row_index) const;
   void ensure_upload_capacity(size_t bytes);
 
@@ -84,7 +86,7 @@ class CudaTokenSampler final : public TokenSampler {
   cudaEvent_t draw_uploaded_[kDrawSlots] = {};
   bool draw_slot_used_[kDrawSlots] = {};
   int next_draw_slot_ = 0;
-  Tensor draw_descs_;  // SamplingRowDesc [max_rows]
+  Tensor draw_upload_;  // SamplingRowDesc [max_rows]
 };
 
 }  // namespace specula

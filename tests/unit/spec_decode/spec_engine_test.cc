@@ -290,30 +290,43 @@ void expect_same_drafting(const SchedulerStats& a, const SchedulerStats& b) {
 // acceptance per position, through chunked prefill, preemption, prefix hits, padded steps and
 // requests whose drafts stop early (max_tokens). Rows the argmax would not serve (a penalty, a
 // sampled row) keep every step of their batch on the draft sampler.
-TEST(SpecEngine, GreedyChainDraftsWhatTheDraftSamplerDrafts) {
+// The mixed requests (`params` gives request i's settings) through the noisy padded draft at k,
+// with its drafts chained and step by step: the same tokens, the same drafting per position.
+// chains(e) is how many chains of the kind under test the engine ran.
+void expect_chain_drafts_what_the_sampler_drafts(int k, bool async,
+                                                 const std::function<SamplingParams(size_t i, int max_tokens)>& params,
+                                                 const std::function<int64_t(const SpecEngine&)>& chains) {
   const auto reqs = mixed_requests();
+  std::vector<SchedulerStats> stats;
+  std::vector<std::vector<std::vector<int32_t>>> outputs;
+  for (bool chain : {true, false}) {
+    SpecOptions o = noisy_padded_draft(k);
+    o.chain_drafts = chain;
+    o.async_scheduling = async;
+    SpecEngine e(core_config(32, 24, 6), o);
+    for (size_t i = 0; i < reqs.size(); ++i) e.add("r" + std::to_string(i), reqs[i].first, params(i, reqs[i].second));
+    e.run();
+    if (chain) {
+      EXPECT_GT(chains(e), 10);
+    } else {
+      EXPECT_EQ(chains(e), 0);
+    }
+    stats.push_back(e.stats());
+    outputs.emplace_back();
+    for (size_t i = 0; i < reqs.size(); ++i) outputs.back().push_back(e.tokens("r" + std::to_string(i)));
+    e.expect_all_blocks_free();
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+  expect_same_drafting(stats[0], stats[1]);
+  EXPECT_LT(stats[0].spec_num_accepted_tokens, stats[0].spec_num_draft_tokens);  // the draft is noisy
+}
+
+TEST(SpecEngine, GreedyChainDraftsWhatTheDraftSamplerDrafts) {
   for (int k : {1, 3, 5}) {
     SCOPED_TRACE("k=" + std::to_string(k));
-    std::vector<SchedulerStats> stats;
-    std::vector<std::vector<std::vector<int32_t>>> outputs;
-    for (bool chain : {true, false}) {
-      SpecOptions o = noisy_padded_draft(k);
-      o.chain_drafts = chain;
-      SpecEngine e(core_config(32, 24, 6), o);
-      add_greedy(e, reqs);
-      e.run();
-      if (chain) {
-        EXPECT_GT(e.draft_proposer->num_greedy_chains(), 10);
-      } else {
-        EXPECT_EQ(e.draft_proposer->num_greedy_chains(), 0);
-      }
-      stats.push_back(e.stats());
-      outputs.emplace_back();
-      for (size_t i = 0; i < reqs.size(); ++i) outputs.back().push_back(e.tokens("r" + std::to_string(i)));
-      e.expect_all_blocks_free();
-    }
-    EXPECT_EQ(outputs[0], outputs[1]);
-    expect_same_drafting(stats[0], stats[1]);
+    expect_chain_drafts_what_the_sampler_drafts(
+        k, false, [](size_t, int max_tokens) { return greedy(max_tokens); },
+        [](const SpecEngine& e) { return e.draft_proposer->num_greedy_chains(); });
   }
   for (bool penalised : {true, false}) {
     SpecOptions o;
@@ -340,36 +353,17 @@ TEST(SpecEngine, GreedyChainDraftsWhatTheDraftSamplerDrafts) {
 // chunked prefill, preemption, prefix hits, padded steps, mixed greedy / sampled batches and
 // max_tokens inside a draft. A penalised request keeps its batches on the step-by-step path.
 TEST(SpecEngine, SampledChainDrawsWhatTheDraftSamplerDraws) {
-  const auto reqs = mixed_requests();
   for (int k : {1, 3, 5}) {
     for (bool async : {false, true}) {
       SCOPED_TRACE("k=" + std::to_string(k) + (async ? " async" : ""));
-      std::vector<SchedulerStats> stats;
-      std::vector<std::vector<std::vector<int32_t>>> outputs;
-      for (bool chain : {true, false}) {
-        SpecOptions o = noisy_padded_draft(k);
-        o.chain_drafts = chain;
-        o.async_scheduling = async;
-        SpecEngine e(core_config(32, 24, 6), o);
-        for (size_t i = 0; i < reqs.size(); ++i) {
-          SamplingParams p = i % 3 == 0 ? greedy(reqs[i].second) : seeded(reqs[i].second, 100 + i);
-          if (i % 4 == 1) p.top_p = 0.9f;
-          e.add("r" + std::to_string(i), reqs[i].first, p);
-        }
-        e.run();
-        if (chain) {
-          EXPECT_GT(e.draft_proposer->num_sampled_chains(), 10);
-        } else {
-          EXPECT_EQ(e.draft_proposer->num_sampled_chains(), 0);
-        }
-        stats.push_back(e.stats());
-        outputs.emplace_back();
-        for (size_t i = 0; i < reqs.size(); ++i) outputs.back().push_back(e.tokens("r" + std::to_string(i)));
-        e.expect_all_blocks_free();
-      }
-      EXPECT_EQ(outputs[0], outputs[1]);
-      expect_same_drafting(stats[0], stats[1]);
-      EXPECT_LT(stats[0].spec_num_accepted_tokens, stats[0].spec_num_draft_tokens);
+      expect_chain_drafts_what_the_sampler_drafts(
+          k, async,
+          [](size_t i, int max_tokens) {
+            SamplingParams p = i % 3 == 0 ? greedy(max_tokens) : seeded(max_tokens, 100 + i);
+            if (i % 4 == 1) p.top_p = 0.9f;
+            return p;
+          },
+          [](const SpecEngine& e) { return e.draft_proposer->num_sampled_chains(); });
     }
   }
   SpecOptions o = noisy_padded_draft(3);
