@@ -82,7 +82,8 @@ class CpuDraftSampler : public DraftSampler {
   void draw_on_device(const Tensor& draft_logits, std::span<const DraftSampleRow> rows, Tensor* q_store,
                       Tensor& tokens_out) override {
     for (const DraftSampleRow& r : rows)
-      SPECULA_CHECK(draws_without_context(r.row), "internal error: a chained draft row with context (penalties, masks)");
+      SPECULA_CHECK(draws_without_context(r.row),
+                    "internal error: a chained draft row with context (penalties, masks)");
     SPECULA_CHECK(tokens_out.dtype() == DType::kI32 && tokens_out.numel() == static_cast<int64_t>(rows.size()),
                   "internal error: {} chained draft tokens into {}", rows.size(), tokens_out.describe());
     if (rows.empty()) return;

@@ -37,7 +37,8 @@ class DeviceDraftSampler : public DraftSampler {
                   "internal error: {} chained draft tokens into {}", rows.size(), tokens_out.describe());
     if (rows.empty()) return;
     for (const DraftSampleRow& r : rows)
-      SPECULA_CHECK(draws_without_context(r.row), "internal error: a chained draft row with context (penalties, masks)");
+      SPECULA_CHECK(draws_without_context(r.row),
+                    "internal error: a chained draft row with context (penalties, masks)");
     bool keeps_q = false;
     const std::vector<TokenSamplingRow> dev = device_rows(draft_logits, rows, q_store, keeps_q);
     for (size_t b = 0; b < dev.size(); b += static_cast<size_t>(max_rows_)) {

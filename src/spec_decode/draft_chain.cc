@@ -48,8 +48,9 @@ void DraftChain::begin(std::vector<size_t> rows, int padded, Kind kind, std::vec
   SPECULA_CHECK(backend_ != nullptr && padded >= static_cast<int>(rows.size()) && !rows.empty() &&
                     static_cast<int64_t>(padded) <= idx_.device.numel() && kind != Kind::kNone,
                 "internal error: a draft chain of {} rows padded to {}", rows.size(), padded);
-  SPECULA_CHECK(kind == Kind::kArgmax || (sampler_ && first_rows.size() == rows.size() && num_drafts.size() == rows.size()),
-                "internal error: a sampled draft chain of {} rows with {} sampling rows", rows.size(), first_rows.size());
+  SPECULA_CHECK(
+      kind == Kind::kArgmax || (sampler_ && first_rows.size() == rows.size() && num_drafts.size() == rows.size()),
+      "internal error: a sampled draft chain of {} rows with {} sampling rows", rows.size(), first_rows.size());
   rows_ = std::move(rows);
   padded_ = padded;
   kind_ = kind;
@@ -97,8 +98,8 @@ void DraftChain::add_first_drafts(const Tensor& logits, const std::vector<int32_
 }
 
 void DraftChain::run(DraftStepBuffers& step, int max_drafts, const std::vector<int>& num_drafts,
-                           const std::function<Tensor(int j)>& forward, std::vector<std::vector<int32_t>>& drafts,
-                           const FusedChain& fused, bool leave_on_device) {
+                     const std::function<Tensor(int j)>& forward, std::vector<std::vector<int32_t>>& drafts,
+                     const FusedChain& fused, bool leave_on_device) {
   SPECULA_CHECK(on_ && firsts_ == static_cast<int>(rows_.size()),
                 "internal error: the catch-up drafted {} first drafts for a chain of {} rows", firsts_, rows_.size());
   phase_profile::Scope p(kind_ == Kind::kSampled ? "draft.sampled_chain" : "draft.greedy_chain");
@@ -117,7 +118,7 @@ void DraftChain::run(DraftStepBuffers& step, int max_drafts, const std::vector<i
     if (ran) ++fused_chains_;
   }
   // Everything is enqueued behind the catch-up without waiting: step j reads draft j-1 (the
-  // previous argmax, on the stream before it) and its staged inputs.
+  // previous draw, on the stream before it) and its staged inputs.
   std::vector<int32_t> step_rows;
   if (kind_ == Kind::kSampled) {
     for (size_t r = 0; r < rows_.size(); ++r) step_rows.push_back(static_cast<int32_t>(r));
