@@ -75,7 +75,7 @@ struct ModelProposerConfig {
   // (SPECULA_SAMPLED_DRAFT_CHAIN=0 sets it, for A/B runs). The factories chain them only at a
   // pinned depth: the adaptive depth's cost model charges a plain step host time that async
   // scheduling hides, and with the cheaper drafts it then speculated at temperature 1 where that
-  // does not pay (8 requests on the H200: 0.72-0.87x of no speculation chained, 0.88-0.95x not).
+  // does not pay (8 requests on the H200: 0.71-0.92x of no speculation chained, 0.86-0.99x not).
   bool chain_sampled_drafts = true;
   // Every request drafts the argmax of the proposer's logits, also when it samples (vLLM's way):
   // its drafts are then deterministic (q one-hot: accepted with probability p(draft)) and chain
