@@ -5,9 +5,11 @@
 // stream) after a warm-up. Prints one line per measurement; `--quick` runs fewer repetitions,
 // `--attention` only the copy bandwidth, the square GEMM and the attention kernels (bf16 and fp8
 // caches); `--projections` (not in the full run) the copy bandwidth and the decode projections of
-// Llama-3.1-8B and Qwen3-0.6B as a step runs them (weights not in L2).
+// Llama-3.1-8B and Qwen3-0.6B as a step runs them (weights not in L2); `--fp8` the same for FP8
+// weights at 1-64 rows, with cuBLASLt's FP8 GEMM candidates timed one by one.
 //
-//   cuda_roofline [--quick] [--attention | --projections]
+//   cuda_roofline [--quick] [--attention | --projections | --fp8]
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -215,7 +217,12 @@ void decode_projections(CudaBackend& be, const char* model, const std::vector<Pr
   for (const ProjectionShape& p : layer) {
     Projection q{p, {}, random_bf16(be, {m, p.k}, 1.0f, 1), random_bf16(be, {p.k}, 1.0f, 3),
                  random_bf16(be, {m, p.epilogue == LinearEpilogue::kSiluMul ? p.n / 2 : p.n}, 1.0f, 4)};
-    for (int l = 0; l < layers; ++l) q.weights.push_back(random_weight(be, p.n, p.k, wdt));
+    // A projection timed alone cycles through its own copies, >= 384 MB of them too where it is
+    // bound by its bytes (the layer's count alone would leave a 17-50 MB projection's copies in
+    // L2); smaller ones are a launch's latency whatever their copies.
+    const double bytes = static_cast<double>(dtype_size(wdt)) * p.n * p.k;
+    const int copies = bytes >= (1 << 20) ? std::max(layers, static_cast<int>(min_bytes / bytes + 0.999)) : layers;
+    for (int l = 0; l < copies; ++l) q.weights.push_back(random_weight(be, p.n, p.k, wdt));
     projections.push_back(std::move(q));
   }
   auto run = [&](const Projection& q, int l) {
@@ -227,10 +234,13 @@ void decode_projections(CudaBackend& be, const char* model, const std::vector<Pr
   };
   const char* name = wdt == DType::kBF16 ? "bf16" : "fp8";
   // Verification row counts: the tensor-core GEMV (the default) against what runs without it.
-  const char* path = m <= be.gemv_max_rows(wdt) ? "" : be.gemv_mma_max_rows() >= m ? " mma" : " gemm";
+  const char* path = m <= be.gemv_max_rows(wdt)                            ? ""
+                     : wdt == DType::kBF16 && be.gemv_mma_max_rows() >= m ? " mma"
+                                                                          : " gemm";
   double sum_us = 0;
   for (const Projection& q : projections) {
-    const double ms = time_graph_ms(be, [&] { for (int l = 0; l < layers; ++l) run(q, l); }, 1) / layers;
+    const int copies = static_cast<int>(q.weights.size());
+    const double ms = time_graph_ms(be, [&] { for (int l = 0; l < copies; ++l) run(q, l); }, 1) / copies;
     const double bytes = static_cast<double>(dtype_size(wdt)) * q.shape.n * q.shape.k;
     sum_us += ms * 1e3;
     std::printf("decode  %s %-4s M=%-2ld%s %-8s N=%-6ld K=%-5ld: %7.2f us  %3.0f%% of copy\n", model, name, m, path,
@@ -273,6 +283,104 @@ void decode_projection_shapes(CudaBackend& be, double roofline_tbs) {
     }
   }
   be.set_gemv_mma_limits(cuda::kGemvMmaMaxRows, cuda::kGemvMmaMaxWeightBytes);
+}
+
+// cuBLASLt's FP8 GEMM candidates (the heuristic's first 16) for Llama-3.1-8B's projections at
+// decode batches, each timed on the codes alone (no quantiser, no scale pass), over enough copies
+// of the weights (>= 256 MB) that none is read from L2: whether an algorithm other than the
+// heuristic's first streams the weights near copy bandwidth (linear_fp8 runs the first).
+void fp8_gemm_algorithms(CudaBackend& be, double roofline_tbs) {
+  auto lt_check = [](cublasStatus_t st, const char* what) {
+    if (st != CUBLAS_STATUS_SUCCESS) throw Error(fmt::format("{}: {}", what, cublasLtGetStatusString(st)));
+  };
+  cublasLtHandle_t handle = nullptr;
+  lt_check(cublasLtCreate(&handle), "cublasLtCreate");
+  const size_t workspace_bytes = size_t{32} << 20;
+  Tensor workspace = be.empty({static_cast<int64_t>(workspace_bytes)}, DType::kU8);
+  struct Shape3 {
+    const char* label;
+    int64_t n, k;
+  };
+  for (const Shape3& p : {Shape3{"qkv", 6144, 4096}, Shape3{"o_proj", 4096, 4096}, Shape3{"gate_up", 28672, 4096},
+                          Shape3{"down", 4096, 14336}}) {
+    const double bytes = static_cast<double>(p.n) * p.k;
+    const int copies = std::max(2, static_cast<int>(256.0 * (1 << 20) / bytes + 0.999));
+    std::vector<Tensor> weights;
+    for (int c = 0; c < copies; ++c) weights.push_back(random_weight(be, p.n, p.k, DType::kF8E4M3).weight);
+    for (int64_t m : {8, 16, 32, 64}) {
+      Tensor x8 = random_weight(be, m, p.k, DType::kF8E4M3).weight;  // codes of the activations' shape
+      Tensor out = be.empty({m, p.n}, DType::kBF16);
+      cublasLtMatmulDesc_t op = nullptr;
+      lt_check(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+      const cublasOperation_t trans = CUBLAS_OP_T, no_trans = CUBLAS_OP_N;
+      lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)), "transa");
+      lt_check(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &no_trans, sizeof(no_trans)), "transb");
+      cublasLtMatrixLayout_t lw = nullptr, lx = nullptr, lo = nullptr;
+      lt_check(cublasLtMatrixLayoutCreate(&lw, CUDA_R_8F_E4M3, p.k, p.n, p.k), "w layout");
+      lt_check(cublasLtMatrixLayoutCreate(&lx, CUDA_R_8F_E4M3, p.k, m, p.k), "x layout");
+      lt_check(cublasLtMatrixLayoutCreate(&lo, CUDA_R_16BF, p.n, m, p.n), "out layout");
+      cublasLtMatmulPreference_t pref = nullptr;
+      lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+      lt_check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                    sizeof(workspace_bytes)),
+               "workspace");
+      cublasLtMatmulHeuristicResult_t results[16]{};
+      int found = 0;
+      lt_check(cublasLtMatmulAlgoGetHeuristic(handle, op, lw, lx, lo, lo, pref, 16, results, &found), "heuristic");
+      for (int i = 0; i < found; ++i) {
+        const cublasLtMatmulAlgo_t& algo = results[i].algo;
+        int tile = 0, splitk = 0, stages = 0, reduction = 0, swizzle = 0, id = 0;
+        size_t got = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof(id), &got);
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile), &got);
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &got);
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages), &got);
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &reduction,
+                                             sizeof(reduction), &got);
+        cublasLtMatmulAlgoConfigGetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle),
+                                             &got);
+        const float alpha = 1.0f, beta = 0.0f;
+        bool failed = false;
+        const double ms = time_ms(be, [&] {
+          for (const Tensor& w : weights) {
+            if (cublasLtMatmul(handle, op, &alpha, w.data(), lw, x8.data(), lx, &beta, out.data(), lo, out.data(), lo,
+                               &algo, workspace.data(), workspace_bytes, be.stream()) != CUBLAS_STATUS_SUCCESS)
+              failed = true;
+          }
+        }, 1, /*graph=*/true) / copies;
+        std::printf("fp8algo %-8s M=%-2ld #%-2d id %-3d tile %-3d splitK %-2d stages %-3d reduction %d swizzle %d: %s"
+                    "%7.2f us  %3.0f%% of copy\n",
+                    p.label, m, i, id, tile, splitk, stages, reduction, swizzle, failed ? "FAILED " : "", ms * 1e3,
+                    100 * bytes / (ms * 1e-3) / 1e12 / roofline_tbs);
+      }
+      cublasLtMatmulPreferenceDestroy(pref);
+      cublasLtMatrixLayoutDestroy(lo);
+      cublasLtMatrixLayoutDestroy(lx);
+      cublasLtMatrixLayoutDestroy(lw);
+      cublasLtMatmulDescDestroy(op);
+    }
+  }
+  cublasLtDestroy(handle);
+}
+
+// FP8 weights at decode batches and verification rows as the step runs them (GEMV up to 4 rows,
+// then the activations' quantiser, cuBLASLt's FP8 GEMM and its scale pass), the quantiser alone,
+// and the GEMM's candidates (fp8_gemm_algorithms).
+void fp8_projection_shapes(CudaBackend& be, double roofline_tbs) {
+  using E = LinearEpilogue;
+  const std::vector<ProjectionShape> llama = {{"qkv", 6144, 4096, true, E::kStore},
+                                              {"o_proj", 4096, 4096, false, E::kAccumulate},
+                                              {"gate_up", 28672, 4096, true, E::kSiluMul},
+                                              {"down", 4096, 14336, false, E::kAccumulate}};
+  for (int64_t m : {5, 64})
+    for (int64_t k : {4096, 14336}) {
+      Tensor x = random_bf16(be, {m, k}, 1.0f, 1), codes = be.empty({m, k}, DType::kF8E4M3);
+      Tensor scale = be.empty({m}, DType::kF32);
+      const double ms = time_graph_ms(be, [&] { be.quantize_fp8_rows(x, codes, scale); }, m);
+      std::printf("quantize fp8 rows M=%-2ld K=%-5ld: %7.2f us\n", m, k, ms * 1e3);
+    }
+  for (int64_t m : {1, 4, 5, 8, 16, 32, 64}) decode_projections(be, "llama8b", llama, m, DType::kF8E4M3, roofline_tbs);
+  fp8_gemm_algorithms(be, roofline_tbs);
 }
 
 // Llama-3.1-8B attention: 32 query heads, 8 kv heads, head_dim 128, block size 16. capture_len >
@@ -355,11 +463,12 @@ void attention_shapes(CudaBackend& be, double roofline, double peak) {
 }
 
 int run(int argc, char** argv) {
-  bool attention_only = false, projections_only = false;
+  bool attention_only = false, projections_only = false, fp8_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) g_reps = 5;
     if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;
     if (std::strcmp(argv[i], "--projections") == 0) projections_only = true;
+    if (std::strcmp(argv[i], "--fp8") == 0) fp8_only = true;
   }
   auto backend = make_cuda_backend(0);
   auto& be = dynamic_cast<CudaBackend&>(*backend);
@@ -367,6 +476,10 @@ int run(int argc, char** argv) {
   const double roofline = copy_bandwidth(be);
   if (projections_only) {
     decode_projection_shapes(be, roofline);
+    return 0;
+  }
+  if (fp8_only) {
+    fp8_projection_shapes(be, roofline);
     return 0;
   }
   const double peak = gemm(be, "square", 8192, 8192, 8192, roofline);
