@@ -254,12 +254,18 @@ void decode_projections(CudaBackend& be, const char* model, const std::vector<Pr
               chain_ms * 1e3, sum_us, 100 * layer_bytes / (chain_ms * 1e-3) / 1e12 / roofline_tbs);
 }
 
+// A Llama-3.1-8B decoder layer's projections as a decode step runs them.
+std::vector<ProjectionShape> llama8b_layer() {
+  using E = LinearEpilogue;
+  return {{"qkv", 6144, 4096, true, E::kStore},
+          {"o_proj", 4096, 4096, false, E::kAccumulate},
+          {"gate_up", 28672, 4096, true, E::kSiluMul},
+          {"down", 4096, 14336, false, E::kAccumulate}};
+}
+
 void decode_projection_shapes(CudaBackend& be, double roofline_tbs) {
   using E = LinearEpilogue;
-  const std::vector<ProjectionShape> llama = {{"qkv", 6144, 4096, true, E::kStore},
-                                              {"o_proj", 4096, 4096, false, E::kAccumulate},
-                                              {"gate_up", 28672, 4096, true, E::kSiluMul},
-                                              {"down", 4096, 14336, false, E::kAccumulate}};
+  const std::vector<ProjectionShape> llama = llama8b_layer();
   const std::vector<ProjectionShape> qwen = {{"qkv", 4096, 1024, true, E::kStore},
                                              {"o_proj", 1024, 2048, false, E::kAccumulate},
                                              {"gate_up", 6144, 1024, true, E::kSiluMul},
@@ -367,11 +373,7 @@ void fp8_gemm_algorithms(CudaBackend& be, double roofline_tbs) {
 // then the activations' quantiser, cuBLASLt's FP8 GEMM and its scale pass), the quantiser alone,
 // and the GEMM's candidates (fp8_gemm_algorithms).
 void fp8_projection_shapes(CudaBackend& be, double roofline_tbs) {
-  using E = LinearEpilogue;
-  const std::vector<ProjectionShape> llama = {{"qkv", 6144, 4096, true, E::kStore},
-                                              {"o_proj", 4096, 4096, false, E::kAccumulate},
-                                              {"gate_up", 28672, 4096, true, E::kSiluMul},
-                                              {"down", 4096, 14336, false, E::kAccumulate}};
+  const std::vector<ProjectionShape> llama = llama8b_layer();
   for (int64_t m : {5, 64})
     for (int64_t k : {4096, 14336}) {
       Tensor x = random_bf16(be, {m, k}, 1.0f, 1), codes = be.empty({m, k}, DType::kF8E4M3);
