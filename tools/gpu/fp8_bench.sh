@@ -3,13 +3,15 @@
 #   PACK_NO_EXTRAS=1 tools/gpu/pack.sh specula test_backend_cuda cuda_roofline):
 #   1. test_backend_cuda (every op, FP8 linear included, vs the CPU; whole models vs transformers)
 #      and compute-sanitizer memcheck of the FP8 kernels;
-#   2. cuda_roofline --quick: copy bandwidth, bf16 and FP8 GEMMs at Llama-3.1-8B's shapes;
+#   2. cuda_roofline --quick: copy bandwidth, bf16 and FP8 GEMMs at Llama-3.1-8B's shapes; then
+#      cuda_roofline --fp8: the FP8 projections at 1-64 rows as a step runs them, the activations'
+#      quantiser, and each of cuBLASLt's first 16 FP8 GEMM candidates at 8-64 rows;
 #   3. Llama-3.1-8B (dummy weights) bf16 against --quantization fp8, alternated FP8_REPS times:
 #      batch 1 (20 iterations of 128 tokens after a 128-token prompt), then batch 64 and a
 #      4096-token prefill once each.
 # $OUT receives fp8_summary.txt (tools/gpu/fp8_summary.py: each figure against the roofline of
 # the bytes it must read, measured in this call) and fp8_logs.tar.gz.
-#   FP8_REPS=2 FP8_SKIP="tests memcheck roofline b64 prefill" FP8_BUDGET=560
+#   FP8_REPS=2 FP8_SKIP="tests memcheck roofline fp8paths b64 prefill" FP8_BUDGET=560
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -30,6 +32,10 @@ fi
 if ! skipped roofline; then
   stage roofline 90 cuda_roofline --quick
   grep -E "^(copy|gemm|fp8)" "$WORK/roofline.log" | grep -vE "M=4096 .*lm_head" | head -40
+fi
+if ! skipped fp8paths; then
+  stage fp8paths 150 cuda_roofline --fp8
+  grep -E "^(quantize|decode|fp8algo)" "$WORK/fp8paths.log" | grep -vE "alone" | head -120
 fi
 
 LLAMA=bench/configs/Llama-3.1-8B-Instruct
