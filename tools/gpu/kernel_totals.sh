@@ -28,6 +28,9 @@ run() {  # run CONFIG: one bench latency with the settings of CONFIG
     llama_fp8_b1) specula bench latency bench/configs/Llama-3.1-8B-Instruct --load-format dummy --skip-tokenizer-init \
       --quantization fp8 --batch-size 1 --input-len 128 --output-len 128 --num-iters 3 --num-iters-warmup 1 \
       --max-model-len 4608 --max-num-seqs 8 ;;
+    llama_fp8_b64) specula bench latency bench/configs/Llama-3.1-8B-Instruct --load-format dummy --skip-tokenizer-init \
+      --quantization fp8 --batch-size 64 --input-len 128 --output-len 128 --num-iters 2 --num-iters-warmup 1 \
+      --max-model-len 4608 --max-num-seqs 64 ;;
   esac
 }
 for config in ${TOTALS_CONFIGS:-qwen_b1 llama_b1 llama_b64}; do

@@ -166,6 +166,12 @@ class CudaBackend final : public Backend {
   // out (+)= x . weight^T (+ bias) for FP8 weights (accumulate: out +=, see fused_linear).
   void fp8_linear(const Tensor& x, const Tensor& weight, const Tensor& scale, const Tensor* bias, Tensor& out,
                   bool accumulate);
+  // fused_linear for FP8 weights through cuBLASLt's FP8 GEMM (x BF16 [m, k], m above the GEMV's
+  // rows): the norm with the activations' quantiser, the scales with the epilogue. False, with
+  // nothing written, where cuBLASLt has no algorithm for the shape or the norm's operands are
+  // unaligned (the caller then takes the GEMV or the separate ops).
+  bool fp8_gemm_linear(const Tensor& x, const LinearPrologue& prologue, const LinearWeight& weight,
+                       const Tensor* bias, Tensor& out, LinearEpilogue epilogue);
   int64_t bf16_gemv_max_rows_ = 4;
   int64_t gemv_mma_max_rows_ = default_gemv_mma_max_rows();
   int64_t gemv_mma_max_weight_bytes_ = default_gemv_mma_max_weight_bytes();

@@ -82,9 +82,20 @@ cudaError_t launch_gemv_mma(const GemvArgs& args, cudaStream_t stream);
 cudaError_t launch_fp8_scale_output(const void* in, void* out, DType out_dtype, const float* x_scale,
                                     const float* w_scale, const void* bias, DType bias_dtype, bool accumulate,
                                     int64_t m, int64_t n, cudaStream_t stream);
+// SwiGLU after those scales: in [m, 2 * inter] unscaled (gate columns, then up), out[i, c] =
+// silu(g) * u of the scaled gate and up columns c and inter + c, each rounded to out's dtype first
+// (what fp8_scale_output then silu_mul compute). F32 or BF16.
+cudaError_t launch_fp8_scale_silu(const void* in, void* out, DType out_dtype, const float* x_scale,
+                                  const float* w_scale, const void* bias, DType bias_dtype, int64_t m, int64_t inter,
+                                  cudaStream_t stream);
 // Backend::quantize_fp8_rows over x (F32 or BF16) [rows, k].
 cudaError_t launch_quantize_fp8_rows(const void* x, DType dtype, int64_t rows, int64_t k, uint8_t* out, float* scale,
                                      cudaStream_t stream);
+// rms_norm (bf16 x [rows, k], weight w [k]) then quantize_fp8_rows of its bf16 result, in one
+// kernel: codes [rows, k] and row scales. Needs k % 8 == 0, x and w 16-byte aligned, out 8.
+bool rms_norm_quantize_fp8_supports(const void* x, const void* w, int64_t k, const uint8_t* out);
+cudaError_t launch_rms_norm_quantize_fp8(const void* x, const void* w, int64_t rows, int64_t k, float eps,
+                                         uint8_t* out, float* scale, cudaStream_t stream);
 
 // out = a + b over n elements of dtype (F32 or BF16).
 cudaError_t launch_add(const void* a, const void* b, void* out, int64_t n, DType dtype, cudaStream_t stream);

@@ -4,9 +4,10 @@
 // (verification, small batches), and what the GEMV does not fold at its rows, take the same
 // kernel's tensor-core form (cuda_gemv_mma.cu, gemv_mma_takes); more rows go to cuBLASLt's
 // tensor-core GEMMs (cuda_gemm.cc), the norm and SwiGLU then separate ops and the residual add
-// the GEMM's beta. FP8 weights above the GEMV: the activations are quantised per row and
-// cuBLASLt's FP8 GEMM runs on the codes, its output then scaled by both rows' scales (what vLLM
-// computes on Hopper: cuBLASLt's per-row "outer vector" scaling has no Hopper kernel).
+// the GEMM's beta. FP8 weights above the GEMV: the activations are quantised per row (in the
+// norm's kernel where there is one) and cuBLASLt's FP8 GEMM runs on the codes, its output then
+// scaled by both rows' scales (with SwiGLU in the same kernel where there is one): what vLLM
+// computes on Hopper, cuBLASLt's per-row "outer vector" scaling having no Hopper kernel.
 #include <cstdlib>
 #include <cstring>
 
@@ -142,31 +143,10 @@ void CudaBackend::fp8_linear(const Tensor& x, const Tensor& weight, const Tensor
   a.epilogue = accumulate ? cuda::GemvEpilogue::kAccumulate : cuda::GemvEpilogue::kStore;
   a.m = 1;
   SPECULA_CHECK(cuda::gemv_supports(a), "linear_fp8: x and weight must be 16-byte aligned");
-  const std::tuple<int64_t, int64_t, DType> shape{s.n, s.k, out.dtype()};
-  if (s.m > fp8_gemv_max_rows_ && fp8_gemm_unsupported_.count(shape) == 0) {
-    const size_t mark = scratch_mark();
-    Tensor x8 = scratch({s.m, s.k}, DType::kF8E4M3);
-    Tensor x_scale = scratch({s.m}, DType::kF32);
-    // Accumulating, the unscaled product goes to a scratch matrix first: out holds the residual.
-    Tensor product = accumulate ? scratch({s.m, s.n}, out.dtype()) : out;
-    check_cuda(cuda::launch_quantize_fp8_rows(x.data(), x.dtype(), s.m, s.k, x8.data_as<uint8_t>(),
-                                              x_scale.data_as<float>(), stream_),
-               "linear_fp8: quantise x");
-    try {
-      gemm_->matmul_fp8(x8.data(), weight.data(), product.data(), out.dtype(), s.m, s.n, s.k, "linear_fp8");
-      check_cuda(cuda::launch_fp8_scale_output(product.data(), out.data(), out.dtype(), x_scale.data_as<float>(),
-                                               scale.data_as<float>(), a.bias, a.bias_dtype, accumulate, s.m, s.n,
-                                               stream_),
-                 "linear_fp8: scales");
-      scratch_release(mark);
-      return;
-    } catch (const Error& e) {
-      LOG_WARN("FP8 GEMM unavailable ({}); this shape runs the GEMV kernel per {} rows", e.what(),
-               cuda::kGemvMaxRows);
-      fp8_gemm_unsupported_.insert(shape);
-      scratch_release(mark);
-    }
-  }
+  if (s.m > fp8_gemv_max_rows_ &&
+      fp8_gemm_linear(x, LinearPrologue::none(), LinearWeight{weight, scale}, bias, out,
+                      accumulate ? LinearEpilogue::kAccumulate : LinearEpilogue::kStore))
+    return;
   const size_t out_row_bytes = static_cast<size_t>(s.n) * dtype_size(out.dtype());
   for (int64_t r = 0; r < s.m; r += cuda::kGemvMaxRows) {
     a.m = std::min<int64_t>(cuda::kGemvMaxRows, s.m - r);
@@ -174,6 +154,55 @@ void CudaBackend::fp8_linear(const Tensor& x, const Tensor& weight, const Tensor
     a.out = static_cast<uint8_t*>(out.data()) + r * out_row_bytes;
     check_cuda(cuda::launch_gemv(a, stream_), "linear_fp8");
   }
+}
+
+bool CudaBackend::fp8_gemm_linear(const Tensor& x, const LinearPrologue& prologue, const LinearWeight& weight,
+                                  const Tensor* bias, Tensor& out, LinearEpilogue epilogue) {
+  const int64_t k = x.size(-1), m = k > 0 ? x.numel() / k : 0, n = weight.weight.size(0);  // x may be [..., k]
+  const std::tuple<int64_t, int64_t, DType> shape{n, k, out.dtype()};
+  if (fp8_gemm_unsupported_.count(shape) != 0) return false;
+  const size_t mark = scratch_mark();
+  Tensor x8 = scratch({m, k}, DType::kF8E4M3);
+  Tensor x_scale = scratch({m}, DType::kF32);
+  if (prologue.norm_weight != nullptr &&
+      !cuda::rms_norm_quantize_fp8_supports(x.data(), prologue.norm_weight->data(), k, x8.data_as<uint8_t>())) {
+    scratch_release(mark);
+    return false;
+  }
+  const bool gated = epilogue == LinearEpilogue::kSiluMul, accumulate = epilogue == LinearEpilogue::kAccumulate;
+  // The unscaled product goes to a scratch matrix where out holds the residual or is SwiGLU's half.
+  Tensor product = gated || accumulate ? scratch({m, n}, out.dtype()) : out;
+  const void* bias_data = bias ? bias->data() : nullptr;
+  const DType bias_dtype = bias ? bias->dtype() : DType::kF32;
+  if (prologue.norm_weight != nullptr) {
+    check_cuda(cuda::launch_rms_norm_quantize_fp8(x.data(), prologue.norm_weight->data(), m, k, prologue.eps,
+                                                  x8.data_as<uint8_t>(), x_scale.data_as<float>(), stream_),
+               "linear_fp8: norm and quantise x");
+  } else {
+    check_cuda(cuda::launch_quantize_fp8_rows(x.data(), x.dtype(), m, k, x8.data_as<uint8_t>(),
+                                              x_scale.data_as<float>(), stream_),
+               "linear_fp8: quantise x");
+  }
+  try {
+    gemm_->matmul_fp8(x8.data(), weight.weight.data(), product.data(), out.dtype(), m, n, k, "linear_fp8");
+  } catch (const Error& e) {
+    LOG_WARN("FP8 GEMM unavailable ({}); this shape runs the GEMV kernel per {} rows", e.what(), cuda::kGemvMaxRows);
+    fp8_gemm_unsupported_.insert(shape);
+    scratch_release(mark);
+    return false;
+  }
+  if (gated) {
+    check_cuda(cuda::launch_fp8_scale_silu(product.data(), out.data(), out.dtype(), x_scale.data_as<float>(),
+                                           weight.scale.data_as<float>(), bias_data, bias_dtype, m, n / 2, stream_),
+               "linear_fp8: scales and SwiGLU");
+  } else {
+    check_cuda(cuda::launch_fp8_scale_output(product.data(), out.data(), out.dtype(), x_scale.data_as<float>(),
+                                             weight.scale.data_as<float>(), bias_data, bias_dtype, accumulate, m, n,
+                                             stream_),
+               "linear_fp8: scales");
+  }
+  scratch_release(mark);
+  return true;
 }
 
 void CudaBackend::fused_linear(const Tensor& x, const LinearPrologue& prologue, const LinearWeight& weight,
@@ -216,6 +245,14 @@ void CudaBackend::fused_linear(const Tensor& x, const LinearPrologue& prologue, 
       check_cuda(cuda::launch_gemv_mma(a, stream_), "fused_linear");
       return;
     }
+  }
+  if (weight.fp8() && !gemv_rows && (prologue.norm_weight != nullptr || gated)) {
+    if (bias != nullptr) cuda_check::float_tensor(*bias, "fused_linear", "bias");
+    SPECULA_CHECK(!bias || (bias->ndim() == 1 && bias->size(0) == n), "fused_linear: bias must be [{}]", n);
+    SPECULA_CHECK(weight.weight.size(1) == k && weight.scale.ndim() == 1 && weight.scale.size(0) == n,
+                  "fused_linear: x {} must end in K = {} and the scale be [{}] (weight {})", x.describe(),
+                  weight.weight.size(1), n, weight.weight.describe());
+    if (fp8_gemm_linear(x, prologue, weight, bias, out, epilogue)) return;
   }
   const size_t mark = scratch_mark();
   if (prologue.norm_weight != nullptr) {  // the norm as its own op; the GEMV may still take the rest

@@ -107,6 +107,17 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
   return warp_sum(v);
 }
 
+// Maximum over the whole block, as block_sum.
+__device__ __forceinline__ float block_max(float v, float* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();  // `shared` may still be read from a previous call
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : -INFINITY;
+  return warp_max(v);
+}
+
 // The argmax order of the greedy samplers (argmax_rows, the fused decoder chain) and of the MoE
 // router's top-k: a larger value, or the same value at a lower index (the host's first argmax).
 // NaN compares false both ways, so it never replaces a number.

@@ -226,6 +226,11 @@ TEST(CudaLinear, FusedLinearMatchesTheSeparateOps) {
       // partial last groups.
       {3, 1020, 3072, false, Epi::kAccumulate, true, false}, {8, 1030, 4096, false, Epi::kStore, false, true},
       {16, 998, 2048, false, Epi::kStore, true, false},     {2, 3, 2048, false, Epi::kAccumulate, false, false},
+      // FP8 above the GEMV's rows: the norm in the quantiser's kernel, SwiGLU in the scales' (a
+      // decode batch's qkv and gate_up; odd widths take the one-column forms).
+      {64, 1536, 4096, true, Epi::kStore, true, true},      {64, 3072, 1024, true, Epi::kSiluMul, false, true},
+      {24, 1030, 2048, true, Epi::kSiluMul, true, true},    {9, 1000, 1024, false, Epi::kSiluMul, false, true},
+      {40, 1024, 8192, true, Epi::kAccumulate, false, true}, {33, 1002, 1024, true, Epi::kStore, false, true},
   };
   for (const Case& c : cases) {
     Tensor x = to_gpu(*gpu, random_bf16_values({c.m, c.k}, rng));
