@@ -256,7 +256,12 @@ cudaError_t launch_fp8_scale_silu(const void* in, void* out, DType out_dtype, co
 cudaError_t launch_quantize_fp8_rows(const void* x, DType dtype, int64_t rows, int64_t k, uint8_t* out, float* scale,
                                      cudaStream_t stream) {
   if (rows == 0) return cudaSuccess;
-  const LaunchShape shape{dim3(static_cast<unsigned>(rows)), dim3(256)};
+  // A bf16 row a chunk of 8 a thread, up to 1024 threads: a decode batch has a block per SM or
+  // fewer, so each block's loads in flight set the time (256 threads over 14336-element rows of
+  // 64: 5.1 us, H200).
+  const int threads =
+      dtype == DType::kF32 ? 256 : static_cast<int>(std::clamp<int64_t>((k / 8 + 31) / 32 * 32, 128, 1024));
+  const LaunchShape shape{dim3(static_cast<unsigned>(rows)), dim3(threads)};
   if (dtype == DType::kF32)
     return launch_overlapped(quantize_fp8_rows_kernel<float>, shape, stream, static_cast<const float*>(x), k, out,
                              scale);
