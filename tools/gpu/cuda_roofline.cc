@@ -6,9 +6,10 @@
 // `--attention` only the copy bandwidth, the square GEMM and the attention kernels (bf16 and fp8
 // caches); `--projections` (not in the full run) the copy bandwidth and the decode projections of
 // Llama-3.1-8B and Qwen3-0.6B as a step runs them (weights not in L2); `--fp8` the same for FP8
-// weights at 1-64 rows, with cuBLASLt's FP8 GEMM candidates timed one by one.
+// weights at 1-64 rows, with cuBLASLt's FP8 GEMM candidates timed one by one; `--fp8-gemv` FP8
+// weights at 2-4 rows both by the GEMV and by the FP8 GEMM path.
 //
-//   cuda_roofline [--quick] [--attention | --projections | --fp8]
+//   cuda_roofline [--quick] [--attention | --projections | --fp8 | --fp8-gemv]
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -369,7 +370,7 @@ void fp8_gemm_algorithms(CudaBackend& be, double roofline_tbs) {
   cublasLtDestroy(handle);
 }
 
-// FP8 weights at decode batches and verification rows as the step runs them (GEMV up to 4 rows,
+// FP8 weights at decode batches and verification rows as the step runs them (GEMV up to 2 rows,
 // then the activations' quantiser, cuBLASLt's FP8 GEMM and its scale pass), the quantiser alone,
 // and the GEMM's candidates (fp8_gemm_algorithms).
 void fp8_projection_shapes(CudaBackend& be, double roofline_tbs) {
@@ -383,6 +384,20 @@ void fp8_projection_shapes(CudaBackend& be, double roofline_tbs) {
     }
   for (int64_t m : {1, 4, 5, 8, 16, 32, 64}) decode_projections(be, "llama8b", llama, m, DType::kF8E4M3, roofline_tbs);
   fp8_gemm_algorithms(be, roofline_tbs);
+}
+
+// FP8 weights at 2-4 rows both ways as a step runs them: the GEMV, and the quantiser, cuBLASLt's
+// FP8 GEMM and the scales (what rows above gemv_max_rows take), for the GEMV's row limit.
+void fp8_gemv_against_gemm(CudaBackend& be, double roofline_tbs) {
+  const std::vector<ProjectionShape> llama = llama8b_layer();
+  const int64_t gemv_rows = be.gemv_max_rows(DType::kF8E4M3);
+  for (int64_t m = 2; m <= 4; ++m) {
+    for (int64_t rows : {m, int64_t{1}}) {
+      be.set_gemv_max_rows(DType::kF8E4M3, rows);
+      decode_projections(be, "llama8b", llama, m, DType::kF8E4M3, roofline_tbs);
+    }
+  }
+  be.set_gemv_max_rows(DType::kF8E4M3, gemv_rows);
 }
 
 // Llama-3.1-8B attention: 32 query heads, 8 kv heads, head_dim 128, block size 16. capture_len >
@@ -465,12 +480,13 @@ void attention_shapes(CudaBackend& be, double roofline, double peak) {
 }
 
 int run(int argc, char** argv) {
-  bool attention_only = false, projections_only = false, fp8_only = false;
+  bool attention_only = false, projections_only = false, fp8_only = false, fp8_gemv_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) g_reps = 5;
     if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;
     if (std::strcmp(argv[i], "--projections") == 0) projections_only = true;
     if (std::strcmp(argv[i], "--fp8") == 0) fp8_only = true;
+    if (std::strcmp(argv[i], "--fp8-gemv") == 0) fp8_gemv_only = true;
   }
   auto backend = make_cuda_backend(0);
   auto& be = dynamic_cast<CudaBackend&>(*backend);
@@ -482,6 +498,10 @@ int run(int argc, char** argv) {
   }
   if (fp8_only) {
     fp8_projection_shapes(be, roofline);
+    return 0;
+  }
+  if (fp8_gemv_only) {
+    fp8_gemv_against_gemm(be, roofline);
     return 0;
   }
   const double peak = gemm(be, "square", 8192, 8192, 8192, roofline);

@@ -60,6 +60,8 @@ CudaBackend::CudaBackend(int device_index)
   device_name_ = prop.name;
   if (prop.major >= 9) decode_cluster_splits_ = cuda::kMaxClusterSplits;  // clusters with DSMEM
   gemm_ = std::make_unique<CublasLtGemm>(stream_);
+  // SPECULA_FP8_GEMV_ROWS=N: FP8 weights take the GEMV up to N rows (benchmarks compare the paths).
+  if (const char* rows = std::getenv("SPECULA_FP8_GEMV_ROWS")) set_gemv_max_rows(DType::kF8E4M3, std::atoi(rows));
   batched_gemm_ = std::make_unique<CublasLtBatchedGemm>(stream_);
   check_cuda(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming), "CUDA backend: cudaEventCreate");
   if (std::getenv("SPECULA_FUSED_FORWARD_TRACE"))  // here: never while a graph is being captured
