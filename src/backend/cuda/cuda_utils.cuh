@@ -94,28 +94,22 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the
-// result. `shared` holds 32 floats. Warp shuffles do the work inside a warp (no shared memory
-// traffic); one value per warp then goes through shared memory.
-__device__ __forceinline__ float block_sum(float v, float* shared) {
+// A warp reduction (warp_sum, warp_max) over the whole block (blockDim.x a multiple of 32, at
+// most 1024); every thread gets the result. `shared` holds 32 floats. Warp shuffles do the work
+// inside a warp (no shared memory traffic); one value per warp then goes through shared memory.
+template <float (*WarpReduce)(float)>
+__device__ __forceinline__ float block_reduce(float v, float* shared, float identity) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_sum(v);
+  v = WarpReduce(v);
   __syncthreads();  // `shared` may still be read from a previous call
   if (lane == 0) shared[warp] = v;
   __syncthreads();
-  v = lane < warps ? shared[lane] : 0.0f;
-  return warp_sum(v);
+  v = lane < warps ? shared[lane] : identity;
+  return WarpReduce(v);
 }
-
-// Maximum over the whole block, as block_sum.
+__device__ __forceinline__ float block_sum(float v, float* shared) { return block_reduce<warp_sum>(v, shared, 0.0f); }
 __device__ __forceinline__ float block_max(float v, float* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  v = warp_max(v);
-  __syncthreads();  // `shared` may still be read from a previous call
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < warps ? shared[lane] : -INFINITY;
-  return warp_max(v);
+  return block_reduce<warp_max>(v, shared, -INFINITY);
 }
 
 // The argmax order of the greedy samplers (argmax_rows, the fused decoder chain) and of the MoE
