@@ -35,7 +35,7 @@ if ! skipped roofline; then
 fi
 if ! skipped fp8paths; then
   stage fp8paths 150 cuda_roofline --fp8
-  grep -E "^(quantize|decode|fp8algo)" "$WORK/fp8paths.log" | grep -vE "alone" | head -120
+  grep -E "^(quantize|decode|fp8algo)" "$WORK/fp8paths.log" | head -160
 fi
 
 LLAMA=bench/configs/Llama-3.1-8B-Instruct
