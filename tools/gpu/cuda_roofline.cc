@@ -468,7 +468,7 @@ void attention(CudaBackend& be, int batch, int seq_len, int query_len, double ro
 // Every attention shape of the report, with a bf16 and an fp8 cache.
 void attention_shapes(CudaBackend& be, double roofline, double peak) {
   for (bool fp8 : {false, true}) {
-    for (int batch : {1, 16, 64}) {
+    for (int batch : {1, 16, 32, 64}) {
       for (int seq : {256, 1024, 4096}) attention(be, batch, seq, 1, roofline, peak, 0, fp8);
     }
     attention(be, 1, 256, 1, roofline, peak, 4608, fp8);  // the batch-1 decode graph of bench/ab_decode.sh

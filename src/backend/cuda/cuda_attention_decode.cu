@@ -1,5 +1,6 @@
 // Paged attention for decode and verification steps (at most kMaxDecodeQueryLen query rows per
-// sequence): split-KV flash-decoding.
+// sequence): split-KV flash-decoding. Batches with (sequence, kv head) pairs for half the SMs or
+// more go to the tensor-core kernel instead where it applies (cuda_attention_decode_mma.cu).
 //
 // Why this shape: a decode step reads every cached K/V byte once and does ~2 flops per byte per
 // query row, so it is bound by HBM bandwidth, and a batch of a few sequences has far too few
@@ -458,6 +459,7 @@ cudaError_t launch_l(const PagedAttentionParams& p, int group, int num_splits, f
 }  // namespace
 
 int decode_num_splits(const PagedAttentionParams& p, int sm_count) {
+  if (decode_attention_mma_applies(p)) return 1;  // its 4 warps split the keys inside the block
   const int entries = p.max_query_len * (p.num_q_heads / p.num_kv_heads);
   const int blocks = p.num_seqs * p.num_kv_heads * ceil_div(entries, heads_per_block(p, slice_elems(p)));
   // Splits until there are ~4 blocks an SM where the batch alone has fewer blocks than SMs, ~2
@@ -474,6 +476,7 @@ cudaError_t launch_decode_attention(const PagedAttentionParams& p, int num_split
                                     float* partial_stats, cudaStream_t stream) {
   if (p.num_seqs == 0 || p.max_query_len == 0) return cudaSuccess;
   if (num_splits < 1 || num_splits > kMaxSplits || p.max_query_len > kMaxDecodeQueryLen) return cudaErrorInvalidValue;
+  if (num_splits == 1 && decode_attention_mma_applies(p)) return launch_decode_attention_mma(p, stream);
   const int group = p.num_q_heads / p.num_kv_heads;
   cudaError_t err;
   switch (lanes_per_row(std::max(p.head_dim, p.v_head_dim), slice_elems(p))) {

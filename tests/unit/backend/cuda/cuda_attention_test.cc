@@ -1,5 +1,6 @@
 // Paged attention and KV-cache writes on the GPU against the CPU backend: decode and verification
-// (split-KV, with and without the merge, merged in a cluster or by the merge kernel), prefill,
+// (split-KV, with and without the merge, merged in a cluster or by the merge kernel; on the tensor
+// cores where the batch fills the GPU), prefill,
 // chunked prefill and mixed batches; GQA ratios 1/4/8/16; head dims from 16 to 256 (multiples of 8) including D != Dv; tail blocks, block sizes
 // 1/5/16/32, shuffled (non-contiguous) block ids, -1 in unused block-table columns, NaN in every
 // cache slot no sequence owns (a kernel that reads past a sequence's keys turns NaN), and padding
@@ -202,6 +203,22 @@ std::vector<AttnCase> decode_cases() {
   std::vector<int> verify_lens;
   for (int i = 0; i < 48; ++i) verify_lens.push_back(std::max(4, many_lens[static_cast<size_t>(i)]));
   cases.push_back({"verify_batch48", 32, 8, 128, 128, 16, std::vector<int>(48, 4), verify_lens});
+  // Batches with (sequence, kv head) pairs for at least half the SMs (132 on the H100 / H200)
+  // take the tensor-core kernel: head dims 64 and 128, 1 to 16 entries a kv head, block sizes 5 and 16,
+  // lengths around the 16-key chunks and long enough for every warp to run many of them.
+  auto lengths = [&](int n, int max_len) {
+    std::vector<int> v = {1, 15, 16, 17, 64, 65};
+    while (static_cast<int>(v.size()) < n) v.push_back(1 + static_cast<int>(rng() % max_len));
+    v.resize(n);
+    return v;
+  };
+  cases.push_back({"decode_fills_gpu_d64", 32, 8, 64, 64, 16, ones(20), lengths(20, 300)});
+  std::vector<int> one_idle = ones(40);
+  one_idle[3] = 0;  // a sequence with no query row this step
+  cases.push_back({"decode_fills_gpu_gqa1", 4, 4, 128, 128, 16, one_idle, lengths(40, 1000)});
+  cases.push_back({"decode_fills_gpu_gqa16", 16, 1, 128, 128, 16, ones(140), lengths(140, 200)});
+  cases.push_back({"decode_fills_gpu_block5", 8, 4, 128, 128, 5, ones(36), lengths(36, 700)});
+  cases.push_back({"decode_fills_gpu_long", 16, 8, 128, 128, 16, ones(9), lengths(9, 3000)});
   for (int d : {16, 32, 48, 64, 80, 96, 112, 128, 160, 256}) {
     cases.push_back({"decode_d" + std::to_string(d), 8, 2, d, d, 16, {1, 1, 1}, {5, 70, 300}});
   }
