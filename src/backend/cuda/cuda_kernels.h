@@ -176,8 +176,8 @@ int decode_num_splits(const PagedAttentionParams& p, int sm_count);
 constexpr int kMaxClusterSplits = 16;
 cudaError_t launch_decode_attention(const PagedAttentionParams& p, int num_splits, float* partial_out,
                                     float* partial_stats, cudaStream_t stream);
-// The same on the tensor cores, one block a (sequence, kv head) and no split, for a bf16 cache
-// with head dims of 64 or 128 (K and V alike), at most 16 (query row, query head) entries a kv
+// The same on the tensor cores, one block a (sequence, kv head) and no split, for a bf16 or fp8
+// cache with head dims of 64 or 128 (K and V alike), at most 16 (query row, query head) entries a kv
 // head, and batches with (sequence, kv head) pairs for at least half the SMs (H200, Llama heads:
 // batch 16 x 1024 keys 30.4 against 37.7 us split); launch_decode_attention and
 // decode_num_splits take it where it applies (SPECULA_DECODE_ATTENTION_MMA=0: never).
