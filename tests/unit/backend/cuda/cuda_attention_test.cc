@@ -219,6 +219,8 @@ std::vector<AttnCase> decode_cases() {
   cases.push_back({"decode_fills_gpu_gqa16", 16, 1, 128, 128, 16, ones(140), lengths(140, 200)});
   cases.push_back({"decode_fills_gpu_block5", 8, 4, 128, 128, 5, ones(36), lengths(36, 700)});
   cases.push_back({"decode_fills_gpu_long", 16, 8, 128, 128, 16, ones(9), lengths(9, 3000)});
+  // More pairs than three blocks an SM: the fp8 cache's four-blocks-an-SM form.
+  cases.push_back({"decode_fills_gpu_many", 16, 8, 128, 128, 32, ones(60), lengths(60, 1500)});
   for (int d : {16, 32, 48, 64, 80, 96, 112, 128, 160, 256}) {
     cases.push_back({"decode_d" + std::to_string(d), 8, 2, d, d, 16, {1, 1, 1}, {5, 70, 300}});
   }
