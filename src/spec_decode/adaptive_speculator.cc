@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -83,8 +84,14 @@ void AdaptiveSpeculator::measure_host(const ProposeBatch& batch, int num_decodin
 }
 
 bool AdaptiveSpeculator::idle(int depth, int num_decoding) const {
+  // SPECULA_FEED_IDLE_PROPOSER=0 never feeds a depth-0 step (probes then see a stale cache): for
+  // measuring what feeding costs (docs/PERFORMANCE.md, "What feeding the head costs").
+  static const bool feed = [] {
+    const char* v = std::getenv("SPECULA_FEED_IDLE_PROPOSER");
+    return !(v && v[0] == '0');
+  }();
   return depth == 0 && num_decoding > 0 && !depth_.plain_probe() &&
-         !(proposer_->needs_every_step() && depth_.feeds_proposer(num_decoding));
+         !(feed && proposer_->needs_every_step() && depth_.feeds_proposer(num_decoding));
 }
 
 bool AdaptiveSpeculator::skip_step(int num_decoding) {
