@@ -362,7 +362,7 @@ bool decode_attention_mma_applies(const PagedAttentionParams& p) {
   }();
   const int group = p.num_kv_heads > 0 ? p.num_q_heads / p.num_kv_heads : 0;
   return enabled && p.head_dim == p.v_head_dim && (p.head_dim == 64 || p.head_dim == 128) &&
-         group >= 1 && p.max_query_len * group <= kMaxRows && 2 * p.num_seqs * p.num_kv_heads >= p.sm_count;
+         group >= 1 && p.max_query_len == 1 && group <= kMaxRows && 2 * p.num_seqs * p.num_kv_heads >= p.sm_count;
 }
 
 cudaError_t launch_decode_attention_mma(const PagedAttentionParams& p, cudaStream_t stream) {

@@ -177,9 +177,10 @@ constexpr int kMaxClusterSplits = 16;
 cudaError_t launch_decode_attention(const PagedAttentionParams& p, int num_splits, float* partial_out,
                                     float* partial_stats, cudaStream_t stream);
 // The same on the tensor cores, one block a (sequence, kv head) and no split, for a bf16 or fp8
-// cache with head dims of 64 or 128 (K and V alike), at most 16 (query row, query head) entries a kv
-// head, and batches with (sequence, kv head) pairs for at least half the SMs (H200, Llama heads:
-// batch 16 x 1024 keys 30.4 against 37.7 us split); launch_decode_attention and
+// cache with head dims of 64 or 128 (K and V alike), decode steps (one query row a sequence) of
+// at most 16 query heads a kv head, and batches with (sequence, kv head) pairs for at least half
+// the SMs (H200, Llama heads: batch 16 x 1024 keys 30.4 against 37.7 us split). Verification
+// batches that large take the varlen kernel (cuda_attention.cc). launch_decode_attention and
 // decode_num_splits take it where it applies (SPECULA_DECODE_ATTENTION_MMA=0: never).
 bool decode_attention_mma_applies(const PagedAttentionParams& p);
 cudaError_t launch_decode_attention_mma(const PagedAttentionParams& p, cudaStream_t stream);
