@@ -1,6 +1,6 @@
 // Paged attention and KV-cache writes on the GPU against the CPU backend: decode and verification
 // (split-KV, with and without the merge, merged in a cluster or by the merge kernel; on the tensor
-// cores where the batch fills the GPU), prefill,
+// cores where the batch has (sequence, kv head) pairs for half the SMs), prefill,
 // chunked prefill and mixed batches; GQA ratios 1/4/8/16; head dims from 16 to 256 (multiples of 8) including D != Dv; tail blocks, block sizes
 // 1/5/16/32, shuffled (non-contiguous) block ids, -1 in unused block-table columns, NaN in every
 // cache slot no sequence owns (a kernel that reads past a sequence's keys turns NaN), and padding
@@ -204,8 +204,8 @@ std::vector<AttnCase> decode_cases() {
   for (int i = 0; i < 48; ++i) verify_lens.push_back(std::max(4, many_lens[static_cast<size_t>(i)]));
   cases.push_back({"verify_batch48", 32, 8, 128, 128, 16, std::vector<int>(48, 4), verify_lens});
   // Batches with (sequence, kv head) pairs for at least half the SMs (132 on the H100 / H200)
-  // take the tensor-core kernel: head dims 64 and 128, 1 to 16 entries a kv head, block sizes 5 and 16,
-  // lengths around the 16-key chunks and long enough for every warp to run many of them.
+  // take the tensor-core kernel: head dims 64 and 128, 1 to 16 query heads a kv head, block sizes
+  // 5, 16 and 32, lengths around the 16-key chunks and long enough for every warp to run many.
   auto lengths = [&](int n, int max_len) {
     std::vector<int> v = {1, 15, 16, 17, 64, 65};
     while (static_cast<int>(v.size()) < n) v.push_back(1 + static_cast<int>(rng() % max_len));
