@@ -467,6 +467,25 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     phase_profile::Scope p("runner.prepare_inputs");
     return prepare_inputs(scheduled, plans);
   }();
+  // A step that verifies no drafts asks the speculator for its depth before its forward: at depth
+  // 0 with nothing for the proposer to see (adaptive depth's idle stretches), the step is a plain
+  // one (propose() is not called for it, and its target forward leaves out the features only a
+  // proposer reads).
+  bool skip_proposer = false;
+  if (speculator_) {
+    // (a grammar-cut draft is recorded as a verification before the choice)
+    bool verifies = false, cut = false;
+    int num_plain = 0;
+    for (const RequestPlan& plan : plans) {
+      if (plan.first_sample_row >= 0) {
+        verifies = verifies || !plan.drafts.empty();
+        num_plain += plan.drafts.empty() ? 1 : 0;
+      }
+      cut = cut || plan.sched->num_grammar_cut_drafts > 0;
+    }
+    skip_proposer = !verifies && !cut && num_plain > 0 && speculator_->skip_step(num_plain);
+  }
+  input.with_aux_hidden_states = !skip_proposer;
   const auto t0 = std::chrono::steady_clock::now();
   ForwardOutput fwd;
   {
@@ -530,16 +549,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
                                      drafts, speculator_ ? speculator_->draft_probs_row(plan.sched->req_id) : -1});
     }
   }
-  // A step that verifies no drafts asks the speculator for its depth before sampling: at depth 0
-  // with nothing for the proposer to see (adaptive depth's idle stretches), the step is a plain
-  // one; propose() is not called for it.
-  bool skip_proposer = false;
-  if (speculator_ && verify.empty() && !plain.empty()) {
-    bool cut = false;  // a grammar-cut draft is recorded as a verification before the choice
-    for (const RequestPlan& plan : plans) cut = cut || plan.sched->num_grammar_cut_drafts > 0;
-    skip_proposer = !cut && speculator_->skip_step(static_cast<int>(plain.size()));
-    if (skip_proposer) out.spec_depth = 0;
-  }
+  if (skip_proposer) out.spec_depth = 0;
   // Deferred: nothing after sampling needs the tokens on the host this step.
   bool defer = may_defer && (!speculator_ || skip_proposer) && verify.empty() && !plain.empty() &&
                sampler_.can_defer(plain);

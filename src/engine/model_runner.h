@@ -110,6 +110,8 @@ class ModelRunner : public ModelExecutor {
   // decode steps that replayed a graph of the short set (ModelRunnerConfig::short_decode_graph_len).
   int64_t num_graph_replays(int rows) const;
   int64_t num_short_graph_replays() const { return short_graph_replays_; }
+  // Of them, steps that replayed a graph captured without EAGLE-3's features (idle steps).
+  int64_t num_featureless_graph_replays() const { return featureless_graph_replays_; }
   // Ragged decode steps that ran padded as a graph (pad_ragged_decode), for tests.
   int64_t num_ragged_graph_steps() const { return ragged_graph_steps_; }
   // Steps whose inputs took the pending step's tokens through the sampler's token feed, for tests.
@@ -279,7 +281,8 @@ class ModelRunner : public ModelExecutor {
   ForwardInput static_decode_input(int size, int rows, bool for_capture, int capture_len = 0);
   // Captures the graphs of `rows` rows per sequence for `sizes` into graphs (their outputs into
   // outputs, by batch size); returns false where none could be captured.
-  bool capture_graph_set(int rows, const std::vector<int>& sizes, int capture_len,
+  // with_aux: ForwardInput::with_aux_hidden_states of the captured forwards.
+  bool capture_graph_set(int rows, const std::vector<int>& sizes, int capture_len, bool with_aux,
                          std::unique_ptr<PaddedGraphs>& graphs, std::map<int, ForwardOutput>& outputs);
   std::map<int, std::unique_ptr<PaddedGraphs>> graphs_;  // by rows per sequence
   // Keeps the captured outputs (and their arena) alive, by rows per sequence and batch size.
@@ -287,11 +290,20 @@ class ModelRunner : public ModelExecutor {
   // The decode graphs for steps of sequences of at most config_.short_decode_graph_len tokens.
   std::unique_ptr<PaddedGraphs> short_decode_graphs_;
   std::map<int, ForwardOutput> short_graph_outputs_;
+  // Decode graphs and their outputs, captured without EAGLE-3's features (for steps that leave
+  // them out), for the full-length and the short set: only for a model that returns them.
+  struct GraphSet {
+    std::unique_ptr<PaddedGraphs> graphs;
+    std::map<int, ForwardOutput> outputs;
+    size_t size() const { return graphs ? graphs->size() : 0; }
+  };
+  GraphSet featureless_decode_, featureless_short_decode_;
   Tensor d_graph_block_tables_;  // I32 [max_num_seqs, max_blocks_per_seq]
   int graph_size_ = 0;           // the graph this step replays (0: eager)
   int graph_rows_ = 0;           // its rows per sequence
   bool graph_short_ = false;     // it is of the short decode set
   int64_t short_graph_replays_ = 0;
+  int64_t featureless_graph_replays_ = 0;
   std::map<int, int64_t> graph_replays_;  // by rows per sequence
   int64_t ragged_graph_steps_ = 0;
   int64_t fed_steps_ = 0;

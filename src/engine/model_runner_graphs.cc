@@ -39,6 +39,7 @@ namespace specula {
 
 size_t ModelRunner::num_decode_graphs() const {
   size_t n = short_decode_graphs_ ? short_decode_graphs_->size() : 0;
+  n += featureless_decode_.size() + featureless_short_decode_.size();
   for (const auto& [rows, graphs] : graphs_) n += graphs->size();
   return n;
 }
@@ -109,7 +110,7 @@ ModelRunner::DeviceInputs ModelRunner::upload_padded_graph_inputs(int first_padd
   return upload_inputs(size * rows, size * rows, size, table_entries);
 }
 
-bool ModelRunner::capture_graph_set(int rows, const std::vector<int>& sizes, int capture_len,
+bool ModelRunner::capture_graph_set(int rows, const std::vector<int>& sizes, int capture_len, bool with_aux,
                                     std::unique_ptr<PaddedGraphs>& graphs, std::map<int, ForwardOutput>& outputs) {
   graphs = std::make_unique<PaddedGraphs>(
       backend_, [this](const std::function<void()>& work) { return model_.capture_graph(backend_, work); });
@@ -122,7 +123,9 @@ bool ModelRunner::capture_graph_set(int rows, const std::vector<int>& sizes, int
         upload_padded_graph_inputs(0, size, rows, 0);
         backend_.synchronize();
       }
-      outputs[size] = model_.forward(static_decode_input(size, rows, /*for_capture=*/true, capture_len), kv_);
+      ForwardInput in = static_decode_input(size, rows, /*for_capture=*/true, capture_len);
+      in.with_aux_hidden_states = with_aux;
+      outputs[size] = model_.forward(in, kv_);
     });
   } catch (const Error& e) {
     LOG_WARN("CUDA graphs: {}; steps of {} row(s) per sequence and more than {} sequences run eagerly", e.what(), rows,
@@ -139,6 +142,8 @@ size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
   graph_outputs_.clear();
   short_decode_graphs_.reset();
   short_graph_outputs_.clear();
+  featureless_decode_ = {};
+  featureless_short_decode_ = {};
   if (batch_sizes.empty()) return 0;
   const int64_t width = (config_.max_model_len + config_.num_speculative_tokens + config_.block_size - 1) / config_.block_size;
   d_graph_block_tables_ = backend_.empty({config_.max_num_seqs, width}, DType::kI32);
@@ -176,7 +181,7 @@ size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
 
   for (const auto& [rows, sizes] : plan) {
     std::unique_ptr<PaddedGraphs> graphs;
-    if (!capture_graph_set(rows, sizes, 0, graphs, graph_outputs_[rows])) {
+    if (!capture_graph_set(rows, sizes, 0, /*with_aux=*/true, graphs, graph_outputs_[rows])) {
       graph_outputs_.erase(rows);
       continue;
     }
@@ -187,11 +192,29 @@ size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
   }
   const int short_len = config_.short_decode_graph_len;
   if (graphs_.count(1) && short_len > 0 && short_len < width * config_.block_size &&
-      capture_graph_set(1, graphs_.at(1)->sizes(), short_len, short_decode_graphs_, short_graph_outputs_)) {
+      capture_graph_set(1, graphs_.at(1)->sizes(), short_len, /*with_aux=*/true, short_decode_graphs_,
+                        short_graph_outputs_)) {
     LOG_INFO("CUDA graphs of decode steps of sequences up to {} tokens: {} graphs", short_len,
              short_decode_graphs_->size());
   } else {
     short_decode_graphs_.reset();
+  }
+  // A model that returns EAGLE-3's features: the decode graphs once more without them, for the
+  // steps no proposer reads (adaptive depth 0). On the H200 the embedded target's three feature
+  // copies were ~9 us of a ~150 us step at concurrency 1 (docs/PERFORMANCE.md).
+  const auto returns_aux = [](const std::map<int, ForwardOutput>& outputs) {
+    return !outputs.empty() && outputs.begin()->second.aux_hidden_states.defined();
+  };
+  if (graphs_.count(1) && returns_aux(graph_outputs_[1])) {
+    if (!capture_graph_set(1, graphs_.at(1)->sizes(), 0, /*with_aux=*/false, featureless_decode_.graphs,
+                           featureless_decode_.outputs))
+      featureless_decode_ = {};
+    if (short_decode_graphs_ &&
+        !capture_graph_set(1, short_decode_graphs_->sizes(), short_len, /*with_aux=*/false,
+                           featureless_short_decode_.graphs, featureless_short_decode_.outputs))
+      featureless_short_decode_ = {};
+    LOG_INFO("CUDA graphs of decode steps without the EAGLE-3 features: {} graphs",
+             featureless_decode_.size() + featureless_short_decode_.size());
   }
   return num_decode_graphs();
 }
@@ -294,6 +317,15 @@ ForwardOutput ModelRunner::forward_step(const ForwardInput& input) {
   graph_size_ = 0;
   graph_rows_ = 0;
   graph_short_ = false;
+  // A step that leaves out the features replays the graph captured without them, where there is one.
+  GraphSet& featureless = short_graph ? featureless_short_decode_ : featureless_decode_;
+  if (size > 0 && rows == 1 && !input.with_aux_hidden_states && featureless.graphs &&
+      featureless.graphs->replay(size)) {
+    ++graph_replays_[rows];
+    short_graph_replays_ += short_graph ? 1 : 0;
+    ++featureless_graph_replays_;
+    return featureless.outputs.at(size);
+  }
   if (size > 0 && short_graph) {
     SPECULA_CHECK(short_decode_graphs_->replay(size), "internal error: no short decode graph of batch size {}", size);
     ++graph_replays_[rows];

@@ -158,7 +158,7 @@ ForwardOutput LlamaModel::forward(const ForwardInput& in, std::vector<KVCacheLay
   Tensor residual = backend_.scratch({t, hidden_}, dt);  // the residual stream h
   embed_tokens(backend_, tp_, in.token_ids, embed_tokens_, residual);
   // EAGLE-3's features: the residual stream entering each chosen layer, side by side.
-  const int64_t num_aux = static_cast<int64_t>(aux_layers_.size());
+  const int64_t num_aux = in.with_aux_hidden_states ? static_cast<int64_t>(aux_layers_.size()) : 0;
   Tensor aux = num_aux > 0 ? backend_.scratch({t, num_aux * hidden_}, dt) : Tensor();
 
   // Each block's temporaries go back to the scratch arena when it returns (its output is
@@ -203,7 +203,9 @@ bool LlamaModel::fused_forward(const ForwardInput& in, std::vector<KVCacheLayer>
   // Tensor-parallel ranks need collectives between layers, and EAGLE-3's features the residual
   // stream entering layers, which the fused forward keeps to itself.
   const int64_t t = in.token_ids.size(0), l = in.logits_indices.size(0);
-  if (tp_.size > 1 || !aux_layers_.empty() || t > kMaxDecoderForwardRows || l > kMaxDecoderForwardRows) return false;
+  if (tp_.size > 1 || (in.with_aux_hidden_states && !aux_layers_.empty()) || t > kMaxDecoderForwardRows ||
+      l > kMaxDecoderForwardRows)
+    return false;
   DecoderForward& f = fused_;  // its weights filled once, at load
   f.kv = &kv;
   f.token_ids = &in.token_ids;

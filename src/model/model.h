@@ -40,6 +40,9 @@ struct ForwardInput {
   Tensor positions;       // I32 [T]
   AttentionMetadata attn;
   Tensor logits_indices;  // I32 [L]: rows of the batch whose next-token logits are wanted
+  // false: a step whose features nobody reads (an EAGLE-3 head at adaptive depth 0) leaves
+  // ForwardOutput::aux_hidden_states undefined and skips their copies.
+  bool with_aux_hidden_states = true;
 };
 
 struct ForwardOutput {

@@ -5,7 +5,8 @@
 //  - the ModelRunner through the EngineCore: greedy continuations of several batches (sizes that
 //    pad up to a captured size and ones that match one) are the same with decode graphs as
 //    without, on the embedded specula-tiny model, with the device sampler; with the second set of
-//    decode graphs for short sequences, which the first steps replay; and on 2 GPUs with the
+//    decode graphs for short sequences, which the first steps replay; with the sets captured
+//    without EAGLE-3's features, which idle speculative steps replay; and on 2 GPUs with the
 //    model split over them (tensor parallelism: one graph per GPU, replayed together).
 #include <gtest/gtest.h>
 
@@ -140,7 +141,8 @@ TEST(PaddedGraphs, ReplayEqualsEagerBitForBit) {
 std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& gpu, const Tokenizer& tok,
                                              const std::vector<std::vector<int32_t>>& prompts, bool graphs,
                                              size_t* num_graphs, int64_t* decode_replays = nullptr,
-                                             int short_graph_len = 0, int64_t* short_replays = nullptr) {
+                                             int short_graph_len = 0, int64_t* short_replays = nullptr,
+                                             Speculator* speculator = nullptr, int64_t* featureless_replays = nullptr) {
   EngineCoreConfig c;
   c.max_model_len = 256;
   c.max_num_seqs = 8;
@@ -156,7 +158,12 @@ std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& gpu, const T
   rc.block_size = c.block_size;
   rc.num_blocks = c.num_blocks;
   rc.short_decode_graph_len = short_graph_len;
+  if (speculator) {
+    c.num_speculative_tokens = rc.num_speculative_tokens = speculator->num_speculative_tokens();
+    c.spec_adaptive = speculator->adaptive();
+  }
   ModelRunner runner(model, gpu, *sampler, rc);
+  if (speculator) runner.set_speculator(speculator);
   if (graphs) *num_graphs = runner.capture_decode_graphs(PaddedGraphs::default_sizes(c.max_num_seqs));
   EngineCore core(c, runner, tok);
   std::vector<std::shared_ptr<RequestStream>> streams;
@@ -172,6 +179,7 @@ std::vector<std::vector<int32_t>> run_greedy(Model& model, Backend& gpu, const T
   }
   if (decode_replays) *decode_replays = runner.num_graph_replays(1);
   if (short_replays) *short_replays = runner.num_short_graph_replays();
+  if (featureless_replays) *featureless_replays = runner.num_featureless_graph_replays();
   std::vector<std::vector<int32_t>> out(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
     RequestOutput o;
@@ -220,6 +228,52 @@ TEST(DecodeGraphs, GreedyContinuationsEqualEagerOnes) {
       }
     }
   }
+}
+
+// A speculator whose adaptive depth is idle throughout: every decode step is a plain one.
+class IdleSpeculator : public Speculator {
+ public:
+  int num_speculative_tokens() const override { return 2; }
+  bool adaptive() const override { return true; }
+  std::string describe() const override { return "idle"; }
+  void drop_request(std::string_view) override {}
+  const Tensor* draft_probs() const override { return nullptr; }
+  int draft_probs_row(std::string_view) const override { return -1; }
+  void record_verification(int, int) override {}
+  void record_target_step(int, int, double) override {}
+  bool skip_step(int) override { return true; }
+  int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
+    drafts.assign(batch.requests.size(), {});
+    return 0;
+  }
+};
+
+// A target that returns EAGLE-3's features (three aux layers, as the embedded head reads): both
+// decode sets are captured once more without them, and the steps no proposer reads replay those,
+// with the tokens of eager steps.
+TEST(DecodeGraphs, IdleStepsReplayGraphsWithoutTheFeatures) {
+  SKIP_WITHOUT_GPU();
+  const fs::path dir = testing::models_dir() / "specula-tiny";
+  auto gpu = make_cuda_backend(0);
+  auto weights = open_safetensors_checkpoint(dir);
+  auto model = create_model(load_model_config(dir), *weights, *gpu);
+  model->set_aux_hidden_state_layers({2, 4, 5});
+  auto tok = Tokenizer::from_dir(dir);
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* text : {"The quick brown fox", "def fibonacci(n):", "1, 2, 3, 4,"}) prompts.push_back(tok->encode(text));
+  IdleSpeculator eager_spec, graph_spec;
+  const auto eager = run_greedy(*model, *gpu, *tok, prompts, false, nullptr, nullptr, 0, nullptr, &eager_spec);
+  size_t num_graphs = 0;
+  int64_t replays = 0, short_replays = 0, featureless = 0;
+  const auto graphed = run_greedy(*model, *gpu, *tok, prompts, true, &num_graphs, &replays, 24, &short_replays,
+                                  &graph_spec, &featureless);
+  // Sizes 1, 2, 4, 8: decode, short decode, and each again without the features; verification of
+  // 1 and 2 drafts.
+  EXPECT_EQ(num_graphs, 4u * 6);
+  EXPECT_GT(short_replays, 0);
+  EXPECT_GT(featureless, 0);
+  EXPECT_EQ(featureless, replays) << "an idle step replayed a graph that copies the features";
+  for (size_t i = 0; i < prompts.size(); ++i) EXPECT_EQ(graphed[i], eager[i]) << "prompt " << i;
 }
 
 // The embedded model split over 2 GPUs: a decode graph is one graph per GPU, each rank's recorded

@@ -146,7 +146,7 @@ TEST_P(FixtureModel, GreedyThroughTheEngineMatchesTransformers) {
 }
 
 // A speculator whose adaptive depth is idle throughout (depth 0, nothing for its proposer to see):
-// every decode step is skipped before sampling, so it runs as a plain step.
+// every decode step is skipped before its forward, so it runs as a plain step.
 class IdleSpeculator : public Speculator {
  public:
   int num_speculative_tokens() const override { return 2; }

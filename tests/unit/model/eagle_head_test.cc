@@ -178,6 +178,16 @@ TEST(EagleHead, TheTrainedHeadMatchesTransformers) {
     ASSERT_EQ(fwd.aux_hidden_states.size(1), 3 * tc.hidden_size);
     Tensor features = backend->empty(fwd.aux_hidden_states.shape(), backend->compute_dtype());
     backend->copy(fwd.aux_hidden_states, features);
+    {
+      // A step whose features nobody reads leaves them out, and its logits are the same.
+      const std::vector<float> with_features = to_host(*backend, fwd.logits);
+      std::vector<KVCacheLayer> plain_kv = kv_layers(*backend, target->kv_cache_spec());
+      ForwardInput plain = rows.in;
+      plain.with_aux_hidden_states = false;
+      ForwardOutput without = target->forward(plain, plain_kv);
+      EXPECT_FALSE(without.aux_hidden_states.defined());
+      EXPECT_EQ(to_host(*backend, without.logits), with_features);
+    }
 
     // Step 0: every position p reads feat(p) and token p + 1 (the target's greedy token after the
     // prompt for the last row).

@@ -293,7 +293,7 @@ TEST(AdaptiveSpeculator, DepthZeroDecodeStepsDoNotCallTheProposer) {
   for (const auto& d : drafts) EXPECT_TRUE(d.empty());
 }
 
-// The runner asks before sampling a step that verifies nothing (skip_step): where speculation
+// The runner asks before the forward of a step that verifies nothing (skip_step): where speculation
 // cannot pay it skips the step (no propose(), so its tokens may stay on the device), and the step
 // after it is no host measurement, since nothing timed the step between.
 TEST(AdaptiveSpeculator, DepthZeroStepsAreSkippedBeforeSampling) {
