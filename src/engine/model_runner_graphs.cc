@@ -30,6 +30,7 @@
 // the proposers rely on (logits are sampled and verified, and an MTP proposer copies the hidden
 // rows it needs, before any other forward runs).
 #include <algorithm>
+#include <cstdlib>
 
 #include "core/error.h"
 #include "core/logging.h"
@@ -205,7 +206,10 @@ size_t ModelRunner::capture_decode_graphs(const std::vector<int>& batch_sizes) {
   const auto returns_aux = [](const std::map<int, ForwardOutput>& outputs) {
     return !outputs.empty() && outputs.begin()->second.aux_hidden_states.defined();
   };
-  if (graphs_.count(1) && returns_aux(graph_outputs_[1])) {
+  // SPECULA_FEATURELESS_GRAPHS=0 captures none (idle steps then replay the graphs that copy the
+  // features): for measuring what the extra graphs cost the other steps, if anything.
+  const char* featureless_env = std::getenv("SPECULA_FEATURELESS_GRAPHS");
+  if (graphs_.count(1) && returns_aux(graph_outputs_[1]) && !(featureless_env && featureless_env[0] == '0')) {
     if (!capture_graph_set(1, graphs_.at(1)->sizes(), 0, /*with_aux=*/false, featureless_decode_.graphs,
                            featureless_decode_.outputs))
       featureless_decode_ = {};
