@@ -14,6 +14,7 @@
 
 #include "sampling/device_sampler.h"
 #include "engine/engine_core.h"
+#include "engine_fakes.h"
 #include "backend/padded_graphs.h"
 #include "model/model.h"
 #include "model/weight_source.h"
@@ -230,24 +231,6 @@ TEST(DecodeGraphs, GreedyContinuationsEqualEagerOnes) {
   }
 }
 
-// A speculator whose adaptive depth is idle throughout: every decode step is a plain one.
-class IdleSpeculator : public Speculator {
- public:
-  int num_speculative_tokens() const override { return 2; }
-  bool adaptive() const override { return true; }
-  std::string describe() const override { return "idle"; }
-  void drop_request(std::string_view) override {}
-  const Tensor* draft_probs() const override { return nullptr; }
-  int draft_probs_row(std::string_view) const override { return -1; }
-  void record_verification(int, int) override {}
-  void record_target_step(int, int, double) override {}
-  bool skip_step(int) override { return true; }
-  int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
-    drafts.assign(batch.requests.size(), {});
-    return 0;
-  }
-};
-
 // A target that returns EAGLE-3's features (three aux layers, as the embedded head reads): both
 // decode sets are captured once more without them, and the steps no proposer reads replay those,
 // with the tokens of eager steps.
@@ -261,7 +244,7 @@ TEST(DecodeGraphs, IdleStepsReplayGraphsWithoutTheFeatures) {
   auto tok = Tokenizer::from_dir(dir);
   std::vector<std::vector<int32_t>> prompts;
   for (const char* text : {"The quick brown fox", "def fibonacci(n):", "1, 2, 3, 4,"}) prompts.push_back(tok->encode(text));
-  IdleSpeculator eager_spec, graph_spec;
+  testing::IdleSpeculator eager_spec, graph_spec;
   const auto eager = run_greedy(*model, *gpu, *tok, prompts, false, nullptr, nullptr, 0, nullptr, &eager_spec);
   size_t num_graphs = 0;
   int64_t replays = 0, short_replays = 0, featureless = 0;

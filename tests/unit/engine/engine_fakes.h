@@ -1,4 +1,5 @@
-// Fakes for engine tests: a tokenizer over a tiny hand-made vocabulary, and a model whose logits
+// Fakes for engine tests: a tokenizer over a tiny hand-made vocabulary, a speculator that is
+// always idle, and a model whose logits
 // are a deterministic function of the WHOLE context, which it reads back from the paged KV cache
 // (it stores each token id in K and its position in V). A wrong block table, slot mapping or
 // prefix-cache hit therefore changes its output or trips its consistency check, and its greedy
@@ -15,6 +16,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "engine/speculator.h"
 #include "model/model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -175,6 +177,37 @@ class FakeModel : public Model {
   Backend& backend_;
   ModelConfig config_;
   float eos_bias_;
+};
+
+// ---- speculator --------------------------------------------------------------------------
+// A speculator whose adaptive depth is idle throughout (depth 0, nothing for its proposer to see):
+// every decode step is skipped before its forward, so it runs as a plain step. It counts what the
+// runner asked of it; `odd_calls` counts calls no idle step should make (a multi-row target step,
+// a negative time, a skip asked for no decoding request).
+class IdleSpeculator : public Speculator {
+ public:
+  int num_speculative_tokens() const override { return 2; }
+  bool adaptive() const override { return true; }
+  std::string describe() const override { return "idle"; }
+  void drop_request(std::string_view) override {}
+  const Tensor* draft_probs() const override { return nullptr; }
+  int draft_probs_row(std::string_view) const override { return -1; }
+  void record_verification(int, int) override { ++verifications; }
+  void record_target_step(int, int rows, double seconds) override {
+    ++target_steps;
+    odd_calls += rows != 1 || seconds < 0.0 ? 1 : 0;
+  }
+  bool skip_step(int num_decoding) override {
+    ++skipped;
+    odd_calls += num_decoding <= 0 ? 1 : 0;
+    return true;
+  }
+  int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
+    for (const ProposerRequest& r : batch.requests) decoding_proposals += r.sampled ? 1 : 0;
+    drafts.assign(batch.requests.size(), {});
+    return 0;
+  }
+  int skipped = 0, verifications = 0, decoding_proposals = 0, target_steps = 0, odd_calls = 0;
 };
 
 }  // namespace specula::testing

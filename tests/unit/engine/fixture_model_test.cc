@@ -145,35 +145,6 @@ TEST_P(FixtureModel, GreedyThroughTheEngineMatchesTransformers) {
     EXPECT_EQ(async[i], ref.greedy[i]) << GetParam() << " prompt " << i << " (async scheduling)";
 }
 
-// A speculator whose adaptive depth is idle throughout (depth 0, nothing for its proposer to see):
-// every decode step is skipped before its forward, so it runs as a plain step.
-class IdleSpeculator : public Speculator {
- public:
-  int num_speculative_tokens() const override { return 2; }
-  bool adaptive() const override { return true; }
-  std::string describe() const override { return "idle"; }
-  void drop_request(std::string_view) override {}
-  const Tensor* draft_probs() const override { return nullptr; }
-  int draft_probs_row(std::string_view) const override { return -1; }
-  void record_verification(int, int) override { ++verifications; }
-  void record_target_step(int, int rows, double seconds) override {
-    EXPECT_EQ(rows, 1);
-    EXPECT_GE(seconds, 0.0);
-    ++target_steps;
-  }
-  bool skip_step(int num_decoding) override {
-    EXPECT_GT(num_decoding, 0);
-    ++skipped;
-    return true;
-  }
-  int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
-    for (const ProposerRequest& r : batch.requests) decoding_proposals += r.sampled ? 1 : 0;
-    drafts.assign(batch.requests.size(), {});
-    return 0;
-  }
-  int skipped = 0, verifications = 0, decoding_proposals = 0, target_steps = 0;
-};
-
 // Steps the speculator skips are plain steps: the same greedy tokens, no propose() for a request
 // that decoded, and under async scheduling the tokens stay on the device (fed to the next step)
 // as without a speculator; either way their time reaches the cost model (record_target_step).
@@ -181,7 +152,7 @@ TEST_P(FixtureModel, StepsTheSpeculatorSkipsRunAsPlainSteps) {
   LoadedFixture f(GetParam());
   for (bool async : {false, true}) {
     SCOPED_TRACE(async ? "async scheduling" : "synchronous");
-    IdleSpeculator spec;
+    testing::IdleSpeculator spec;
     const auto out =
         run_greedy(*f.model, *f.backend, f.tok, f.ref.prompts, f.num_tokens(), /*budget=*/16, async, &spec);
     for (size_t i = 0; i < f.ref.prompts.size(); ++i)
@@ -190,6 +161,7 @@ TEST_P(FixtureModel, StepsTheSpeculatorSkipsRunAsPlainSteps) {
     EXPECT_GT(spec.target_steps, 0) << "plain steps teach the cost model (deferred ones too)";
     EXPECT_EQ(spec.decoding_proposals, 0);
     EXPECT_EQ(spec.verifications, 0);
+    EXPECT_EQ(spec.odd_calls, 0) << "a multi-row or negative target step, or a skip of no decoding request";
   }
 }
 
