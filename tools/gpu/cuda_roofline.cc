@@ -4,12 +4,13 @@
 // rate. Every figure is the median of several timed repetitions (CUDA events on the backend's
 // stream) after a warm-up. Prints one line per measurement; `--quick` runs fewer repetitions,
 // `--attention` only the copy bandwidth, the square GEMM and the attention kernels (bf16 and fp8
-// caches); `--projections` (not in the full run) the copy bandwidth and the decode projections of
-// Llama-3.1-8B and Qwen3-0.6B as a step runs them (weights not in L2); `--fp8` the same for FP8
-// weights at 1-64 rows, with cuBLASLt's FP8 GEMM candidates timed one by one; `--fp8-gemv` FP8
-// weights at 2-4 rows both by the GEMV and by the FP8 GEMM path.
+// caches); `--prefill` the same for the prompts' attention only; `--projections` (not in the full
+// run) the copy bandwidth and the decode projections of Llama-3.1-8B and Qwen3-0.6B as a step runs
+// them (weights not in L2); `--fp8` the same for FP8 weights at 1-64 rows, with cuBLASLt's FP8
+// GEMM candidates timed one by one; `--fp8-gemv` FP8 weights at 2-4 rows both by the GEMV and by
+// the FP8 GEMM path.
 //
-//   cuda_roofline [--quick] [--attention | --projections | --fp8 | --fp8-gemv]
+//   cuda_roofline [--quick] [--attention | --prefill | --projections | --fp8 | --fp8-gemv]
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
@@ -465,6 +466,17 @@ void attention(CudaBackend& be, int batch, int seq_len, int query_len, double ro
   }
 }
 
+// The prompts' shapes: one 4096- and one 1024-token prompt, a 512-token chunk after 7680 cached
+// tokens, and 16 prompts of 512 tokens in one step.
+void prefill_attention_shapes(CudaBackend& be, double roofline, double peak) {
+  for (bool fp8 : {false, true}) {
+    attention(be, 1, 4096, 4096, roofline, peak, 0, fp8);
+    attention(be, 1, 1024, 1024, roofline, peak, 0, fp8);
+    attention(be, 1, 8192, 512, roofline, peak, 0, fp8);
+    attention(be, 16, 512, 512, roofline, peak, 0, fp8);
+  }
+}
+
 // Every attention shape of the report, with a bf16 and an fp8 cache.
 void attention_shapes(CudaBackend& be, double roofline, double peak) {
   for (bool fp8 : {false, true}) {
@@ -480,10 +492,12 @@ void attention_shapes(CudaBackend& be, double roofline, double peak) {
 }
 
 int run(int argc, char** argv) {
-  bool attention_only = false, projections_only = false, fp8_only = false, fp8_gemv_only = false;
+  bool attention_only = false, prefill_only = false, projections_only = false, fp8_only = false,
+       fp8_gemv_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) g_reps = 5;
     if (std::strcmp(argv[i], "--attention") == 0) attention_only = true;
+    if (std::strcmp(argv[i], "--prefill") == 0) prefill_only = true;
     if (std::strcmp(argv[i], "--projections") == 0) projections_only = true;
     if (std::strcmp(argv[i], "--fp8") == 0) fp8_only = true;
     if (std::strcmp(argv[i], "--fp8-gemv") == 0) fp8_gemv_only = true;
@@ -507,6 +521,10 @@ int run(int argc, char** argv) {
   const double peak = gemm(be, "square", 8192, 8192, 8192, roofline);
   if (attention_only) {
     attention_shapes(be, roofline, peak);
+    return 0;
+  }
+  if (prefill_only) {
+    prefill_attention_shapes(be, roofline, peak);
     return 0;
   }
   // Llama-3.1-8B linear layers (hidden 4096, intermediate 14336, 32/8 heads of 128, vocab 128256)
