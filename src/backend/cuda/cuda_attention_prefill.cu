@@ -303,9 +303,9 @@ __global__ void __launch_bounds__(kThreads) prefill_attention_kernel(PagedAttent
         }
       }
     }
-    // Maxima are taken on the raw scores (the scale is positive) and the scale folds into the
+    // Only the tiles that reach past the block's first position need the causal mask. Maxima are
+    // then taken on the raw scores (the scale is positive) and the scale folds into the
     // exponent's FMA; row_max is kept scaled (log2 domain).
-    // Only the tiles that reach past the block's first position need the causal mask.
     if (key0 + BC - 1 > first_position) {
 #pragma unroll
       for (int a = 0; a < ATOMS; ++a) {
