@@ -1,5 +1,10 @@
 #include "backend/cuda/cuda_gemm.h"
 
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_lt_common.h"
@@ -13,7 +18,10 @@ uint16_t alignment_of(const void* p) { return cuda_lt::alignment_of_bits(reinter
 
 }  // namespace
 
-struct CublasLtGemm::Plan : cuda_lt::BucketPlan {};
+struct CublasLtGemm::Plan : cuda_lt::BucketPlan {
+  bool exact_m = false;
+  bool tune_pending = true;  // a bucket plan's first call has not run yet
+};
 
 int64_t CublasLtGemm::m_bucket(int64_t m) { return cuda_lt::m_bucket(m); }
 
@@ -30,12 +38,26 @@ size_t CublasLtGemm::KeyHash::operator()(const Key& k) const {
 
 CublasLtGemm::CublasLtGemm(cudaStream_t stream) : stream_(stream) {
   check_lt(cublasLtCreate(&handle_), "create");
+  if (const char* v = std::getenv("SPECULA_GEMM_TUNE")) tune_ = std::strcmp(v, "0") != 0;
   workspace_ = Tensor::empty({static_cast<int64_t>(kWorkspaceBytes)}, DType::kU8, Device::kCUDA);
 }
 
 CublasLtGemm::~CublasLtGemm() {
   plans_.clear();
   if (handle_) cublasLtDestroy(handle_);
+}
+
+cublasLtMatmulPreference_t CublasLtGemm::preference(const Key& key) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
+  const uint64_t workspace = kWorkspaceBytes;
+  const uint32_t a_align = key.align_w, b_align = key.align_x, c_align = key.align_out;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_align, sizeof(a_align));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b_align, sizeof(b_align));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_align, sizeof(c_align));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c_align, sizeof(c_align));
+  return pref;
 }
 
 CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const char* op) {
@@ -60,15 +82,7 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const char* op) {
   check_lt(cublasLtMatrixLayoutCreate(&plan->out, cuda_type(key.out), n, m, static_cast<int64_t>(n)),
            "output layout");
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  const uint64_t workspace = kWorkspaceBytes;
-  const uint32_t a_align = key.align_w, b_align = key.align_x, c_align = key.align_out;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_align, sizeof(a_align));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b_align, sizeof(b_align));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_align, sizeof(c_align));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c_align, sizeof(c_align));
+  cublasLtMatmulPreference_t pref = preference(key);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->op, plan->w, plan->x, plan->out,
@@ -80,6 +94,7 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const char* op) {
                 op, key.m, key.k, key.n, key.k, dtype_name(key.in), dtype_name(key.out), key.bias ? ", bias" : "",
                 key.align_x, key.align_w, key.align_out, cublasLtGetStatusString(status));
   plan->algo = result.algo;
+  plan->exact_m = key.exact_m;
   plan->m = key.m;
   plan->supported_m.insert(key.m);
   return *plans_.emplace(key, std::move(plan)).first->second;
@@ -94,12 +109,89 @@ CublasLtGemm::Plan& CublasLtGemm::plan_serving(Key key, int64_t m, const char* o
   return plan_for(key, op);
 }
 
+void CublasLtGemm::tune(Plan& plan, const Key& key, const void* x, const void* w, int64_t m, float beta,
+                        const char* op) {
+  plan.tune_pending = false;
+  // Exact plans are made mid-step (a row count its bucket's algorithm cannot run), where a
+  // tensor-parallel rank must not wait for its queue (tensor_parallel_rehearsals.h).
+  if (!tune_ || plan.exact_m) return;
+  const size_t out_bytes = static_cast<size_t>(m * key.n) * dtype_size(key.out);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (out_bytes > kTuneMaxOutBytes || cudaStreamIsCapturing(stream_, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone)
+    return;
+  cublasLtMatmulPreference_t pref = preference(key);
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates]{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.w, plan.x, plan.out, plan.out,
+                                                               pref, kTuneCandidates, results, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (status != CUBLAS_STATUS_SUCCESS || found < 2) return;
+  Tensor scratch_out;
+  try {
+    scratch_out = Tensor::empty({static_cast<int64_t>(out_bytes)}, DType::kU8, Device::kCUDA);
+  } catch (const Error&) {
+    return;  // no room (a high --gpu-memory-utilization): the heuristic's choice stays
+  }
+  ++tuned_plans_;
+  struct Events {
+    cudaEvent_t start = nullptr, stop = nullptr;
+    ~Events() {
+      if (start) cudaEventDestroy(start);
+      if (stop) cudaEventDestroy(stop);
+    }
+  } events;
+  check_cuda(cudaEventCreate(&events.start), op);
+  check_cuda(cudaEventCreate(&events.stop), op);
+  const cudaEvent_t start = events.start, stop = events.stop;
+  const float alpha = 1.0f;
+  auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+    return cublasLtMatmul(handle_, plan.op, &alpha, w, plan.w, x, plan.x, &beta, scratch_out.data(), plan.out,
+                          scratch_out.data(), plan.out, &algo, workspace_.data(), kWorkspaceBytes, stream_);
+  };
+  // Each candidate once to load its kernels, then kRuns back to back behind a host function
+  // that holds the stream while they are enqueued (so the GPU's time is measured, not the
+  // launches'); the first (the heuristic's) keeps its place unless another is kMargin faster.
+  constexpr int kRuns = 10;
+  constexpr float kMargin = 0.97f;
+  float best_ms = 0.0f;
+  int best = -1;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize > kWorkspaceBytes) continue;
+    if (run(results[i].algo) != CUBLAS_STATUS_SUCCESS) continue;
+    check_cuda(cudaLaunchHostFunc(
+                   stream_, [](void*) { std::this_thread::sleep_for(std::chrono::microseconds(500)); }, nullptr),
+               op);
+    check_cuda(cudaEventRecord(start, stream_), op);
+    bool ok = true;
+    for (int r = 0; r < kRuns && ok; ++r) ok = run(results[i].algo) == CUBLAS_STATUS_SUCCESS;
+    check_cuda(cudaEventRecord(stop, stream_), op);
+    check_cuda(cudaEventSynchronize(stop), op);
+    float ms = 0.0f;
+    check_cuda(cudaEventElapsedTime(&ms, start, stop), op);
+    if (ok && (best < 0 || ms < best_ms * kMargin)) {
+      best = i;
+      best_ms = ms;
+    }
+  }
+  (void)cudaGetLastError();
+  if (best > 0) {
+    plan.algo = results[best].algo;
+    plan.supported_m = {m};
+    plan.unsupported_m.clear();
+    ++retuned_plans_;
+  }
+  LOG_DEBUG("{}: cuBLASLt [{}, {}] x [{}, {}]^T: {} candidates timed, #{} kept ({:.2f} us a call)", op, m, key.k,
+            key.n, key.k, found, best, best_ms * 1000.0f / kRuns);
+}
+
 void CublasLtGemm::matmul_fp8(const void* x8, const void* w8, void* out, DType out_dtype, int64_t m, int64_t n,
                               int64_t k, const char* op) {
   if (m == 0 || n == 0) return;
   const Key key{m, n, k, DType::kF8E4M3, out_dtype, false, alignment_of(x8), alignment_of(w8), alignment_of(out)};
   Plan& plan = plan_serving(key, m, op);
   const float alpha = 1.0f, beta = 0.0f;
+  if (plan.tune_pending) tune(plan, key, x8, w8, m, beta, op);
   check_lt(cublasLtMatmul(handle_, plan.op, &alpha, w8, plan.w, x8, plan.x, &beta, out, plan.out, out, plan.out,
                           &plan.algo, workspace_.data(), kWorkspaceBytes, stream_),
            op);
@@ -125,6 +217,7 @@ void CublasLtGemm::matmul(const void* x, const void* w, DType in_dtype, const vo
   }
   // accumulate: C = D = out with beta 1, so out + x w^T + bias is rounded once.
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  if (plan.tune_pending) tune(plan, key, x, w, m, beta, op);
   check_lt(cublasLtMatmul(handle_, plan.op, &alpha, w, plan.w, x, plan.x, &beta, out, plan.out, out, plan.out,
                           &plan.algo, workspace_.data(), kWorkspaceBytes, stream_),
            op);

@@ -102,6 +102,41 @@ TEST(CudaLinear, EveryMOfABucketSharesItsPlanCorrectly) {
   EXPECT_EQ(CublasLtGemm::m_bucket(7296), 8192);
 }
 
+// A bucket plan's first eager call times the heuristic's candidates (cuda_gemm.h): into a scratch
+// output, so that an accumulating call still adds its product exactly once; under graph capture
+// nothing is timed (the heuristic's first algorithm is kept).
+TEST(CudaLinear, TuningTimesCandidatesAsideAndNotUnderCapture) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend(2);
+  auto gpu = make_cuda_backend(0);
+  auto& cuda = dynamic_cast<CudaBackend&>(*gpu);
+  std::mt19937 rng(17);
+  const int64_t m = 64, n = 4096, k = 1024;
+  Tensor x = random_bf16_values({m, k}, rng);
+  Tensor w = random_bf16_values({n, k}, rng, 2.0f / std::sqrt(static_cast<float>(k)));
+  Tensor residual = random_bf16_values({m, n}, rng);
+  Tensor want = Tensor::zeros({m, n}, DType::kF32);
+  cpu->linear(x, w, nullptr, want);
+  std::vector<float> expected = want.to_f32_vector(), base = residual.to_f32_vector();
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] += base[i];
+  const Tensor xg = to_gpu(*gpu, x), wg = to_gpu(*gpu, w);
+  Tensor out = to_gpu(*gpu, residual);
+  CublasLtGemm gemm(cuda.stream());
+  gemm.matmul(xg.data(), wg.data(), DType::kBF16, nullptr, DType::kBF16, out.data(), DType::kBF16, m, n, k, "test",
+              /*accumulate=*/true);
+  EXPECT_EQ(gemm.tuned_plans(), 1);
+  expect_close(to_host(*gpu, out), expected, 2e-2, 1e-2, "tuned accumulating GEMM");
+
+  Tensor captured_out = gpu->empty({32, n}, DType::kBF16);
+  auto graph = gpu->capture_graph([&] {
+    gemm.matmul(xg.data(), wg.data(), DType::kBF16, nullptr, DType::kBF16, captured_out.data(), DType::kBF16, 32, n, k,
+                "test");
+  });
+  ASSERT_NE(graph, nullptr);
+  EXPECT_EQ(gemm.cached_plans(), 2u);
+  EXPECT_EQ(gemm.tuned_plans(), 1);
+}
+
 TEST(CudaLinear, RowsFromALeadingShapeAndEmptyInput) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_cpu_backend(1);
