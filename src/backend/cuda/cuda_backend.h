@@ -170,6 +170,17 @@ class CudaBackend final : public Backend {
   // rows): the norm with the activations' quantiser, the scales with the epilogue. False, with
   // nothing written, where cuBLASLt has no algorithm for the shape or the norm's operands are
   // unaligned (the caller then takes the GEMV or the separate ops).
+  // fp8_gemm_linear's first half: x's rows quantised (after the prologue's norm) into x_scale
+  // ([M] F32) and codes, then the unscaled FP8 GEMM into product ([M, N], its dtype the
+  // output's); false where fp8_gemm_linear would return false.
+  bool fp8_gemm_product(const Tensor& x, const LinearPrologue& prologue, const LinearWeight& weight, Tensor& product,
+                        Tensor& x_scale);
+  // qkv_projection for FP8 weights above the GEMV's rows: the prologue reads the GEMM's unscaled
+  // product and applies its scales (no scale pass). False where the shape takes another path
+  // (the caller then runs the two ops).
+  bool fp8_qkv_projection(const Tensor& x, const LinearPrologue& input_norm, const LinearWeight& weight,
+                          const Tensor* bias, const QkvPrologue& params, KVCacheLayer& cache,
+                          const Tensor& slot_mapping, Tensor& q_out);
   bool fp8_gemm_linear(const Tensor& x, const LinearPrologue& prologue, const LinearWeight& weight,
                        const Tensor* bias, Tensor& out, LinearEpilogue epilogue);
   int64_t bf16_gemv_max_rows_ = 4;

@@ -35,6 +35,13 @@ struct QkvPrologueParams {
   int rotary_dim = 0;
   bool neox = true;
   float eps = 1e-6f;
+  // An FP8 GEMM's unscaled product in qkv (x_scale null: qkv is the projection itself): element
+  // (t, c) stands for fp8_scaled(qkv[t, c], x_scale[t], w_scale, bias, c) rounded to the compute
+  // type, what the scale pass would have stored (CudaBackend::qkv_projection).
+  const float* x_scale = nullptr;
+  const float* w_scale = nullptr;
+  const void* bias = nullptr;
+  bool bias_f32 = false;
 };
 constexpr int kMaxPrologueHeadDim = 256;
 cudaError_t launch_qkv_prologue(const QkvPrologueParams& p, DType dtype, cudaStream_t stream);
@@ -54,6 +61,8 @@ struct QkvProjectionParams {
   int64_t k = 0;
   QkvPrologueParams prologue;  // its qkv is unused and tokens is 1
 };
+// SPECULA_FUSED_QKV_PROJECTION=0 runs qkv_projection as its two ops at every row count (A/B runs).
+bool fused_qkv_projection_enabled();
 // Whether launch_qkv_projection takes these shapes (and SPECULA_FUSED_QKV_PROJECTION is not 0).
 bool qkv_projection_supports(const QkvProjectionParams& p);
 cudaError_t launch_qkv_projection(const QkvProjectionParams& p, cudaStream_t stream);

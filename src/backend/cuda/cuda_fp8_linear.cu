@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "backend/cuda/cuda_fp8_scale.cuh"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_utils.cuh"
@@ -112,14 +113,6 @@ __global__ void rms_norm_quantize_fp8_kernel(const bf16* __restrict__ x, const b
   }
 }
 
-// Column r of row i of the unscaled product, scaled, with the bias: what the scale pass stores.
-__device__ __forceinline__ float scaled(float product, float xs, const float* __restrict__ w_scale,
-                                        const void* __restrict__ bias, bool bias_f32, int64_t r) {
-  float v = product * xs * w_scale[r];
-  if (bias != nullptr) v += bias_f32 ? static_cast<const float*>(bias)[r] : to_float(static_cast<const bf16*>(bias)[r]);
-  return v;
-}
-
 // Row i = blockIdx.y; a thread scales a 16-byte chunk of columns (VEC) or one column. Scalar
 // loads of the product's bf16 columns left the pass at ~5.7 us a projection at 64 rows, more
 // than the quantiser (H200).
@@ -146,7 +139,7 @@ __global__ void fp8_scale_output_kernel(const Out* in, Out* out, const float* __
     }
 #pragma unroll
     for (int j = 0; j < kN; ++j) {
-      v[j] = scaled(v[j], xs, w_scale, bias, bias_f32, c * kN + j);
+      v[j] = fp8_scaled(v[j], xs, w_scale, bias, bias_f32, c * kN + j);
       if (accumulate) v[j] = residual[j] + to_float(from_float<Out>(v[j]));
     }
     if constexpr (VEC) {
@@ -183,8 +176,8 @@ __global__ void fp8_scale_silu_kernel(const Out* in, Out* out, const float* __re
 #pragma unroll
     for (int j = 0; j < kN; ++j) {
       const int64_t col = c * kN + j;
-      const float gate = to_float(from_float<Out>(scaled(g[j], xs, w_scale, bias, bias_f32, col)));
-      const float up = to_float(from_float<Out>(scaled(u[j], xs, w_scale, bias, bias_f32, inter + col)));
+      const float gate = to_float(from_float<Out>(fp8_scaled(g[j], xs, w_scale, bias, bias_f32, col)));
+      const float up = to_float(from_float<Out>(fp8_scaled(u[j], xs, w_scale, bias, bias_f32, inter + col)));
       g[j] = silu(gate) * up;
     }
     if constexpr (VEC) {

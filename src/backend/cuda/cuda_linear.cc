@@ -156,24 +156,15 @@ void CudaBackend::fp8_linear(const Tensor& x, const Tensor& weight, const Tensor
   }
 }
 
-bool CudaBackend::fp8_gemm_linear(const Tensor& x, const LinearPrologue& prologue, const LinearWeight& weight,
-                                  const Tensor* bias, Tensor& out, LinearEpilogue epilogue) {
+bool CudaBackend::fp8_gemm_product(const Tensor& x, const LinearPrologue& prologue, const LinearWeight& weight,
+                                   Tensor& product, Tensor& x_scale) {
   const int64_t k = x.size(-1), m = k > 0 ? x.numel() / k : 0, n = weight.weight.size(0);  // x may be [..., k]
-  const std::tuple<int64_t, int64_t, DType> shape{n, k, out.dtype()};
+  const std::tuple<int64_t, int64_t, DType> shape{n, k, product.dtype()};
   if (fp8_gemm_unsupported_.count(shape) != 0) return false;
-  const size_t mark = scratch_mark();
   Tensor x8 = scratch({m, k}, DType::kF8E4M3);
-  Tensor x_scale = scratch({m}, DType::kF32);
   if (prologue.norm_weight != nullptr &&
-      !cuda::rms_norm_quantize_fp8_supports(x.data(), prologue.norm_weight->data(), k, x8.data_as<uint8_t>())) {
-    scratch_release(mark);
+      !cuda::rms_norm_quantize_fp8_supports(x.data(), prologue.norm_weight->data(), k, x8.data_as<uint8_t>()))
     return false;
-  }
-  const bool gated = epilogue == LinearEpilogue::kSiluMul, accumulate = epilogue == LinearEpilogue::kAccumulate;
-  // The unscaled product goes to a scratch matrix where out holds the residual or is SwiGLU's half.
-  Tensor product = gated || accumulate ? scratch({m, n}, out.dtype()) : out;
-  const void* bias_data = bias ? bias->data() : nullptr;
-  const DType bias_dtype = bias ? bias->dtype() : DType::kF32;
   if (prologue.norm_weight != nullptr) {
     check_cuda(cuda::launch_rms_norm_quantize_fp8(x.data(), prologue.norm_weight->data(), m, k, prologue.eps,
                                                   x8.data_as<uint8_t>(), x_scale.data_as<float>(), stream_),
@@ -184,13 +175,29 @@ bool CudaBackend::fp8_gemm_linear(const Tensor& x, const LinearPrologue& prologu
                "linear_fp8: quantise x");
   }
   try {
-    gemm_->matmul_fp8(x8.data(), weight.weight.data(), product.data(), out.dtype(), m, n, k, "linear_fp8");
+    gemm_->matmul_fp8(x8.data(), weight.weight.data(), product.data(), product.dtype(), m, n, k, "linear_fp8");
   } catch (const Error& e) {
     LOG_WARN("FP8 GEMM unavailable ({}); this shape runs the GEMV kernel per {} rows", e.what(), cuda::kGemvMaxRows);
     fp8_gemm_unsupported_.insert(shape);
+    return false;
+  }
+  return true;
+}
+
+bool CudaBackend::fp8_gemm_linear(const Tensor& x, const LinearPrologue& prologue, const LinearWeight& weight,
+                                  const Tensor* bias, Tensor& out, LinearEpilogue epilogue) {
+  const int64_t k = x.size(-1), m = k > 0 ? x.numel() / k : 0, n = weight.weight.size(0);
+  const size_t mark = scratch_mark();
+  Tensor x_scale = scratch({m}, DType::kF32);
+  const bool gated = epilogue == LinearEpilogue::kSiluMul, accumulate = epilogue == LinearEpilogue::kAccumulate;
+  // The unscaled product goes to a scratch matrix where out holds the residual or is SwiGLU's half.
+  Tensor product = gated || accumulate ? scratch({m, n}, out.dtype()) : out;
+  if (!fp8_gemm_product(x, prologue, weight, product, x_scale)) {
     scratch_release(mark);
     return false;
   }
+  const void* bias_data = bias ? bias->data() : nullptr;
+  const DType bias_dtype = bias ? bias->dtype() : DType::kF32;
   if (gated) {
     check_cuda(cuda::launch_fp8_scale_silu(product.data(), out.data(), out.dtype(), x_scale.data_as<float>(),
                                            weight.scale.data_as<float>(), bias_data, bias_dtype, m, n / 2, stream_),

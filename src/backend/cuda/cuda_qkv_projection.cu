@@ -187,11 +187,16 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
-bool qkv_projection_supports(const QkvProjectionParams& p) {
+bool fused_qkv_projection_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("SPECULA_FUSED_QKV_PROJECTION");
     return !(v && std::strcmp(v, "0") == 0);
   }();
+  return enabled;
+}
+
+bool qkv_projection_supports(const QkvProjectionParams& p) {
+  const bool enabled = fused_qkv_projection_enabled();
   const int d = p.prologue.head_dim;
   const int64_t chunk = p.w_fp8 ? 16 : 8;
   const int64_t rows = static_cast<int64_t>(p.prologue.num_q_heads + 2 * p.prologue.num_kv_heads) * d;

@@ -89,6 +89,41 @@ void CudaBackend::qkv_prologue(const Tensor& qkv, const QkvPrologue& p, KVCacheL
   check_cuda(cuda::launch_qkv_prologue(kp, qkv.dtype(), stream_), op);
 }
 
+bool CudaBackend::fp8_qkv_projection(const Tensor& x, const LinearPrologue& input_norm, const LinearWeight& weight,
+                                     const Tensor* bias, const QkvPrologue& params, KVCacheLayer& cache,
+                                     const Tensor& slot_mapping, Tensor& q_out) {
+  // Where fused_linear would take cuBLASLt's FP8 GEMM (cuda_linear.cc), with bf16 rows as the
+  // two ops' scratch qkv would hold.
+  if (!cuda::fused_qkv_projection_enabled() || !weight.fp8() || !x.defined() || x.ndim() != 2 || x.dtype() != DType::kBF16 ||
+      x.size(0) <= gemv_max_rows(DType::kF8E4M3) || weight.weight.ndim() != 2 || weight.weight.size(1) != x.size(1))
+    return false;
+  const char* op = "qkv_projection";
+  const int64_t m = x.size(0), n = weight.weight.size(0), k = x.size(1);
+  cuda_check::on_gpu(x, op, "x");
+  SPECULA_CHECK(input_norm.norm_weight == nullptr ||
+                    (input_norm.norm_weight->dtype() == DType::kBF16 && input_norm.norm_weight->numel() == k),
+                "{}: the RMSNorm weight must be BF16 [{}]", op, k);
+  if (bias != nullptr) cuda_check::float_tensor(*bias, op, "bias");
+  SPECULA_CHECK(!bias || (bias->ndim() == 1 && bias->size(0) == n), "{}: bias must be [{}]", op, n);
+  SPECULA_CHECK(weight.scale.defined() && weight.scale.dtype() == DType::kF32 && weight.scale.numel() == n,
+                "{}: the FP8 weight's scale must be F32 [{}]", op, n);
+  cuda::QkvPrologueParams kp = prologue_params(op, m, n, DType::kBF16, params, cache, slot_mapping, q_out);
+  const size_t mark = scratch_mark();
+  Tensor x_scale = scratch({m}, DType::kF32), product = scratch({m, n}, DType::kBF16);
+  if (!fp8_gemm_product(x, input_norm, weight, product, x_scale)) {
+    scratch_release(mark);
+    return false;
+  }
+  kp.qkv = product.data();
+  kp.x_scale = x_scale.data_as<float>();
+  kp.w_scale = weight.scale.data_as<float>();
+  kp.bias = bias ? bias->data() : nullptr;
+  kp.bias_f32 = bias && bias->dtype() == DType::kF32;
+  check_cuda(cuda::launch_qkv_prologue(kp, DType::kBF16, stream_), op);
+  scratch_release(mark);
+  return true;
+}
+
 void CudaBackend::qkv_projection(const Tensor& x, const LinearPrologue& input_norm, const LinearWeight& weight,
                                  const Tensor* bias, const QkvPrologue& params, KVCacheLayer& cache,
                                  const Tensor& slot_mapping, Tensor& q_out) {
@@ -97,7 +132,8 @@ void CudaBackend::qkv_projection(const Tensor& x, const LinearPrologue& input_no
                        weight.weight.defined() && weight.weight.ndim() == 2 && weight.weight.size(1) == x.size(1) &&
                        (weight.weight.dtype() == DType::kBF16 || weight.fp8());
   if (!one_row) {
-    Backend::qkv_projection(x, input_norm, weight, bias, params, cache, slot_mapping, q_out);
+    if (!fp8_qkv_projection(x, input_norm, weight, bias, params, cache, slot_mapping, q_out))
+      Backend::qkv_projection(x, input_norm, weight, bias, params, cache, slot_mapping, q_out);
     return;
   }
   const char* op = "qkv_projection";

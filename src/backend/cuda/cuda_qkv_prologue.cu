@@ -9,10 +9,12 @@
 // (i, i + rotary_dim / 2) (neox) or (2i, 2i + 1) live in different lanes, so the normalised head
 // is staged in the warp's own slice of shared memory and each lane then computes whole pairs
 // (prologue_head, cuda_qkv_prologue.cuh). An fp8 cache gets the fp32 result divided by its
-// scale, rounded once.
+// scale, rounded once. After an FP8 GEMM the prologue applies the product's scales as it reads
+// it, so that the scale pass is not a launch of its own.
 #include <type_traits>
 
 #include "backend/cuda/cuda_engine_kernels.h"
+#include "backend/cuda/cuda_fp8_scale.cuh"
 #include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_kv_element.cuh"
 #include "backend/cuda/cuda_qkv_prologue.cuh"
@@ -43,12 +45,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_prologue_kernel(QkvPr
   const T* src = static_cast<const T*>(p.qkv) + (token * heads + head) * d;
   const PrologueDestination<T, C> dst(p, token, head, slot);
   auto store = [&](int i, float x) { dst.store(i, x); };
+  const bool unscaled = p.x_scale != nullptr;
+  const float xs = unscaled ? p.x_scale[token] : 1.0f;
+  auto element = [&](int i) {  // the projection's element i of this head, as stored between the ops
+    if (!unscaled) return to_float(src[i]);
+    return to_float(from_float<T>(fp8_scaled(to_float(src[i]), xs, p.w_scale, p.bias, p.bias_f32,
+                                              static_cast<int64_t>(head) * d + i)));
+  };
   if (is_v) {  // v: a plain copy into its cache slot
     for (int i = lane; i < d; i += 32) {
       if constexpr (std::is_same_v<C, T>) {
-        dst.cache[i] = src[i];
+        dst.cache[i] = unscaled ? from_float<T>(element(i)) : src[i];
       } else {
-        store(i, to_float(src[i]));
+        store(i, element(i));
       }
     }
     return;
@@ -58,7 +67,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_prologue_kernel(QkvPr
 #pragma unroll
   for (int j = 0; j < kPrologueElemsPerLane; ++j) {
     const int i = lane + 32 * j;
-    x[j] = i < d ? to_float(src[i]) : 0.0f;
+    x[j] = i < d ? element(i) : 0.0f;
   }
   const T* norm = static_cast<const T*>(is_q ? p.q_norm : p.k_norm);
   const int32_t pos = p.positions[token];

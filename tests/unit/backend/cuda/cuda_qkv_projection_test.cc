@@ -1,7 +1,9 @@
 // The qkv projection with the attention prologue in its epilogue (CudaBackend::qkv_projection,
 // one decode row) against the two ops it fuses on the same GPU (Backend::qkv_projection:
 // fused_linear, then qkv_prologue): the q heads and every cache slot, bit for bit, for bf16 and
-// FP8 weights, bf16 and fp8 caches, with and without the input norm, q/k norms and bias.
+// FP8 weights, bf16 and fp8 caches, with and without the input norm, q/k norms and bias. FP8
+// weights over more rows than the GEMV's: the prologue applying the FP8 GEMM's scales as it
+// reads the product, against the scale pass then the prologue.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,6 +30,7 @@ struct ProjectionCase {
   int32_t position = 41;         // >= the table's 97 rows: no rotation
   int64_t slot = 37;             // -1: K/V not kept
   bool fused = true;             // whether the shape takes the fused kernel
+  int64_t rows = 1;              // tokens (row r at position + r, slot + r)
 };
 
 class CudaQkvProjection : public ::testing::TestWithParam<ProjectionCase> {};
@@ -38,7 +41,7 @@ TEST_P(CudaQkvProjection, IsTheProjectionThenThePrologueBitForBit) {
   auto gpu = make_cuda_backend(0);
   std::mt19937 rng(11 + c.d + c.k);
   const int64_t n = static_cast<int64_t>(c.hq + 2 * c.hk) * c.d, max_pos = 97, bs = 16, blocks = 4;
-  Tensor x = to_gpu(*gpu, random_bf16_values({1, c.k}, rng, 2.0f));
+  Tensor x = to_gpu(*gpu, random_bf16_values({c.rows, c.k}, rng, 2.0f));
   Tensor gamma = to_gpu(*gpu, random_bf16_values({c.k}, rng));
   Tensor w = to_gpu(*gpu, random_bf16_values({n, c.k}, rng, 1.0f / std::sqrt(static_cast<float>(c.k))));
   LinearWeight weight{w, Tensor()};
@@ -50,8 +53,14 @@ TEST_P(CudaQkvProjection, IsTheProjectionThenThePrologueBitForBit) {
   if (c.bias) bias = to_gpu(*gpu, random_bf16_values({n}, rng), c.bias_dtype);
   Tensor q_norm = to_gpu(*gpu, random_bf16_values({c.d}, rng)), k_norm = to_gpu(*gpu, random_bf16_values({c.d}, rng));
   Tensor cos_sin = to_gpu(*gpu, rope_table(max_pos, c.rotary), DType::kF32);
-  Tensor pos = to_gpu(*gpu, Tensor::from_i32({c.position}), DType::kI32);
-  Tensor slots = to_gpu(*gpu, Tensor::from_i64({c.slot}), DType::kI64);
+  std::vector<int32_t> positions;
+  std::vector<int64_t> slot_ids;
+  for (int64_t r = 0; r < c.rows; ++r) {
+    positions.push_back(c.position + static_cast<int32_t>(r));
+    slot_ids.push_back(c.slot < 0 ? -1 : c.slot + r);
+  }
+  Tensor pos = to_gpu(*gpu, Tensor::from_i32(positions), DType::kI32);
+  Tensor slots = to_gpu(*gpu, Tensor::from_i64(slot_ids), DType::kI64);
   Backend::QkvPrologue p;
   p.num_q_heads = c.hq;
   p.num_kv_heads = c.hk;
@@ -76,7 +85,7 @@ TEST_P(CudaQkvProjection, IsTheProjectionThenThePrologueBitForBit) {
     }
     gpu->zero(cache.k);
     gpu->zero(cache.v);
-    Tensor q = gpu->empty({1, c.hq, c.d}, DType::kBF16);
+    Tensor q = gpu->empty({c.rows, c.hq, c.d}, DType::kBF16);
     gpu->reset_scratch();
     const Tensor* b = bias.defined() ? &bias : nullptr;
     if (fused) {
@@ -96,7 +105,8 @@ TEST_P(CudaQkvProjection, IsTheProjectionThenThePrologueBitForBit) {
     EXPECT_TRUE(written) << c.name;
   }
 
-  // Whether the fused kernel takes this shape (otherwise the op above ran the two ops).
+  // Whether the one-row kernel takes this shape (otherwise the op above ran the two ops).
+  if (c.rows > 1) return;
   cuda::QkvProjectionParams kp;
   kp.x = x.data();
   kp.w = weight.weight.data();
@@ -127,6 +137,21 @@ INSTANTIATE_TEST_SUITE_P(
         with(kQwen3, [](ProjectionCase& c) { c.name = "fp8_cache", c.fp8_cache = true; }),
         with(kLlama, [](ProjectionCase& c) { c.name = "fp8_weights", c.fp8_weights = true; }),
         with(kLlama, [](ProjectionCase& c) { c.name = "fp8_weights_fp8_cache", c.fp8_weights = c.fp8_cache = true; }),
+        with(kLlama, [](ProjectionCase& c) { c.name = "fp8_weights_24_rows", c.fp8_weights = true, c.rows = 24; }),
+        with(kQwen3,
+             [](ProjectionCase& c) {
+               c.name = "fp8_weights_fp8_cache_f32_bias_8_rows", c.fp8_weights = c.fp8_cache = true, c.bias = true,
+               c.bias_dtype = DType::kF32, c.rows = 8;
+             }),
+        with(kQwen3,
+             [](ProjectionCase& c) {
+               c.name = "fp8_weights_bias_no_input_norm_5_rows", c.fp8_weights = true, c.input_norm = false,
+               c.bias = true, c.rows = 5, c.slot = 3;
+             }),
+        with(kQwen3,
+             [](ProjectionCase& c) {
+               c.name = "fp8_weights_16_rows_past_table", c.fp8_weights = true, c.rows = 16, c.position = 90;
+             }),
         with(kQwen3, [](ProjectionCase& c) { c.name = "qwen2_bias", c.head_norms = false, c.bias = true; }),
         with(kQwen3,
              [](ProjectionCase& c) {
