@@ -65,15 +65,8 @@ CublasLtBatchedGemm::Plan& CublasLtBatchedGemm::plan_for(const Key& key, const c
   layout(&plan->x, key.k, key.m, key.ldx, key.sx, "input layout");
   layout(&plan->out, key.n, key.m, key.ldo, key.so, "output layout");
 
-  cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), op, "preference");
-  const uint64_t workspace = kWorkspaceBytes;
-  const uint32_t a_align = key.align_w, b_align = key.align_x, c_align = key.align_out;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_align, sizeof(a_align));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b_align, sizeof(b_align));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_align, sizeof(c_align));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c_align, sizeof(c_align));
+  cublasLtMatmulPreference_t pref =
+      cuda_lt::preference(kWorkspaceBytes, key.align_w, key.align_x, key.align_out, op);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->op, plan->w, plan->x, plan->out,

@@ -47,19 +47,6 @@ CublasLtGemm::~CublasLtGemm() {
   if (handle_) cublasLtDestroy(handle_);
 }
 
-cublasLtMatmulPreference_t CublasLtGemm::preference(const Key& key) {
-  cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  const uint64_t workspace = kWorkspaceBytes;
-  const uint32_t a_align = key.align_w, b_align = key.align_x, c_align = key.align_out;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &a_align, sizeof(a_align));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &b_align, sizeof(b_align));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &c_align, sizeof(c_align));
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &c_align, sizeof(c_align));
-  return pref;
-}
-
 CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const char* op) {
   auto it = plans_.find(key);
   if (it != plans_.end()) return *it->second;
@@ -82,7 +69,8 @@ CublasLtGemm::Plan& CublasLtGemm::plan_for(const Key& key, const char* op) {
   check_lt(cublasLtMatrixLayoutCreate(&plan->out, cuda_type(key.out), n, m, static_cast<int64_t>(n)),
            "output layout");
 
-  cublasLtMatmulPreference_t pref = preference(key);
+  cublasLtMatmulPreference_t pref =
+      cuda_lt::preference(kWorkspaceBytes, key.align_w, key.align_x, key.align_out, op);
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, plan->op, plan->w, plan->x, plan->out,
@@ -120,7 +108,8 @@ void CublasLtGemm::tune(Plan& plan, const Key& key, const void* x, const void* w
   if (out_bytes > kTuneMaxOutBytes || cudaStreamIsCapturing(stream_, &capture) != cudaSuccess ||
       capture != cudaStreamCaptureStatusNone)
     return;
-  cublasLtMatmulPreference_t pref = preference(key);
+  cublasLtMatmulPreference_t pref =
+      cuda_lt::preference(kWorkspaceBytes, key.align_w, key.align_x, key.align_out, op);
   cublasLtMatmulHeuristicResult_t results[kTuneCandidates]{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, plan.op, plan.w, plan.x, plan.out, plan.out,

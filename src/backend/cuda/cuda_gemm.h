@@ -81,8 +81,6 @@ class CublasLtGemm {
   // The header's tuning, for a bucket plan's first call (its layouts at that call's M); `bias`
   // already set on the plan's descriptor.
   void tune(Plan& plan, const Key& key, const void* x, const void* w, int64_t m, float beta, const char* op);
-  // What every algorithm for `key` must satisfy: the workspace and the operands' alignments.
-  static cublasLtMatmulPreference_t preference(const Key& key);
 
   cudaStream_t stream_;
   cublasLtHandle_t handle_ = nullptr;

@@ -44,6 +44,20 @@ inline uint16_t alignment_of_bits(uint64_t bits) {
   return align;
 }
 
+// What every algorithm for a plan must satisfy: at most `workspace` bytes, and the alignments of
+// the weight (A), the input (B) and the output (C and D). The caller destroys it.
+inline cublasLtMatmulPreference_t preference(uint64_t workspace, uint32_t align_w, uint32_t align_x,
+                                             uint32_t align_out, const char* op) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  check(cublasLtMatmulPreferenceCreate(&pref), op, "preference");
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_w, sizeof(align_w));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_x, sizeof(align_x));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_out, sizeof(align_out));
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_out, sizeof(align_out));
+  return pref;
+}
+
 // The descriptors of one cached GEMM shape and the algorithm chosen for it.
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
