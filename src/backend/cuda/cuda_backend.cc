@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -15,6 +16,10 @@
 
 namespace specula {
 namespace {
+
+// CUDA backends alive in the process: more than one is tensor parallelism (CublasLtGemm's
+// candidate timing then stays off).
+std::atomic<int> live_backends{0};
 
 cudaStream_t make_stream(int device_index) {
   int count = 0;
@@ -60,6 +65,8 @@ CudaBackend::CudaBackend(int device_index)
   device_name_ = prop.name;
   if (prop.major >= 9) decode_cluster_splits_ = cuda::kMaxClusterSplits;  // clusters with DSMEM
   gemm_ = std::make_unique<CublasLtGemm>(stream_);
+  ++live_backends;
+  gemm_->set_tuning_allowed([] { return live_backends.load() == 1; });  // not under tensor parallelism
   // SPECULA_FP8_GEMV_ROWS=N: FP8 weights take the GEMV up to N rows (benchmarks compare the paths).
   if (const char* rows = std::getenv("SPECULA_FP8_GEMV_ROWS")) set_gemv_max_rows(DType::kF8E4M3, std::atoi(rows));
   batched_gemm_ = std::make_unique<CublasLtBatchedGemm>(stream_);
@@ -71,6 +78,7 @@ CudaBackend::CudaBackend(int device_index)
 }
 
 CudaBackend::~CudaBackend() {
+  --live_backends;
   report_forward_trace();
   gemm_.reset();
   batched_gemm_.reset();

@@ -102,7 +102,7 @@ void CublasLtGemm::tune(Plan& plan, const Key& key, const void* x, const void* w
   plan.tune_pending = false;
   // Exact plans are made mid-step (a row count its bucket's algorithm cannot run), where a
   // tensor-parallel rank must not wait for its queue (tensor_parallel_rehearsals.h).
-  if (!tune_ || plan.exact_m) return;
+  if (!tune_ || plan.exact_m || (tuning_allowed_ && !tuning_allowed_())) return;
   const size_t out_bytes = static_cast<size_t>(m * key.n) * dtype_size(key.out);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   if (out_bytes > kTuneMaxOutBytes || cudaStreamIsCapturing(stream_, &capture) != cudaSuccess ||

@@ -25,6 +25,7 @@
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 
@@ -51,6 +52,10 @@ class CublasLtGemm {
                   const char* op);
 
   size_t cached_plans() const { return plans_.size(); }
+  // Whether a plan's first eager call may time candidates now (unset: always). Timing waits for
+  // the stream and may allocate, which a tensor-parallel rank must never do mid-step
+  // (docs/ARCHITECTURE.md); the CUDA backend allows it only while it is the process's one.
+  void set_tuning_allowed(std::function<bool()> allowed) { tuning_allowed_ = std::move(allowed); }
   // Plans whose algorithm came from timing candidates, and of those, how many took another than
   // the heuristic's first (tests, logs).
   int tuned_plans() const { return tuned_plans_; }
@@ -87,6 +92,7 @@ class CublasLtGemm {
   Tensor workspace_;
   std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans_;
   bool tune_ = true;
+  std::function<bool()> tuning_allowed_;
   int tuned_plans_ = 0, retuned_plans_ = 0;
 };
 
