@@ -168,7 +168,6 @@ void CublasLtGemm::tune(Plan& plan, const Key& key, const void* x, const void* w
     plan.algo = results[best].algo;
     plan.supported_m = {m};
     plan.unsupported_m.clear();
-    ++retuned_plans_;
   }
   LOG_DEBUG("{}: cuBLASLt [{}, {}] x [{}, {}]^T: {} candidates timed, #{} kept ({:.2f} us a call)", op, m, key.k,
             key.n, key.k, found, best, best_ms * 1000.0f / kRuns);

@@ -56,10 +56,8 @@ class CublasLtGemm {
   // the stream and may allocate, which a tensor-parallel rank must never do mid-step
   // (docs/ARCHITECTURE.md); the CUDA backend allows it only while it is the process's one.
   void set_tuning_allowed(std::function<bool()> allowed) { tuning_allowed_ = std::move(allowed); }
-  // Plans whose algorithm came from timing candidates, and of those, how many took another than
-  // the heuristic's first (tests, logs).
+  // Plans whose algorithm came from timing candidates (tests).
   int tuned_plans() const { return tuned_plans_; }
-  int retuned_plans() const { return retuned_plans_; }
   // The M a plan is keyed by (see the header comment).
   static int64_t m_bucket(int64_t m);
   static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
@@ -93,7 +91,7 @@ class CublasLtGemm {
   std::unordered_map<Key, std::unique_ptr<Plan>, KeyHash> plans_;
   bool tune_ = true;
   std::function<bool()> tuning_allowed_;
-  int tuned_plans_ = 0, retuned_plans_ = 0;
+  int tuned_plans_ = 0;
 };
 
 }  // namespace specula
