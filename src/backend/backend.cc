@@ -165,6 +165,37 @@ void Backend::fused_moe(const Tensor&, const Tensor&, const Tensor&, const Tenso
   throw Error(fmt::format("fused_moe is not implemented by the {} backend", name()));
 }
 
+// The reference form of the MLA prologue: the column copies, norm, rope and cache write it fuses.
+void Backend::mla_prologue(const Tensor& q, const Tensor& kv_a, const MlaPrologue& p, KVCacheLayer& cache,
+                           const Tensor& slot_mapping, Tensor& q_mla) {
+  SPECULA_CHECK(p.num_heads > 0 && p.nope_dim >= 0 && p.rope_dim > 0 && p.kv_norm && p.positions && p.cos_sin,
+                "mla_prologue: head count, dims, kv_norm, positions and cos_sin are required");
+  const int64_t hq = p.num_heads, dn = p.nope_dim, dr = p.rope_dim;
+  SPECULA_CHECK(q.defined() && kv_a.defined() && q.ndim() == 2 && kv_a.ndim() == 2 && q.size(0) == kv_a.size(0) &&
+                    q.size(1) == hq * (dn + dr) && kv_a.size(1) > dr,
+                "mla_prologue: q {} must be [T, {} x ({} + {})] and kv_a {} [T, C + {}]", q.describe(), hq, dn, dr,
+                kv_a.describe(), dr);
+  const int64_t t = q.size(0), latent = kv_a.size(1) - dr, entry = latent + dr;
+  SPECULA_CHECK(q_mla.defined() && q_mla.ndim() == 3 && q_mla.size(0) == t && q_mla.size(1) == hq &&
+                    q_mla.size(2) == entry,
+                "mla_prologue: q_mla {} must be [{}, {}, {}]", q_mla.describe(), t, hq, entry);
+  const DType dt = q.dtype();
+  const size_t mark = scratch_mark();
+  Tensor q_pe = scratch({t, hq, dr}, dt);
+  copy_columns(q.reshape({t * hq, dn + dr}), dn, q_pe, 0, dr);
+  Tensor latent_raw = scratch({t, latent}, dt), normed = scratch({t, latent}, dt), k_pe = scratch({t, 1, dr}, dt);
+  copy_columns(kv_a, 0, latent_raw, 0, latent);
+  copy_columns(kv_a, latent, k_pe, 0, dr);
+  rms_norm(latent_raw, *p.kv_norm, p.eps, normed);
+  rope(q_pe, k_pe, *p.positions, *p.cos_sin, static_cast<int>(dr), p.neox);
+  Tensor kv_entry = scratch({t, 1, entry}, dt);
+  copy_columns(normed, 0, kv_entry, 0, latent);
+  copy_columns(k_pe, 0, kv_entry, latent, dr);
+  write_kv_cache(kv_entry, Tensor(), cache, slot_mapping);
+  copy_columns(q_pe, 0, q_mla, latent, dr);
+  scratch_release(mark);
+}
+
 // The reference form of the fused projection: the two ops it fuses.
 void Backend::qkv_projection(const Tensor& x, const LinearPrologue& input_norm, const LinearWeight& weight,
                              const Tensor* bias, const QkvPrologue& params, KVCacheLayer& cache,

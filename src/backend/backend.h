@@ -232,12 +232,14 @@ class Backend {
   // i < width. Columns of dst outside [dst_col, dst_col + width) are untouched. src and dst must
   // not overlap. Same dtype. (On CUDA this is one cudaMemcpy2DAsync.)
   virtual void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width);
-  // A separate linear map per head: out[t, h, :] = weight[h] @ x[t, h, :], i.e.
-  // out[t, h, n] = sum_k x[t, h, k] * weight[h, n, k]. x [T, Hh, K], weight [Hh, N, K], out [T, Hh, N],
-  // all in the compute dtype (accumulation in fp32). A batched GEMM with batch = head:
-  // x's head h is a [T, K] matrix with leading dimension Hh * K, out's a [T, N] one with leading
-  // dimension Hh * N. MLA uses it to absorb kv_b_proj into the query (q_nope -> latent) and to
-  // expand the attended latent into values.
+  // A separate linear map per head: out[t, h, :N] = weight[h] @ x[t, h, :K], i.e.
+  // out[t, h, n] = sum_{k < K} x[t, h, k] * weight[h, n, k]. weight [Hh, N, K], x [T, Hh, Kx] with
+  // Kx >= K, out [T, Hh, No] with No >= N: each head reads the first K columns of its Kx and writes
+  // the first N of its No, the rest untouched, so that MLA reads its query's no-rope part and
+  // writes the absorbed query in place. All in the compute dtype (accumulation in fp32). A batched
+  // GEMM with batch = head: x's head h is a [T, K] matrix with leading dimension Hh * Kx, out's a
+  // [T, N] one with leading dimension Hh * No. MLA uses it to absorb kv_b_proj into the query
+  // (q_nope -> latent) and to expand the attended latent into values.
   virtual void head_linear(const Tensor& x, const Tensor& weight, Tensor& out);
   // MoE routing: router logits F32 [T, E] -> topk_ids I32 [T, C] and topk_weights F32 [T, C],
   // C = params.top_k + params.shared_slots. `bias` (F32 [E], may be null) is DeepSeek-V3's
@@ -254,6 +256,27 @@ class Backend {
   // expert, one GEMM per expert over its tokens, then the weighted un-permute. out may not alias x.
   virtual void fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_ids,
                          const Tensor& topk_weights, Tensor& out);
+
+  // ---- MLA attention prologue (DeepSeek) ----
+  // From the query projection q [T, Hq (dn + dr)] (each head's no-rope part, then its rope part)
+  // and the compressed-KV projection kv_a [T, C + dr] (the latent, then the rope key all heads
+  // share) to what attention reads: the cache entry [rms_norm(latent) * kv_norm | rope(k_pe)] at
+  // slot_mapping[t] (I64; -1 skips the row) and rope(q_pe) into columns [C, C + dr) of each head
+  // of q_mla [T, Hq, C + dr] (its first C columns are the absorbed query, which head_linear
+  // writes). Exactly copy_columns + rms_norm + rope + copy_columns + write_kv_cache as separate
+  // ops, each rounding to the compute dtype, which the default runs; CUDA runs it as one kernel.
+  struct MlaPrologue {
+    int64_t num_heads = 0;  // Hq
+    int64_t nope_dim = 0;   // dn
+    int64_t rope_dim = 0;   // dr (the rotary dim: all of it rotates)
+    const Tensor* kv_norm = nullptr;  // [C]
+    float eps = 1e-6f;
+    const Tensor* positions = nullptr;  // I32 [T]
+    const Tensor* cos_sin = nullptr;    // F32 [max_positions, dr] (see rope)
+    bool neox = false;
+  };
+  virtual void mla_prologue(const Tensor& q, const Tensor& kv_a, const MlaPrologue& params, KVCacheLayer& cache,
+                            const Tensor& slot_mapping, Tensor& q_mla);
 
   // ---- fused attention prologue (Llama family) ----
   // From the fused projection qkv [T, (Hq + 2 Hk) D] (each token's q heads, then k heads, then v

@@ -60,33 +60,25 @@ Tensor DeepseekDecoder::attention(const MlaWeights& w, const Tensor& x, const Fo
     backend_.rms_norm(qa, w.q_a_layernorm, eps_, qa_norm);
     backend_.linear(qa_norm, w.q_b_proj, nullptr, q);
   }
-  Tensor q_heads = q.reshape({t * hq, qk});
-  Tensor q_nope = backend_.scratch({t, hq, nope_}, dt), q_pe = backend_.scratch({t, hq, rope_dim_}, dt);
-  backend_.copy_columns(q_heads, 0, q_nope, 0, nope_);
-  backend_.copy_columns(q_heads, nope_, q_pe, 0, rope_dim_);
 
-  // Keys: the compressed latent c (normalised) and one rope key shared by all heads.
+  // Keys: the compressed latent c (normalised) and one rope key shared by all heads, written to
+  // the cache as [c | rope(k_pe)], through which attention then reads every key. The absorbed
+  // query [T, Hq, C + dr] = [W_UK^T q_nope | rope(q_pe)]: the prologue writes its rope part, the
+  // per-head map its first C columns, from each head's first dn columns of q in place.
   Tensor kv_a = backend_.scratch({t, entry}, dt);
   backend_.linear(x, w.kv_a_proj, if_defined(w.kv_a_bias), kv_a);
-  Tensor latent_raw = backend_.scratch({t, latent_}, dt), latent = backend_.scratch({t, latent_}, dt);
-  Tensor k_pe = backend_.scratch({t, 1, rope_dim_}, dt);
-  backend_.copy_columns(kv_a, 0, latent_raw, 0, latent_);
-  backend_.copy_columns(kv_a, latent_, k_pe, 0, rope_dim_);
-  backend_.rms_norm(latent_raw, w.kv_a_layernorm, eps_, latent);
-  backend_.rope(q_pe, k_pe, in.positions, cos_sin_, static_cast<int>(rope_dim_), neox_rope_);
-
-  // The cache entry [c | rope(k_pe)] goes in first; attention then reads every key through it.
-  Tensor kv_entry = backend_.scratch({t, 1, entry}, dt);
-  backend_.copy_columns(latent, 0, kv_entry, 0, latent_);
-  backend_.copy_columns(k_pe, 0, kv_entry, latent_, rope_dim_);
-  backend_.write_kv_cache(kv_entry, Tensor(), cache, in.attn.slot_mapping);
-
-  // The absorbed query [T, Hq, C + dr] = [W_UK^T q_nope | rope(q_pe)].
-  Tensor q_latent = backend_.scratch({t, hq, latent_}, dt);
-  backend_.head_linear(q_nope, w.w_uk_t, q_latent);
   Tensor q_mla = backend_.scratch({t, hq, entry}, dt);
-  backend_.copy_columns(q_latent, 0, q_mla, 0, latent_);
-  backend_.copy_columns(q_pe, 0, q_mla, latent_, rope_dim_);
+  Backend::MlaPrologue prologue;
+  prologue.num_heads = hq;
+  prologue.nope_dim = nope_;
+  prologue.rope_dim = rope_dim_;
+  prologue.kv_norm = &w.kv_a_layernorm;
+  prologue.eps = eps_;
+  prologue.positions = &in.positions;
+  prologue.cos_sin = &cos_sin_;
+  prologue.neox = neox_rope_;
+  backend_.mla_prologue(q, kv_a, prologue, cache, in.attn.slot_mapping, q_mla);
+  backend_.head_linear(q.reshape({t, hq, qk}), w.w_uk_t, q_mla);
 
   // Multi-query attention over the latent cache; the values are each entry's first C dims.
   Tensor o_latent = backend_.scratch({t, hq, latent_}, dt);

@@ -40,26 +40,26 @@ void CpuBackend::head_linear(const Tensor& x, const Tensor& weight, Tensor& out)
   cpu_check::f32(weight, "head_linear", "weight");
   cpu_check::f32(out, "head_linear", "out");
   SPECULA_CHECK(x.ndim() == 3 && weight.ndim() == 3 && out.ndim() == 3,
-                "head_linear: x {}, weight {} and out {} must be [T, Hh, K], [Hh, N, K] and [T, Hh, N]", x.describe(),
-                weight.describe(), out.describe());
-  const int64_t t = x.size(0), heads = x.size(1), k = x.size(2), n = weight.size(1);
-  SPECULA_CHECK(weight.size(0) == heads && weight.size(2) == k && out.size(0) == t && out.size(1) == heads &&
-                    out.size(2) == n,
-                "head_linear: x {}, weight {} and out {} do not fit [T, Hh, K] x [Hh, N, K] -> [T, Hh, N]",
+                "head_linear: x {}, weight {} and out {} must be [T, Hh, Kx], [Hh, N, K] and [T, Hh, No]",
+                x.describe(), weight.describe(), out.describe());
+  const int64_t t = x.size(0), heads = x.size(1), kx = x.size(2), no = out.size(2);
+  const int64_t n = weight.size(1), k = weight.size(2);
+  SPECULA_CHECK(weight.size(0) == heads && k <= kx && out.size(0) == t && out.size(1) == heads && n <= no,
+                "head_linear: x {}, weight {} and out {} do not fit [T, Hh, Kx >= K] x [Hh, N, K] -> [T, Hh, No >= N]",
                 x.describe(), weight.describe(), out.describe());
   if (t == 0 || n == 0) return;
   const float* xp = x.data_as<float>();
   const float* wp = weight.data_as<float>();
   float* op = out.data_as<float>();
-  if (k == 0) {
-    std::memset(op, 0, out.nbytes());
+  if (k == 0) {  // an empty sum: each head's window is zero
+    for (int64_t r = 0; r < t * heads; ++r) std::memset(op + r * no, 0, static_cast<size_t>(n) * sizeof(float));
     return;
   }
 #pragma omp parallel for num_threads(threads_) schedule(static) if (t * n * k * heads > (1 << 18))
   for (int64_t h = 0; h < heads; ++h) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(t), static_cast<blasint>(n),
-                static_cast<blasint>(k), 1.0f, xp + h * k, static_cast<blasint>(heads * k), wp + h * n * k,
-                static_cast<blasint>(k), 0.0f, op + h * n, static_cast<blasint>(heads * n));
+                static_cast<blasint>(k), 1.0f, xp + h * kx, static_cast<blasint>(heads * kx), wp + h * n * k,
+                static_cast<blasint>(k), 0.0f, op + h * no, static_cast<blasint>(heads * no));
   }
 }
 

@@ -21,7 +21,7 @@
 //   cuda_linear.cc     linear, fused_linear: small M by the GEMV kernel (cuda_gemv.cu), larger
 //                      through cuBLASLt (cuda_gemm.cc); FP8 quantiser and scales (cuda_fp8_linear.cu)
 //   cuda_attention.cc  paged attention dispatch (kernels in cuda_attention_{decode,prefill,mla}.cu)
-//   cuda_head_ops.cc   copy_columns, head_linear (cuda_batched_gemm.cc)
+//   cuda_head_ops.cc   copy_columns, head_linear (cuda_batched_gemm.cc), mla_prologue (cuda_mla_prologue.cu)
 //   cuda_moe.cc        moe_route, fused_moe (kernels in cuda_moe_route.cu, cuda_fused_moe_*.cu)
 #pragma once
 
@@ -88,6 +88,8 @@ class CudaBackend final : public Backend {
   void shift_by_accepted(const AcceptedShift& shift) override;
   void copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) override;
   void head_linear(const Tensor& x, const Tensor& weight, Tensor& out) override;
+  void mla_prologue(const Tensor& q, const Tensor& kv_a, const MlaPrologue& params, KVCacheLayer& cache,
+                    const Tensor& slot_mapping, Tensor& q_mla) override;
   void moe_route(const Tensor& router_logits, const Tensor* bias, const MoeRouting& params, Tensor& topk_ids,
                  Tensor& topk_weights) override;
   void fused_moe(const Tensor& x, const Tensor& w13, const Tensor& w2, const Tensor& topk_ids,

@@ -69,6 +69,27 @@ struct GroupedMoeScratch {
 constexpr int kMaxGroupedExperts = 4096;  // the sort keeps two counters per expert in shared memory
 cudaError_t launch_fused_moe_grouped(const FusedMoeParams& p, const GroupedMoeScratch& s, cudaStream_t stream);
 
+// ---- mla_prologue (Backend::mla_prologue): the latent's norm, both ropes and the cache write of
+// a token in one block. latent a multiple of the 16-byte vector's elements and at most 1024 of
+// them; rows and pointers 16-byte aligned; the compute type (bf16 or f32) everywhere. ----
+struct MlaPrologueParams {
+  const void* q = nullptr;         // [tokens, heads (nope_dim + rope_dim)]
+  const void* kv_a = nullptr;      // [tokens, latent + rope_dim]
+  const void* kv_norm = nullptr;   // [latent]
+  const int32_t* positions = nullptr;
+  const float* cos_sin = nullptr;  // [max_pos, rope_dim]
+  const int64_t* slots = nullptr;  // [tokens]; -1 (or past num_slots): the entry is not written
+  void* q_mla = nullptr;           // [tokens, heads, latent + rope_dim]: columns [latent, +rope_dim)
+  void* cache = nullptr;           // [num_slots, latent + rope_dim]
+  int64_t tokens = 0, max_pos = 0, num_slots = 0;
+  int heads = 0, nope_dim = 0, rope_dim = 0, latent = 0;
+  bool neox = false;
+  float eps = 1e-6f;
+};
+// Whether launch_mla_prologue takes these shapes (else the separate ops run).
+bool mla_prologue_supported(const MlaPrologueParams& p, DType dtype);
+cudaError_t launch_mla_prologue(const MlaPrologueParams& p, DType dtype, cudaStream_t stream);
+
 // ---- MLA attention: paged attention over a cache with no separate V (the value of a key is the
 // first v_head_dim dims of its K entry; v_cache is ignored). Tensor cores; any head_dim that is a
 // multiple of 8 up to kMlaMaxHeadDim and v_head_dim (multiple of 8) up to kMlaMaxVHeadDim; any

@@ -1,9 +1,11 @@
-// CUDA backend: the MLA head ops. copy_columns is one strided 2-D copy (cudaMemcpy2DAsync, which
-// the copy engines run at full bandwidth and a graph can capture); head_linear is one cuBLASLt
+// CUDA backend: the MLA ops. copy_columns is one strided 2-D copy (cudaMemcpy2DAsync, which the
+// copy engines run at full bandwidth and a graph can capture); head_linear is one cuBLASLt
 // strided-batched GEMM with batch = head, reading and writing each head's columns in place through
-// the leading dimensions (cuda_batched_gemm.h).
+// the leading dimensions (cuda_batched_gemm.h); mla_prologue is one kernel
+// (cuda_mla_prologue.cu), or the separate ops for shapes it does not take.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_batched_gemm.h"
+#include "backend/cuda/cuda_deepseek_kernels.h"
 
 namespace specula {
 
@@ -36,23 +38,77 @@ void CudaBackend::head_linear(const Tensor& x, const Tensor& weight, Tensor& out
   cuda_check::same_dtype(x, weight, "head_linear", "x", "weight");
   cuda_check::same_dtype(x, out, "head_linear", "x", "out");
   SPECULA_CHECK(x.ndim() == 3 && weight.ndim() == 3 && out.ndim() == 3,
-                "head_linear: x {}, weight {} and out {} must be [T, Hh, K], [Hh, N, K] and [T, Hh, N]", x.describe(),
-                weight.describe(), out.describe());
-  const int64_t t = x.size(0), heads = x.size(1), k = x.size(2), n = weight.size(1);
-  SPECULA_CHECK(weight.size(0) == heads && weight.size(2) == k && out.size(0) == t && out.size(1) == heads &&
-                    out.size(2) == n,
-                "head_linear: x {}, weight {} and out {} do not fit [T, Hh, K] x [Hh, N, K] -> [T, Hh, N]",
+                "head_linear: x {}, weight {} and out {} must be [T, Hh, Kx], [Hh, N, K] and [T, Hh, No]",
+                x.describe(), weight.describe(), out.describe());
+  const int64_t t = x.size(0), heads = x.size(1), kx = x.size(2), no = out.size(2);
+  const int64_t n = weight.size(1), k = weight.size(2);
+  SPECULA_CHECK(weight.size(0) == heads && k <= kx && out.size(0) == t && out.size(1) == heads && n <= no,
+                "head_linear: x {}, weight {} and out {} do not fit [T, Hh, Kx >= K] x [Hh, N, K] -> [T, Hh, No >= N]",
                 x.describe(), weight.describe(), out.describe());
   SPECULA_CHECK(heads <= 0x7fffffff, "head_linear: {} heads is more than a GEMM batch holds", heads);
   if (t == 0 || n == 0 || heads == 0) return;
   if (k == 0) {  // an empty sum
+    SPECULA_CHECK(n == no, "head_linear: an empty sum into a window of out {} is not supported", out.describe());
     zero(out);
     return;
   }
-  // Head h: x rows are [T, K] with leading dimension Hh K at offset h K; the weight is a plain
-  // [N, K] matrix at offset h N K; out rows are [T, N] with leading dimension Hh N at offset h N.
-  batched_gemm_->matmul({x.data(), heads * k, k}, {weight.data(), k, n * k}, out.data(), heads * n, n, x.dtype(), t, n,
-                        k, static_cast<int>(heads), "head_linear");
+  // Head h: x rows are [T, K] with leading dimension Hh Kx at offset h Kx; the weight is a plain
+  // [N, K] matrix at offset h N K; out rows are [T, N] with leading dimension Hh No at offset h No.
+  batched_gemm_->matmul({x.data(), heads * kx, kx}, {weight.data(), k, n * k}, out.data(), heads * no, no, x.dtype(), t,
+                        n, k, static_cast<int>(heads), "head_linear");
+}
+
+void CudaBackend::mla_prologue(const Tensor& q, const Tensor& kv_a, const MlaPrologue& p, KVCacheLayer& cache,
+                               const Tensor& slot_mapping, Tensor& q_mla) {
+  const char* op = "mla_prologue";
+  SPECULA_CHECK(p.num_heads > 0 && p.nope_dim >= 0 && p.rope_dim > 0 && p.kv_norm && p.positions && p.cos_sin,
+                "{}: head count, dims, kv_norm, positions and cos_sin are required", op);
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&q, &kv_a, &q_mla, p.kv_norm, &cache.k})
+    cuda_check::on_gpu(*t, op, "an operand");
+  const DType dt = q.dtype();
+  const int64_t hq = p.num_heads, dn = p.nope_dim, dr = p.rope_dim;
+  SPECULA_CHECK(q.ndim() == 2 && kv_a.ndim() == 2 && q.size(0) == kv_a.size(0) && q.size(1) == hq * (dn + dr) &&
+                    kv_a.size(1) > dr,
+                "{}: q {} must be [T, {} x ({} + {})] and kv_a {} [T, C + {}]", op, q.describe(), hq, dn, dr,
+                kv_a.describe(), dr);
+  const int64_t t = q.size(0), latent = kv_a.size(1) - dr, entry = latent + dr;
+  SPECULA_CHECK(q_mla.ndim() == 3 && q_mla.size(0) == t && q_mla.size(1) == hq && q_mla.size(2) == entry,
+                "{}: q_mla {} must be [{}, {}, {}]", op, q_mla.describe(), t, hq, entry);
+  cuda_check::index_vector(slot_mapping, DType::kI64, op, "slot_mapping");
+  cuda_check::index_vector(*p.positions, DType::kI32, op, "positions");
+  cuda_check::dtype(*p.cos_sin, DType::kF32, op, "cos_sin");
+  SPECULA_CHECK(p.positions->size(0) >= t && slot_mapping.size(0) >= t,
+                "{}: positions {} / slot_mapping {} have fewer than the {} rows of q", op, p.positions->describe(),
+                slot_mapping.describe(), t);
+  SPECULA_CHECK(p.cos_sin->ndim() == 2 && p.cos_sin->size(1) == dr, "{}: cos_sin {} must be [max_positions, {}]", op,
+                p.cos_sin->describe(), dr);
+  const bool mla_cache = cache.k.ndim() == 4 && cache.k.size(2) * cache.k.size(3) == entry &&
+                         (!cache.v.defined() || cache.v.numel() == 0);
+  const bool same_types = kv_a.dtype() == dt && q_mla.dtype() == dt && p.kv_norm->dtype() == dt &&
+                          cache.k.dtype() == dt && p.kv_norm->numel() == latent;
+  cuda::MlaPrologueParams kp;
+  kp.q = q.data();
+  kp.kv_a = kv_a.data();
+  kp.kv_norm = p.kv_norm->data();
+  kp.positions = p.positions->data_as<int32_t>();
+  kp.cos_sin = p.cos_sin->data_as<float>();
+  kp.slots = slot_mapping.data_as<int64_t>();
+  kp.q_mla = q_mla.data();
+  kp.cache = cache.k.data();
+  kp.tokens = t;
+  kp.max_pos = p.cos_sin->size(0);
+  kp.num_slots = cache.k.size(0) * cache.k.size(1);
+  kp.heads = static_cast<int>(hq);
+  kp.nope_dim = static_cast<int>(dn);
+  kp.rope_dim = static_cast<int>(dr);
+  kp.latent = static_cast<int>(latent);
+  kp.neox = p.neox;
+  kp.eps = p.eps;
+  if (!mla_cache || !same_types || !cuda::mla_prologue_supported(kp, dt)) {
+    Backend::mla_prologue(q, kv_a, p, cache, slot_mapping, q_mla);  // its checks name what does not fit
+    return;
+  }
+  check_cuda(cuda::launch_mla_prologue(kp, dt, stream_), op);
 }
 
 }  // namespace specula

@@ -60,6 +60,32 @@ TEST(HeadLinear, IsOneLinearMapPerHead) {
   }
 }
 
+// MLA reads each head's first K columns of a wider x and writes the first N of a wider out in
+// place; the rest of out keeps its values.
+TEST(HeadLinear, ReadsAndWritesAWindowOfEachHead) {
+  auto be = make_cpu_backend(2);
+  std::mt19937 rng(4);
+  const int64_t t = 5, heads = 3, kx = 11, k = 6, n = 4, no = 9;
+  Tensor x = random_tensor({t, heads, kx}, rng);
+  Tensor w = random_tensor({heads, n, k}, rng);
+  Tensor out = random_tensor({t, heads, no}, rng);
+  const std::vector<float> xv = values(x), wv = values(w), before = values(out);
+  be->head_linear(x, w, out);
+  const std::vector<float> got = values(out);
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t o = 0; o < no; ++o) {
+        const int64_t at = (i * heads + h) * no + o;
+        if (o >= n) {
+          ASSERT_EQ(got[at], before[at]) << i << "," << h << "," << o;
+          continue;
+        }
+        double acc = 0;
+        for (int64_t j = 0; j < k; ++j) acc += double(xv[(i * heads + h) * kx + j]) * wv[(h * n + o) * k + j];
+        ASSERT_NEAR(got[at], acc, 1e-5) << i << "," << h << "," << o;
+      }
+}
+
 TEST(HeadLinear, RejectsMismatchedShapes) {
   auto be = make_cpu_backend(1);
   std::mt19937 rng(3);
@@ -69,6 +95,8 @@ TEST(HeadLinear, RejectsMismatchedShapes) {
   Tensor wrong_k = random_tensor({3, 5, 6}, rng);
   EXPECT_THROW(be->head_linear(x, wrong_heads, out), Error);
   EXPECT_THROW(be->head_linear(x, wrong_k, out), Error);
+  Tensor wide_n = random_tensor({3, 6, 4}, rng);  // N past out's 5 columns
+  EXPECT_THROW(be->head_linear(x, wide_n, out), Error);
 }
 
 }  // namespace
