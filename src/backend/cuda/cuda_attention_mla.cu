@@ -25,6 +25,7 @@
 
 #include "backend/cuda/cuda_kernel_attributes.h"
 #include "backend/cuda/cuda_deepseek_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
@@ -39,6 +40,7 @@ constexpr int kQStride = kMlaMaxHeadDim + 8;  // Q / K row stride, elements (116
 constexpr int kSStride = kKeys + 4;           // fp32 score row stride
 constexpr int kPStride = kKeys + 8;           // bf16 probability row stride (80 bytes)
 constexpr int kMaxSplits = 64;
+constexpr int kMergeThreads = 128;
 constexpr int kMinKeysPerSplit = 128;  // 4 tiles: below this a split's fixed costs outweigh its parallelism
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -63,6 +65,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float* run_max = reinterpret_cast<float*>(p_tile + kRows * kPStride);
   float* run_sum = run_max + kRows;
   float* row_alpha = run_sum + kRows;
+  allow_next_kernel_start();
+  wait_for_previous_kernels();  // q and the cache entries the prologue wrote
 
   const int seq = blockIdx.y, kv_head = blockIdx.z / num_splits, split = blockIdx.z % num_splits;
   const int q_start = p.query_start_loc[seq];
@@ -283,25 +287,40 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // Merges the splits of one (query row, head): out = sum_i w_i o_i / sum_i w_i l_i with
 // w_i = 2^(m_i - max_j m_j); splits that saw no key (l_i = 0) carry no weight and are not read.
+// Each split's statistics are read once, all at once (a thread a split), and its weight kept in
+// shared memory: read split by split, they were a chain of dependent round trips to L2.
 __global__ void mla_merge_kernel(PagedAttentionParams p, int num_splits, const float* __restrict__ partial_out,
                                  const float* __restrict__ partial_stats) {
+  __shared__ float weight[kMaxSplits], sum[kMaxSplits];
+  __shared__ float reduce_buf[32];
+  __shared__ float inv_total;
+  allow_next_kernel_start();
+  wait_for_previous_kernels();  // the attention kernel's partials
   const int head = blockIdx.x, row = blockIdx.y;
   const int hq = p.num_q_heads, dv = p.v_head_dim;
   const int64_t base = (static_cast<int64_t>(row) * hq + head) * num_splits;
-  float m = -INFINITY;
-  for (int i = 0; i < num_splits; ++i) m = fmaxf(m, partial_stats[(base + i) * 2]);
-  float total = 0.0f;
-  for (int i = 0; i < num_splits; ++i) {
-    const float l = partial_stats[(base + i) * 2 + 1];
-    if (l > 0.0f) total += exp2f(partial_stats[(base + i) * 2] - m) * l;
+  const int i = threadIdx.x;
+  const float m_i = i < num_splits ? partial_stats[(base + i) * 2] : -INFINITY;
+  const float l_i = i < num_splits ? partial_stats[(base + i) * 2 + 1] : 0.0f;
+  const float m = block_max(m_i, reduce_buf);
+  if (i < num_splits) {
+    weight[i] = l_i > 0.0f ? exp2f(m_i - m) : 0.0f;
+    sum[i] = l_i;
   }
-  const float inv_total = 1.0f / total;  // > 0: the split holding key 0 saw it
+  __syncthreads();
+  if (i == 0) {  // in split order: one fixed order whatever the block size
+    float total = 0.0f;
+    for (int j = 0; j < num_splits; ++j) {
+      if (sum[j] > 0.0f) total += weight[j] * sum[j];
+    }
+    inv_total = 1.0f / total;  // > 0: the split holding key 0 saw it
+  }
+  __syncthreads();
   bf16* out = static_cast<bf16*>(p.out) + (static_cast<int64_t>(row) * hq + head) * dv;
   for (int e = threadIdx.x; e < dv; e += blockDim.x) {
     float acc = 0.0f;
-    for (int i = 0; i < num_splits; ++i) {
-      const float l = partial_stats[(base + i) * 2 + 1];
-      if (l > 0.0f) acc += exp2f(partial_stats[(base + i) * 2] - m) * partial_out[(base + i) * dv + e];
+    for (int j = 0; j < num_splits; ++j) {
+      if (sum[j] > 0.0f) acc += weight[j] * partial_out[(base + j) * dv + e];
     }
     out[e] = __float2bfloat16_rn(acc * inv_total);
   }
@@ -338,12 +357,12 @@ cudaError_t launch_mla_attention(const PagedAttentionParams& p, int num_splits, 
   if (opt_in != cudaSuccess) return opt_in;
   const int group = p.num_q_heads / p.num_kv_heads;
   const dim3 grid(row_tiles(p), p.num_seqs, p.num_kv_heads * num_splits);
-  mla_attention_kernel<<<grid, kThreads, kSmemBytes, stream>>>(p, group, num_splits, partial_out, partial_stats);
-  cudaError_t err = cudaGetLastError();
+  const cudaError_t err = launch_overlapped(mla_attention_kernel, {grid, dim3(kThreads), kSmemBytes}, stream, p, group,
+                                            num_splits, partial_out, partial_stats);
   if (err != cudaSuccess || num_splits == 1) return err;
-  mla_merge_kernel<<<dim3(p.num_q_heads, p.num_query_rows), 128, 0, stream>>>(p, num_splits, partial_out,
-                                                                             partial_stats);
-  return cudaGetLastError();
+  static_assert(kMaxSplits <= kMergeThreads, "the merge reads a split's statistics a thread");
+  return launch_overlapped(mla_merge_kernel, {dim3(p.num_q_heads, p.num_query_rows), dim3(kMergeThreads)}, stream, p,
+                           num_splits, static_cast<const float*>(partial_out), static_cast<const float*>(partial_stats));
 }
 
 }  // namespace specula::cuda

@@ -1,6 +1,7 @@
 // Dtype conversion between the float storage formats (F32, F16, BF16) on the device.
 // Memory-bound: a grid-stride loop with enough blocks to cover every SM a few times.
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
@@ -8,6 +9,8 @@ namespace {
 
 template <class In, class Out>
 __global__ void cast_kernel(const In* __restrict__ src, Out* __restrict__ dst, int64_t n) {
+  allow_next_kernel_start();
+  wait_for_previous_kernels();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     dst[i] = from_float<Out>(to_float(src[i]));
@@ -18,13 +21,13 @@ template <class In>
 cudaError_t cast_from(const In* src, void* dst, DType to, int64_t n, cudaStream_t stream) {
   constexpr int kThreads = 256;
   const int blocks = static_cast<int>(n / kThreads + 1 < 8192 ? n / kThreads + 1 : 8192);
+  const LaunchShape shape{dim3(blocks), dim3(kThreads)};
   switch (to) {
-    case DType::kF32: cast_kernel<<<blocks, kThreads, 0, stream>>>(src, static_cast<float*>(dst), n); break;
-    case DType::kF16: cast_kernel<<<blocks, kThreads, 0, stream>>>(src, static_cast<__half*>(dst), n); break;
-    case DType::kBF16: cast_kernel<<<blocks, kThreads, 0, stream>>>(src, static_cast<bf16*>(dst), n); break;
+    case DType::kF32: return launch_overlapped(cast_kernel<In, float>, shape, stream, src, static_cast<float*>(dst), n);
+    case DType::kF16: return launch_overlapped(cast_kernel<In, __half>, shape, stream, src, static_cast<__half*>(dst), n);
+    case DType::kBF16: return launch_overlapped(cast_kernel<In, bf16>, shape, stream, src, static_cast<bf16*>(dst), n);
     default: return cudaErrorInvalidValue;
   }
-  return cudaGetLastError();
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <climits>
 
 #include "backend/cuda/cuda_deepseek_kernels.h"
+#include "backend/cuda/cuda_launch.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
@@ -32,6 +33,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32) moe_route_kernel(MoeRouteP
   __shared__ float group_all[kRowsPerBlock][kMaxRouteExperts];
   __shared__ unsigned char kept_all[kRowsPerBlock][kMaxRouteExperts];
   __shared__ int chosen_all[kRowsPerBlock][kMaxRouteExperts];
+  allow_next_kernel_start();
+  wait_for_previous_kernels();  // the router's logits
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + warp;
   if (row >= p.tokens) return;  // the whole warp leaves; nothing below waits for other warps
@@ -156,8 +159,8 @@ cudaError_t launch_moe_route(const MoeRouteParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   const int64_t blocks = (p.tokens + kRowsPerBlock - 1) / kRowsPerBlock;
-  moe_route_kernel<<<static_cast<unsigned>(blocks), kRowsPerBlock * 32, 0, stream>>>(p);
-  return cudaGetLastError();
+  return launch_overlapped(moe_route_kernel, {dim3(static_cast<unsigned>(blocks)), dim3(kRowsPerBlock * 32)}, stream,
+                           p);
 }
 
 }  // namespace specula::cuda
