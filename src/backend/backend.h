@@ -156,6 +156,8 @@ class Backend {
   // Fused residual add + norm, in place: residual += x; x = rms_norm(residual) * weight.
   virtual void add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight, float eps) = 0;
   // out[M, N] = x[M, K] @ weight[N, K]^T (+ bias[N]); weight in HF's [out_features, in_features].
+  // x and weight share the dtype, but for F32 weights (a MoE router, kept in full precision) over
+  // compute-dtype rows into an F32 out: the rows are widened exactly and the math is fp32.
   virtual void linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) = 0;
   // The same over a LinearWeight: FP8 weights go to linear_fp8.
   void linear(const Tensor& x, const LinearWeight& weight, const Tensor* bias, Tensor& out);

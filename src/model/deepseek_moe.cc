@@ -34,15 +34,10 @@ Tensor DeepseekDecoder::moe(const MoeWeights& w, const Tensor& x) {
   const DType dt = backend_.compute_dtype();
   const int64_t t = x.size(0), e = w.router.size(0);
 
-  // Router logits in fp32, as transformers computes them (hidden.float() @ gate.float()^T).
+  // Router logits in fp32, as transformers computes them (hidden.float() @ gate.float()^T): linear
+  // widens compute-dtype rows exactly against the fp32 router weights.
   Tensor logits = backend_.scratch({t, e}, DType::kF32);
-  if (dt == DType::kF32) {
-    backend_.linear(x, w.router, nullptr, logits);
-  } else {
-    Tensor x32 = backend_.scratch({t, hidden_}, DType::kF32);
-    backend_.cast(x, x32);
-    backend_.linear(x32, w.router, nullptr, logits);
-  }
+  backend_.linear(x, w.router, nullptr, logits);
   const int64_t cols = routing_.columns();
   Tensor ids = backend_.scratch({t, cols}, DType::kI32);
   Tensor weights = backend_.scratch({t, cols}, DType::kF32);

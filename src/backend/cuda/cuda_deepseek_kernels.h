@@ -69,6 +69,28 @@ struct GroupedMoeScratch {
 constexpr int kMaxGroupedExperts = 4096;  // the sort keeps two counters per expert in shared memory
 cudaError_t launch_fused_moe_grouped(const FusedMoeParams& p, const GroupedMoeScratch& s, cudaStream_t stream);
 
+// ---- a MoE router's logits at decode batch sizes (linear with bf16 rows and fp32 weights):
+// out F32 [m, n] = x BF16 [m, k] . w F32 [n, k]^T, fp32 math; k a multiple of 4, x 8-byte and w
+// 16-byte aligned. ----
+constexpr int kRouterGemvMaxRows = 8;
+bool router_gemv_supports(const void* x, const void* w, int64_t m, int64_t n, int64_t k);
+cudaError_t launch_router_gemv(const void* x, const float* w, float* out, int64_t m, int64_t n, int64_t k,
+                               cudaStream_t stream);
+
+// ---- head_linear at decode batch sizes (bf16): out[t, h, n] (row stride heads * no) = the sum
+// over k < K of x[t, h, k] (row stride heads * kx) * w[h, n, k]. n a multiple of 4, k and kx of
+// 8, x and w 16-byte aligned; SPECULA_HEAD_GEMV=0 leaves every call to cuBLAS (A/B runs). ----
+constexpr int kHeadGemvMaxRows = 4;
+struct HeadGemvParams {
+  const void* x = nullptr;
+  const void* w = nullptr;
+  void* out = nullptr;
+  int tokens = 0, heads = 0, n = 0, k = 0, kx = 0, no = 0;
+};
+bool head_gemv_enabled();
+bool head_gemv_supports(const HeadGemvParams& p);
+cudaError_t launch_head_gemv(const HeadGemvParams& p, cudaStream_t stream);
+
 // ---- mla_prologue (Backend::mla_prologue): the latent's norm, both ropes and the cache write of
 // a token in one block. latent a multiple of the 16-byte vector's elements and at most 1024 of
 // them; rows and pointers 16-byte aligned; the compute type (bf16 or f32) everywhere. ----

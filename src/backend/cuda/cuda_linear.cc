@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_deepseek_kernels.h"
 #include "backend/cuda/cuda_gemm.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "core/logging.h"
@@ -99,6 +100,24 @@ int64_t CudaBackend::matmul_rows_class(int64_t rows) const { return CublasLtGemm
 
 void CudaBackend::linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) {
   const LinearShape s = check_linear("linear", x, x.ndim() >= 1 ? x.size(-1) : -1, weight, bias, out);
+  if (weight.dtype() == DType::kF32 && x.dtype() != DType::kF32) {  // a router's fp32 weights
+    SPECULA_CHECK(x.dtype() == DType::kBF16 && out.dtype() == DType::kF32,
+                  "linear: F32 weights {} take BF16 rows into an F32 out, got x {} and out {}", weight.describe(),
+                  x.describe(), out.describe());
+    if (s.m == 0 || s.n == 0) return;
+    if (bias == nullptr && cuda::router_gemv_supports(x.data(), weight.data(), s.m, s.n, s.k)) {
+      check_cuda(cuda::launch_router_gemv(x.data(), weight.data_as<float>(), out.data_as<float>(), s.m, s.n, s.k,
+                                          stream_),
+                 "linear");
+      return;
+    }
+    const size_t mark = scratch_mark();
+    Tensor x32 = scratch({s.m, s.k}, DType::kF32);
+    cast(x.reshape({s.m, s.k}), x32);
+    linear(x32, weight, bias, out);
+    scratch_release(mark);
+    return;
+  }
   cuda_check::same_dtype(x, weight, "linear", "x", "weight");
   SPECULA_CHECK(x.dtype() == DType::kBF16 || x.dtype() == DType::kF16 || x.dtype() == DType::kF32,
                 "linear: x {} must be BF16, F16 or F32", x.describe());

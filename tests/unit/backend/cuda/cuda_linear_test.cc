@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_gemm.h"
@@ -66,6 +67,39 @@ TEST(CudaLinear, MatchesCpu) {
                              gemv_rows > 0 ? "GEMV" : gemv_rows == 0 ? "tensor-core GEMV" : "cuBLASLt"));
    }
   }
+}
+
+// A MoE router: bf16 rows against fp32 weights into fp32 logits (rows widened exactly, fp32 math),
+// by the router GEMV up to its 8 rows and by a cast then the fp32 GEMM above them or with a bias:
+// DeepSeek-V2-Lite's 64 x 2048 and V3's 256 x 7168 (past the GEMV's preloaded chunks), odd sizes.
+TEST(CudaLinear, RouterRowsAgainstFp32Weights) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend(2);
+  auto gpu = make_cuda_backend(0);
+  std::mt19937 rng(17);
+  struct Case {
+    int64_t m, n, k;
+    bool bias;
+  };
+  for (const Case& c : {Case{1, 64, 2048, false}, Case{8, 64, 2048, false}, Case{3, 256, 7168, false},
+                        Case{1, 5, 12, false}, Case{9, 64, 2048, false}, Case{40, 64, 2048, false},
+                        Case{2, 64, 2048, true}}) {
+    Tensor x = random_bf16_values({c.m, c.k}, rng);
+    Tensor w = Tensor::empty({c.n, c.k}, DType::kF32);
+    std::normal_distribution<float> normal(0.0f, 1.0f / std::sqrt(static_cast<float>(c.k)));
+    for (int64_t i = 0; i < c.n * c.k; ++i) w.data_as<float>()[i] = normal(rng);
+    Tensor b = random_bf16_values({c.n}, rng, 0.5f);
+    Tensor want = Tensor::zeros({c.m, c.n}, DType::kF32);
+    cpu->linear(x, w, c.bias ? &b : nullptr, want);
+    Tensor bg = to_gpu(*gpu, b, DType::kF32);
+    Tensor out = gpu->empty({c.m, c.n}, DType::kF32);
+    gpu->linear(to_gpu(*gpu, x, DType::kBF16), to_gpu(*gpu, w, DType::kF32), c.bias ? &bg : nullptr, out);
+    expect_close(to_host(*gpu, out), want.to_f32_vector(), 1e-4, 1e-4,
+                 fmt::format("router [{}, {}] x [{}, {}]^T{}", c.m, c.k, c.n, c.k, c.bias ? " + bias" : ""));
+  }
+  Tensor x = gpu->empty({1, 64}, DType::kBF16), w = gpu->empty({8, 64}, DType::kF32);
+  Tensor bf16_out = gpu->empty({1, 8}, DType::kBF16);
+  EXPECT_THROW(gpu->linear(x, w, nullptr, bf16_out), Error);  // fp32 weights give fp32 logits
 }
 
 // Plans are shared by every M of a power-of-two bucket above 16 (the algorithm chosen for the
