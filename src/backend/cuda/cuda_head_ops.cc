@@ -1,7 +1,8 @@
 // CUDA backend: the MLA ops. copy_columns is one strided 2-D copy (cudaMemcpy2DAsync, which the
 // copy engines run at full bandwidth and a graph can capture); head_linear is one cuBLASLt
 // strided-batched GEMM with batch = head, reading and writing each head's columns in place through
-// the leading dimensions (cuda_batched_gemm.h); mla_prologue is one kernel
+// the leading dimensions (cuda_batched_gemm.h), or at up to 4 tokens a GEMV launched overlapped
+// (cuda_head_gemv.cu); mla_prologue is one kernel
 // (cuda_mla_prologue.cu), or the separate ops for shapes it does not take.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_batched_gemm.h"
@@ -51,6 +52,23 @@ void CudaBackend::head_linear(const Tensor& x, const Tensor& weight, Tensor& out
     SPECULA_CHECK(n == no, "head_linear: an empty sum into a window of out {} is not supported", out.describe());
     zero(out);
     return;
+  }
+  if (x.dtype() == DType::kBF16 && t <= cuda::kHeadGemvMaxRows && n <= 0x7fffffff && k <= 0x7fffffff &&
+      kx <= 0x7fffffff && no <= 0x7fffffff) {
+    cuda::HeadGemvParams hp;
+    hp.x = x.data();
+    hp.w = weight.data();
+    hp.out = out.data();
+    hp.tokens = static_cast<int>(t);
+    hp.heads = static_cast<int>(heads);
+    hp.n = static_cast<int>(n);
+    hp.k = static_cast<int>(k);
+    hp.kx = static_cast<int>(kx);
+    hp.no = static_cast<int>(no);
+    if (cuda::head_gemv_supports(hp)) {
+      check_cuda(cuda::launch_head_gemv(hp, stream_), "head_linear");
+      return;
+    }
   }
   // Head h: x rows are [T, K] with leading dimension Hh Kx at offset h Kx; the weight is a plain
   // [N, K] matrix at offset h N K; out rows are [T, N] with leading dimension Hh No at offset h No.

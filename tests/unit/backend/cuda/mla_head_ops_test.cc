@@ -85,9 +85,12 @@ TEST_F(CudaHeadOps, CopyColumnsMatchesCpu) {
 
 TEST_F(CudaHeadOps, HeadLinearMatchesCpu) {
   std::mt19937 rng(22);
+  // Up to 4 tokens take the head GEMV (cuda_head_gemv.cu) where N is a multiple of 4 and K of 8
+  // (the last two cases: cuBLAS at every count); more tokens take cuBLAS's batched GEMM.
   for (const HeadLinearCase& c : {HeadLinearCase{4, 16, 16}, HeadLinearCase{4, 32, 32}, HeadLinearCase{16, 128, 512},
-                                  HeadLinearCase{16, 512, 128}, HeadLinearCase{128, 128, 512}, HeadLinearCase{3, 24, 40}}) {
-    for (int64_t t : {1, 5, 64, 300}) {
+                                  HeadLinearCase{16, 512, 128}, HeadLinearCase{128, 128, 512}, HeadLinearCase{3, 24, 40},
+                                  HeadLinearCase{2, 16, 6}, HeadLinearCase{2, 12, 8}}) {
+    for (int64_t t : {1, 2, 4, 5, 64, 300}) {
       if (c.heads == 128 && t == 300) continue;  // large enough at 64 tokens; keeps the CPU side quick
       check_head_linear(c, t, rng);
     }
