@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 // Merges the splits of one (query row, head): out = sum_i w_i o_i / sum_i w_i l_i with
 // w_i = 2^(m_i - max_j m_j); splits that saw no key (l_i = 0) carry no weight and are not read.
 // Each split's statistics are read once, all at once (a thread a split), and its weight kept in
-// shared memory: read split by split, they were a chain of dependent round trips to L2.
+// shared memory, so that they cost one round trip to L2 rather than one a split.
 __global__ void mla_merge_kernel(PagedAttentionParams p, int num_splits, const float* __restrict__ partial_out,
                                  const float* __restrict__ partial_stats) {
   __shared__ float weight[kMaxSplits], sum[kMaxSplits];

@@ -10,8 +10,8 @@
 //    columns (warp c: column c, c + 8, ...) and read rows n of that pair's expert's w2, all 8
 //    rows' loads in flight together, dot them with the pair's act row; then a thread per row sums
 //    weight * output over the columns in column order in fp32: a deterministic reduction (no
-//    atomics), and the weighted un-permute costs nothing extra. (A warp per (token, n) walking
-//    the columns one after another kept one row's loads in flight and read at half the copy rate.)
+//    atomics), and the weighted un-permute costs nothing extra. A warp holds 8 rows' loads in
+//    flight at once: one row at a time leaves HBM idle between a warp's round trips.
 // Pass 1's warps are independent (no block barrier); a block holds 8 of them so that the grid
 // stays small.
 #include "backend/cuda/cuda_deepseek_kernels.h"

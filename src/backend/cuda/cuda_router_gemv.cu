@@ -1,7 +1,7 @@
 // A MoE router's logits at decode batch sizes: out[m, e] = sum_k float(x[m, k]) * w[e, k] with
 // bf16 rows, fp32 router weights (routers stay in full precision) and fp32 products and sums.
-// The cast of the rows to fp32 and cuBLAS's fp32 GEMV were two launches a layer, neither
-// overlapped with its neighbours, for 0.5 MB of weights (DeepSeek-V2-Lite: 64 x 2048).
+// One launch, overlapped with its neighbours, for 0.5 MB of weights (DeepSeek-V2-Lite: 64 x 2048),
+// where a cast of the rows and a library fp32 GEMV would be two launches that are not.
 //
 // Shape: one warp per expert e for every row (M <= kRouterGemvMaxRows), lane l taking 4-float
 // chunks l, l + 32, ...; the first kPreloaded chunks of the weight row (all of a 2048-wide row)
