@@ -165,9 +165,21 @@ void Backend::fused_moe(const Tensor&, const Tensor&, const Tensor&, const Tenso
   throw Error(fmt::format("fused_moe is not implemented by the {} backend", name()));
 }
 
-// The reference form of the MLA prologue: the column copies, norm, rope and cache write it fuses.
-void Backend::mla_prologue(const Tensor& q, const Tensor& kv_a, const MlaPrologue& p, KVCacheLayer& cache,
-                           const Tensor& slot_mapping, Tensor& q_mla) {
+Backend::HeadLinearShape Backend::head_linear_shape(const Tensor& x, const Tensor& weight, const Tensor& out) {
+  SPECULA_CHECK(x.defined() && weight.defined() && out.defined() && x.ndim() == 3 && weight.ndim() == 3 &&
+                    out.ndim() == 3,
+                "head_linear: x {}, weight {} and out {} must be [T, Hh, Kx], [Hh, N, K] and [T, Hh, No]",
+                x.describe(), weight.describe(), out.describe());
+  const HeadLinearShape s{x.size(0), x.size(1), x.size(2), weight.size(2), weight.size(1), out.size(2)};
+  SPECULA_CHECK(weight.size(0) == s.heads && s.k <= s.kx && out.size(0) == s.tokens && out.size(1) == s.heads &&
+                    s.n <= s.no,
+                "head_linear: x {}, weight {} and out {} do not fit [T, Hh, Kx >= K] x [Hh, N, K] -> [T, Hh, No >= N]",
+                x.describe(), weight.describe(), out.describe());
+  return s;
+}
+
+Backend::MlaPrologueShape Backend::mla_prologue_shape(const Tensor& q, const Tensor& kv_a, const MlaPrologue& p,
+                                                      const Tensor& q_mla) {
   SPECULA_CHECK(p.num_heads > 0 && p.nope_dim >= 0 && p.rope_dim > 0 && p.kv_norm && p.positions && p.cos_sin,
                 "mla_prologue: head count, dims, kv_norm, positions and cos_sin are required");
   const int64_t hq = p.num_heads, dn = p.nope_dim, dr = p.rope_dim;
@@ -175,10 +187,19 @@ void Backend::mla_prologue(const Tensor& q, const Tensor& kv_a, const MlaPrologu
                     q.size(1) == hq * (dn + dr) && kv_a.size(1) > dr,
                 "mla_prologue: q {} must be [T, {} x ({} + {})] and kv_a {} [T, C + {}]", q.describe(), hq, dn, dr,
                 kv_a.describe(), dr);
-  const int64_t t = q.size(0), latent = kv_a.size(1) - dr, entry = latent + dr;
-  SPECULA_CHECK(q_mla.defined() && q_mla.ndim() == 3 && q_mla.size(0) == t && q_mla.size(1) == hq &&
-                    q_mla.size(2) == entry,
-                "mla_prologue: q_mla {} must be [{}, {}, {}]", q_mla.describe(), t, hq, entry);
+  const MlaPrologueShape s{q.size(0), kv_a.size(1) - dr};
+  SPECULA_CHECK(q_mla.defined() && q_mla.ndim() == 3 && q_mla.size(0) == s.tokens && q_mla.size(1) == hq &&
+                    q_mla.size(2) == s.latent + dr,
+                "mla_prologue: q_mla {} must be [{}, {}, {}]", q_mla.describe(), s.tokens, hq, s.latent + dr);
+  return s;
+}
+
+// The reference form of the MLA prologue: the column copies, norm, rope and cache write it fuses.
+void Backend::mla_prologue(const Tensor& q, const Tensor& kv_a, const MlaPrologue& p, KVCacheLayer& cache,
+                           const Tensor& slot_mapping, Tensor& q_mla) {
+  const MlaPrologueShape shape = mla_prologue_shape(q, kv_a, p, q_mla);
+  const int64_t hq = p.num_heads, dn = p.nope_dim, dr = p.rope_dim;
+  const int64_t t = shape.tokens, latent = shape.latent, entry = latent + dr;
   const DType dt = q.dtype();
   const size_t mark = scratch_mark();
   Tensor q_pe = scratch({t, hq, dr}, dt);

@@ -243,6 +243,11 @@ class Backend {
   // [T, N] one with leading dimension Hh * No. MLA uses it to absorb kv_b_proj into the query
   // (q_nope -> latent) and to expand the attended latent into values.
   virtual void head_linear(const Tensor& x, const Tensor& weight, Tensor& out);
+  // head_linear's sizes, checked as every backend checks them (an Error names what does not fit).
+  struct HeadLinearShape {
+    int64_t tokens, heads, kx, k, n, no;
+  };
+  static HeadLinearShape head_linear_shape(const Tensor& x, const Tensor& weight, const Tensor& out);
   // MoE routing: router logits F32 [T, E] -> topk_ids I32 [T, C] and topk_weights F32 [T, C],
   // C = params.top_k + params.shared_slots. `bias` (F32 [E], may be null) is DeepSeek-V3's
   // e_score_correction_bias. See MoeRouting below for the exact computation. Row t's routed
@@ -279,6 +284,12 @@ class Backend {
   };
   virtual void mla_prologue(const Tensor& q, const Tensor& kv_a, const MlaPrologue& params, KVCacheLayer& cache,
                             const Tensor& slot_mapping, Tensor& q_mla);
+  // mla_prologue's sizes (T and the latent's C), checked as every backend checks them.
+  struct MlaPrologueShape {
+    int64_t tokens, latent;
+  };
+  static MlaPrologueShape mla_prologue_shape(const Tensor& q, const Tensor& kv_a, const MlaPrologue& params,
+                                             const Tensor& q_mla);
 
   // ---- fused attention prologue (Llama family) ----
   // From the fused projection qkv [T, (Hq + 2 Hk) D] (each token's q heads, then k heads, then v

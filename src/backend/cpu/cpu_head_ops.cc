@@ -39,14 +39,8 @@ void CpuBackend::head_linear(const Tensor& x, const Tensor& weight, Tensor& out)
   cpu_check::f32(x, "head_linear", "x");
   cpu_check::f32(weight, "head_linear", "weight");
   cpu_check::f32(out, "head_linear", "out");
-  SPECULA_CHECK(x.ndim() == 3 && weight.ndim() == 3 && out.ndim() == 3,
-                "head_linear: x {}, weight {} and out {} must be [T, Hh, Kx], [Hh, N, K] and [T, Hh, No]",
-                x.describe(), weight.describe(), out.describe());
-  const int64_t t = x.size(0), heads = x.size(1), kx = x.size(2), no = out.size(2);
-  const int64_t n = weight.size(1), k = weight.size(2);
-  SPECULA_CHECK(weight.size(0) == heads && k <= kx && out.size(0) == t && out.size(1) == heads && n <= no,
-                "head_linear: x {}, weight {} and out {} do not fit [T, Hh, Kx >= K] x [Hh, N, K] -> [T, Hh, No >= N]",
-                x.describe(), weight.describe(), out.describe());
+  const HeadLinearShape shape = head_linear_shape(x, weight, out);
+  const int64_t t = shape.tokens, heads = shape.heads, kx = shape.kx, no = shape.no, n = shape.n, k = shape.k;
   if (t == 0 || n == 0) return;
   const float* xp = x.data_as<float>();
   const float* wp = weight.data_as<float>();

@@ -38,14 +38,8 @@ void CudaBackend::head_linear(const Tensor& x, const Tensor& weight, Tensor& out
   cuda_check::on_gpu(out, "head_linear", "out");
   cuda_check::same_dtype(x, weight, "head_linear", "x", "weight");
   cuda_check::same_dtype(x, out, "head_linear", "x", "out");
-  SPECULA_CHECK(x.ndim() == 3 && weight.ndim() == 3 && out.ndim() == 3,
-                "head_linear: x {}, weight {} and out {} must be [T, Hh, Kx], [Hh, N, K] and [T, Hh, No]",
-                x.describe(), weight.describe(), out.describe());
-  const int64_t t = x.size(0), heads = x.size(1), kx = x.size(2), no = out.size(2);
-  const int64_t n = weight.size(1), k = weight.size(2);
-  SPECULA_CHECK(weight.size(0) == heads && k <= kx && out.size(0) == t && out.size(1) == heads && n <= no,
-                "head_linear: x {}, weight {} and out {} do not fit [T, Hh, Kx >= K] x [Hh, N, K] -> [T, Hh, No >= N]",
-                x.describe(), weight.describe(), out.describe());
+  const HeadLinearShape shape = head_linear_shape(x, weight, out);
+  const int64_t t = shape.tokens, heads = shape.heads, kx = shape.kx, no = shape.no, n = shape.n, k = shape.k;
   SPECULA_CHECK(heads <= 0x7fffffff, "head_linear: {} heads is more than a GEMM batch holds", heads);
   if (t == 0 || n == 0 || heads == 0) return;
   if (k == 0) {  // an empty sum
@@ -79,19 +73,12 @@ void CudaBackend::head_linear(const Tensor& x, const Tensor& weight, Tensor& out
 void CudaBackend::mla_prologue(const Tensor& q, const Tensor& kv_a, const MlaPrologue& p, KVCacheLayer& cache,
                                const Tensor& slot_mapping, Tensor& q_mla) {
   const char* op = "mla_prologue";
-  SPECULA_CHECK(p.num_heads > 0 && p.nope_dim >= 0 && p.rope_dim > 0 && p.kv_norm && p.positions && p.cos_sin,
-                "{}: head count, dims, kv_norm, positions and cos_sin are required", op);
+  const MlaPrologueShape shape = mla_prologue_shape(q, kv_a, p, q_mla);
   for (const Tensor* t : std::initializer_list<const Tensor*>{&q, &kv_a, &q_mla, p.kv_norm, &cache.k})
     cuda_check::on_gpu(*t, op, "an operand");
   const DType dt = q.dtype();
   const int64_t hq = p.num_heads, dn = p.nope_dim, dr = p.rope_dim;
-  SPECULA_CHECK(q.ndim() == 2 && kv_a.ndim() == 2 && q.size(0) == kv_a.size(0) && q.size(1) == hq * (dn + dr) &&
-                    kv_a.size(1) > dr,
-                "{}: q {} must be [T, {} x ({} + {})] and kv_a {} [T, C + {}]", op, q.describe(), hq, dn, dr,
-                kv_a.describe(), dr);
-  const int64_t t = q.size(0), latent = kv_a.size(1) - dr, entry = latent + dr;
-  SPECULA_CHECK(q_mla.ndim() == 3 && q_mla.size(0) == t && q_mla.size(1) == hq && q_mla.size(2) == entry,
-                "{}: q_mla {} must be [{}, {}, {}]", op, q_mla.describe(), t, hq, entry);
+  const int64_t t = shape.tokens, latent = shape.latent, entry = latent + dr;
   cuda_check::index_vector(slot_mapping, DType::kI64, op, "slot_mapping");
   cuda_check::index_vector(*p.positions, DType::kI32, op, "positions");
   cuda_check::dtype(*p.cos_sin, DType::kF32, op, "cos_sin");
