@@ -8,7 +8,9 @@
 # requests a run (default 20), larger concurrencies 3 batches.
 # $OUT receives ab_summary.txt (per binary, config and concurrency: the median over repetitions of
 # TPOT at concurrency 1, of output tok/s otherwise, with every repetition's figure) and ab_logs.tar.gz.
-#   AB_CONCURRENCY="1 256" AB_REPS=3 AB_K=10 AB_ITERS_C1=20 RUN_AB_BUDGET=480
+# AB_METHOD picks the proposer: draft_model (specula-tiny-draft, the default) or eagle3 (the
+# trained head, models/specula-tiny-eagle3).
+#   AB_CONCURRENCY="1 256" AB_REPS=3 AB_K=10 AB_ITERS_C1=20 AB_METHOD=draft_model RUN_AB_BUDGET=480
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -20,9 +22,14 @@ command -v specula-baseline >/dev/null || { echo "no specula-baseline packed (PA
 DATASET="$WORK/prompts.txt"
 prompt_dataset "$DATASET"
 TINY=models/specula-tiny
-DRAFT=models/specula-tiny-draft
+METHOD=${AB_METHOD:-draft_model}
+case $METHOD in
+  draft_model) PROPOSER=models/specula-tiny-draft ;;
+  eagle3) PROPOSER=models/specula-tiny-eagle3 ;;
+  *) echo "AB_METHOD: draft_model or eagle3, got $METHOD"; exit 2 ;;
+esac
 K=${AB_K:-10}
-spec() { echo "{\"method\":\"draft_model\",\"model\":\"$DRAFT\",\"num_speculative_tokens\":$K,\"adaptive\":$1}"; }
+spec() { echo "{\"method\":\"$METHOD\",\"model\":\"$PROPOSER\",\"num_speculative_tokens\":$K,\"adaptive\":$1}"; }
 
 run() {  # run NAME BINARY CONCURRENCY [ARGS...]
   local name=$1 bin=$2 c=$3
