@@ -13,6 +13,13 @@ CudaBackendFactory& cuda_factory() {
 }
 }  // namespace
 
+void Backend::copy_many(std::span<const CopyPair> pairs) {
+  for (const CopyPair& p : pairs) {
+    Tensor dst = p.dst;
+    copy(p.src, dst);
+  }
+}
+
 void Backend::argmax_rows(const Tensor& x, const Tensor* rows, Tensor& out) {
   SPECULA_CHECK(x.is_cpu() && out.is_cpu() && (!rows || rows->is_cpu()),
                 "argmax_rows is not implemented by the {} backend for device tensors", name());

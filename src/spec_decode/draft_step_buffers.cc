@@ -83,7 +83,6 @@ void DraftStepBuffers::fill_tables(const ProposeBatch& batch, const std::vector<
     std::copy(blocks.begin(), blocks.begin() + used, dst);
     std::fill(dst + used, dst + w, 0);
   }
-  tables_.upload(*backend_, static_cast<int64_t>(padded) * w);
 }
 
 void DraftStepBuffers::prepare(const ProposeBatch& batch, const std::vector<AttendedBlocks>& attended,
@@ -108,11 +107,16 @@ void DraftStepBuffers::prepare(const ProposeBatch& batch, const std::vector<Atte
     // Draft `step`'s input is draft step-1; a row done drafting idles on its last token.
     tokens[row] = num_drafts[i] >= step ? drafts[i][static_cast<size_t>(step - 2)] : batch.requests[i].tokens.back();
   }
-  tokens_.upload(backend, padded);
-  positions_.upload(backend, padded);
-  slots_.upload(backend, padded);
-  seq_lens_.upload(backend, padded);
-  if (upload_tables) fill_tables(batch, attended, rows, padded);
+  StagedUploads uploads(backend);
+  uploads.add(tokens_, padded);
+  uploads.add(positions_, padded);
+  uploads.add(slots_, padded);
+  uploads.add(seq_lens_, padded);
+  if (upload_tables) {
+    fill_tables(batch, attended, rows, padded);
+    uploads.add(tables_, static_cast<int64_t>(padded) * max_blocks_per_seq_);
+  }
+  uploads.run();
   std::copy(seq_lens, seq_lens + padded, seq_lens_host_.begin());
 }
 
@@ -134,10 +138,13 @@ void DraftStepBuffers::prepare_chain(const ProposeBatch& batch, const std::vecto
       fill_row(batch, attended, rows, row, j + 2, num_drafts, first_back, positions[at], slots[at], seq_lens[at]);
     }
   const int64_t n = static_cast<int64_t>(steps) * padded;
-  chain_positions_.upload(backend, n);
-  chain_slots_.upload(backend, n);
-  chain_seq_lens_.upload(backend, n);
   fill_tables(batch, attended, rows, padded);
+  StagedUploads uploads(backend);
+  uploads.add(chain_positions_, n);
+  uploads.add(chain_slots_, n);
+  uploads.add(chain_seq_lens_, n);
+  uploads.add(tables_, static_cast<int64_t>(padded) * max_blocks_per_seq_);
+  uploads.run();
   chain_uploaded_ = backend.record_event();
   chain_steps_ = steps;
   chain_padded_ = padded;

@@ -83,7 +83,8 @@ class DraftStepBuffers {
   void fill_row(const ProposeBatch& batch, const std::vector<AttendedBlocks>& attended, const std::vector<size_t>& rows,
                 int row, int step, const std::vector<int>& num_drafts, int first_back, int32_t& position,
                 int64_t& slot, int32_t& seq_len) const;
-  // Block table rows of the first `padded` rows (padding rows attend to `pad_block`'s first entry).
+  // Block table rows of the first `padded` rows into the host side of tables_ (padding rows
+  // attend to `pad_block`'s first entry); the caller uploads them.
   void fill_tables(const ProposeBatch& batch, const std::vector<AttendedBlocks>& attended,
                    const std::vector<size_t>& rows, int padded);
 

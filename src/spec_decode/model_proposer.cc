@@ -536,27 +536,33 @@ void ModelProposer::run_varlen_catch_up(const ProposeBatch& batch, const std::ve
     std::fill(row + used, row + width, 0);
   }
   ForwardInput& fi = in.rows;
-  fi.token_ids = catch_up_.tokens.upload(backend_, t);
-  fi.positions = catch_up_.positions.upload(backend_, t);
-  fi.logits_indices = catch_up_.logits_idx.upload(backend_, num_logits);
+  StagedUploads uploads(backend_);
+  fi.token_ids = uploads.add(catch_up_.tokens, t);
+  fi.positions = uploads.add(catch_up_.positions, t);
+  fi.logits_indices = uploads.add(catch_up_.logits_idx, num_logits);
   AttentionMetadata& md = fi.attn;
   md.num_seqs = num_seqs;
   md.num_tokens = t;
   md.max_query_len = max_query;
   md.max_seq_len = max_seq;
   md.block_size = bs;
-  md.query_start_loc = catch_up_.qsl.upload(backend_, num_seqs + 1);
-  md.seq_lens = catch_up_.seq_lens.upload(backend_, num_seqs);
-  md.slot_mapping = catch_up_.slots.upload(backend_, t);
-  md.block_tables = catch_up_.tables.upload(backend_, static_cast<int64_t>(num_seqs) * width).reshape({num_seqs, width});
+  md.query_start_loc = uploads.add(catch_up_.qsl, num_seqs + 1);
+  md.seq_lens = uploads.add(catch_up_.seq_lens, num_seqs);
+  md.slot_mapping = uploads.add(catch_up_.slots, t);
+  md.block_tables = uploads.add(catch_up_.tables, static_cast<int64_t>(num_seqs) * width).reshape({num_seqs, width});
   md.query_start_loc_host.assign(qsl, qsl + num_seqs + 1);
   md.seq_lens_host.assign(seq_lens, seq_lens + num_seqs);
+  Tensor target_rows;
+  if (hidden) {
+    target_rows = uploads.add(target_rows_, t);
+    uploads.add(step_rows_, num_step_rows);
+  }
+  uploads.run();
   if (hidden) {
     // The target's hidden rows into our own buffer first: they live in scratch memory that the
     // proposer's forward is about to reuse.
-    gather_target_rows(target_features(batch), t);
+    gather_target_rows(target_features(batch), target_rows);
     in.hidden = target_hidden_.slice(0, t);
-    step_rows_.upload(backend_, num_step_rows);
   }
   DraftForwardOutput out;
   {
@@ -576,8 +582,8 @@ void ModelProposer::run_varlen_catch_up(const ProposeBatch& batch, const std::ve
   sample_first_drafts(batch, pieces, out.logits, [&](int s) { return row_of[static_cast<size_t>(s)]; }, drafts);
 }
 
-void ModelProposer::gather_target_rows(const Tensor& target_hidden, int t) {
-  Tensor rows = target_rows_.upload(backend_, t);
+void ModelProposer::gather_target_rows(const Tensor& target_hidden, const Tensor& rows) {
+  const int64_t t = rows.numel();
   Tensor hidden = target_hidden_.slice(0, t);
   if (target_hidden.dtype() == backend_.compute_dtype()) {
     backend_.gather_rows(target_hidden, rows, hidden);
@@ -728,20 +734,24 @@ void ModelProposer::stage_uniform_catch_up(const ProposeBatch& batch, const std:
       const size_t used = std::min(blocks.size(), static_cast<size_t>(w));
       std::copy(blocks.begin(), blocks.begin() + used, table);
     }
-    catch_up_.tokens.upload(backend_, t);
-    catch_up_.positions.upload(backend_, t);
-    catch_up_.slots.upload(backend_, t);
-    catch_up_.qsl.upload(backend_, size + 1);
-    catch_up_.seq_lens.upload(backend_, size);
-    catch_up_.tables.upload(backend_, static_cast<int64_t>(size) * w);
+    StagedUploads uploads(backend_);
+    uploads.add(catch_up_.tokens, t);
+    uploads.add(catch_up_.positions, t);
+    uploads.add(catch_up_.slots, t);
+    uploads.add(catch_up_.qsl, size + 1);
+    uploads.add(catch_up_.seq_lens, size);
+    uploads.add(catch_up_.tables, static_cast<int64_t>(size) * w);
+    Tensor target_rows;
     if (hidden) {
-      catch_up_.logits_idx.upload(backend_, size);
+      uploads.add(catch_up_.logits_idx, size);
       std::fill(step_rows + num_step_rows, step_rows + size, 0);
-      if (config_.num_speculative_tokens >= 2) step_rows_.upload(backend_, size);
-      // Into the static target_hidden_ before the replay, which writes the arena from offset 0,
-      // where the target's rows may lie.
-      gather_target_rows(target_features(batch), t);
+      if (config_.num_speculative_tokens >= 2) uploads.add(step_rows_, size);
+      target_rows = uploads.add(target_rows_, t);
     }
+    uploads.run();
+    // Into the static target_hidden_ before the replay, which writes the arena from offset 0,
+    // where the target's rows may lie.
+    if (hidden) gather_target_rows(target_features(batch), target_rows);
     catch_up_uploaded_ = backend_.record_event();
   }
 }

@@ -277,8 +277,9 @@ class ModelProposer : public Proposer {
   // Uploads an all-padding uniform batch of `most` requests for a capture: `rows` tokens 0 at
   // positions 0..rows-1, slot -1, length rows, block 0 (the runner's padding).
   void stage_catch_up_capture(int most, int rows);
-  // The target's hidden rows target_rows_[0, t) into target_hidden_ (a cast where dtypes differ).
-  void gather_target_rows(const Tensor& target_hidden, int t);
+  // The target's hidden rows `rows` (target_rows_ uploaded) into target_hidden_ (a cast where
+  // dtypes differ).
+  void gather_target_rows(const Tensor& target_hidden, const Tensor& rows);
   // Samples draft 1 of every drafting piece from row row_of(s) of `logits` (s: the piece's
   // index); in a greedy chain their argmax, on the device, as the chain's next first drafts.
   void sample_first_drafts(const ProposeBatch& batch, const std::vector<Piece>& pieces, const Tensor& logits,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/backend.h"
 
@@ -16,6 +17,22 @@ struct StagedTensor {
   void allocate(Backend& backend, int64_t n, DType type);
   // Copies host[0, n) into device[0, n) (nothing when n == 0); returns device[0, n).
   Tensor upload(Backend& backend, int64_t n);
+};
+
+// The uploads of one launch's staged inputs, issued together (Backend::copy_many: one kernel on
+// CUDA where each copy of its own costs the stream ~1 us and a gap).
+class StagedUploads {
+ public:
+  explicit StagedUploads(Backend& backend) : backend_(backend) {}
+  // Queues host[0, n) -> device[0, n) (nothing when n == 0) and returns device[0, n), which
+  // holds the values once run() has been called.
+  Tensor add(StagedTensor& t, int64_t n);
+  // Issues the queued copies.
+  void run();
+
+ private:
+  Backend& backend_;
+  std::vector<Backend::CopyPair> pairs_;
 };
 
 }  // namespace specula

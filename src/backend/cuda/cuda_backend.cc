@@ -158,6 +158,36 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   if (!is_pinned(host)) check_cuda(cudaStreamSynchronize(stream_), "copy: waiting for a pageable transfer");
 }
 
+void CudaBackend::copy_many(std::span<const CopyPair> pairs) {
+  // Host-to-device pairs from pinned memory as one kernel; anything else (or too many) as copies.
+  cuda::CopyRanges ranges;
+  bool one_kernel = pairs.size() >= 2 && pairs.size() <= static_cast<size_t>(cuda::kMaxCopyRanges);
+  for (size_t i = 0; one_kernel && i < pairs.size(); ++i) {
+    const Tensor& src = pairs[i].src;
+    const Tensor& dst = pairs[i].dst;
+    SPECULA_CHECK(src.defined() && dst.defined() && src.dtype() == dst.dtype() && src.numel() == dst.numel(),
+                  "copy_many: pair {}: source {} and destination {} differ in dtype or element count", i,
+                  src.describe(), dst.describe());
+    cudaPointerAttributes attr{};
+    if (!src.is_cpu() || dst.is_cpu() || cudaPointerGetAttributes(&attr, src.data()) != cudaSuccess ||
+        attr.type != cudaMemoryTypeHost || attr.devicePointer == nullptr) {
+      (void)cudaGetLastError();
+      one_kernel = false;
+      break;
+    }
+    if (src.nbytes() == 0) continue;
+    ranges.src[ranges.count] = attr.devicePointer;
+    ranges.dst[ranges.count] = dst.data();
+    ranges.bytes[ranges.count] = static_cast<int64_t>(src.nbytes());
+    ++ranges.count;
+  }
+  if (!one_kernel) {
+    Backend::copy_many(pairs);
+    return;
+  }
+  check_cuda(cuda::launch_copy_ranges(ranges, stream_), "copy_many");
+}
+
 void CudaBackend::cast(const Tensor& src, Tensor& dst) {
   SPECULA_CHECK(src.defined() && dst.defined(), "cast: source {} or destination {} is an empty tensor",
                 src.describe(), dst.describe());

@@ -58,6 +58,7 @@ class CudaBackend final : public Backend {
   size_t scratch_mark() override { return arena_.mark(); }
   void scratch_release(size_t mark) override { arena_.release(mark); }
   void copy(const Tensor& src, Tensor& dst) override;
+  void copy_many(std::span<const CopyPair> pairs) override;
   void cast(const Tensor& src, Tensor& dst) override;
   void zero(Tensor& t) override;
   void synchronize() override;

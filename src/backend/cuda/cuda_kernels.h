@@ -28,6 +28,16 @@ cudaError_t launch_gather_rows(const void* src, int64_t src_rows, size_t row_byt
 // out[r, n] = x[r, columns[n]] or fill where columns[n] < 0 (Backend::gather_columns).
 cudaError_t launch_gather_columns(const float* x, int64_t rows, int64_t x_cols, const int32_t* columns, int64_t n,
                                   float fill, float* out, cudaStream_t stream);
+// dst[i][0, bytes[i]) = src[i][0, bytes[i]) for i < count, one kernel (Backend::copy_many): src
+// may be pinned host memory that the device addresses directly.
+constexpr int kMaxCopyRanges = 16;
+struct CopyRanges {
+  const void* src[kMaxCopyRanges] = {};
+  void* dst[kMaxCopyRanges] = {};
+  int64_t bytes[kMaxCopyRanges] = {};
+  int count = 0;
+};
+cudaError_t launch_copy_ranges(const CopyRanges& ranges, cudaStream_t stream);
 // token_ids[i] = source[-(token_ids[i] + 1)] where token_ids[i] < 0 (Backend::feed_tokens); an
 // index past source_len gives 0 (the host cannot check device-resident ids).
 cudaError_t launch_feed_tokens(int32_t* token_ids, int64_t n, const int32_t* source, int64_t source_len,

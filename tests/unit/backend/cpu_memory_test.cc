@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/dtype.h"
@@ -79,6 +80,21 @@ TEST(CpuMemory, CopyRefusesMismatchAndOtherDevices) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
   }
+}
+
+TEST(CpuMemory, CopyManyCopiesEachPairAndRefusesAMismatch) {
+  auto be = make_cpu_backend(1);
+  std::mt19937 rng(3);
+  Tensor a = random_tensor({7}, rng);
+  Tensor ids = Tensor::from_i32({4, -1, 9});
+  Tensor a_dst = be->empty({7}, DType::kF32), ids_dst = be->empty({3}, DType::kI32);
+  const std::vector<Backend::CopyPair> pairs = {{a, a_dst}, {ids, ids_dst}};
+  be->copy_many(pairs);
+  EXPECT_EQ(a_dst.to_f32_vector(), a.to_f32_vector());
+  EXPECT_EQ(std::vector<int32_t>(ids_dst.data_as<int32_t>(), ids_dst.data_as<int32_t>() + 3),
+            (std::vector<int32_t>{4, -1, 9}));
+  const std::vector<Backend::CopyPair> mismatched = {{a, ids_dst}};
+  EXPECT_THROW(be->copy_many(mismatched), Error);
 }
 
 TEST(CpuMemory, CastRoundsLikeTheDtypeConversions) {

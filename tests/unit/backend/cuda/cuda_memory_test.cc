@@ -1,8 +1,11 @@
 // CUDA backend memory: allocator reuse and per-device figures, scratch arena address stability (and its refusal to grow
-// during graph capture), copies in every direction (pageable and pinned host memory), casts,
+// during graph capture), copies in every direction (pageable and pinned host memory), copy_many, casts,
 // zero, and argument errors.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
 
 #include "backend/cuda/cuda_allocator.h"
 #include "backend/cuda/cuda_backend.h"
@@ -145,6 +148,69 @@ TEST(CudaMemory, PinnedHostCopiesCompleteAfterSynchronize) {
   be->copy(dev, host);
   be->synchronize();
   EXPECT_EQ(std::vector<float>(host.data_as<float>(), host.data_as<float>() + n), values);
+}
+
+TEST(CudaMemory, CopyManyUploadsPinnedRangesAsCopiesWould) {
+  SKIP_WITHOUT_GPU();
+  auto be = make_cuda_backend(0);
+  std::mt19937 rng(4);
+  // Sizes around the kernel's 16-byte vectors, an empty range, 6 bytes (3 x BF16) and a source 8
+  // bytes into its buffer (not 16-byte aligned).
+  std::vector<std::pair<Tensor, Tensor>> io;
+  std::vector<Backend::CopyPair> pairs;
+  for (int64_t n : {1, 3, 4, 5, 0, 63, 1000, 4097}) {
+    Tensor host = be->empty_host({n}, DType::kI32);
+    for (int64_t i = 0; i < n; ++i) host.data_as<int32_t>()[i] = static_cast<int32_t>(rng());
+    Tensor dev = be->empty({n}, DType::kI32);
+    pairs.push_back({host, dev});
+    io.push_back({host, dev});
+  }
+  Tensor shorts = be->empty_host({3}, DType::kBF16);
+  for (int i = 0; i < 3; ++i) shorts.data_as<uint16_t>()[i] = static_cast<uint16_t>(0x3f80 + i);
+  Tensor shorts_dev = be->empty({3}, DType::kBF16);
+  pairs.push_back({shorts, shorts_dev});
+  Tensor wide = be->empty_host({9}, DType::kI64);
+  for (int i = 0; i < 9; ++i) wide.data_as<int64_t>()[i] = (int64_t{1} << 40) + i;
+  Tensor wide_dev = be->empty({8}, DType::kI64);
+  pairs.push_back({wide.slice(1, 9), wide_dev});
+  be->copy_many(pairs);
+  be->synchronize();
+  for (const auto& [host, dev] : io) {
+    Tensor back = Tensor::empty({host.numel()}, DType::kI32);
+    be->copy(dev, back);
+    EXPECT_EQ(std::memcmp(back.data(), host.data(), host.nbytes()), 0) << host.numel() << " elements";
+  }
+  Tensor shorts_back = Tensor::empty({3}, DType::kBF16);
+  be->copy(shorts_dev, shorts_back);
+  EXPECT_EQ(std::memcmp(shorts_back.data(), shorts.data(), 6), 0);
+  Tensor wide_back = Tensor::empty({8}, DType::kI64);
+  be->copy(wide_dev, wide_back);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(wide_back.data_as<int64_t>()[i], (int64_t{1} << 40) + i + 1);
+}
+
+TEST(CudaMemory, CopyManyTakesPageableAndDeviceSourcesToo) {
+  SKIP_WITHOUT_GPU();
+  auto be = make_cuda_backend(0);
+  // Pageable host memory is not addressable by a kernel: such a batch falls back to copies.
+  Tensor pageable = Tensor::from_i32({1, 2, 3});
+  Tensor from_device = to_gpu(*be, Tensor::from_i32({7, 8}));
+  Tensor a = be->empty({3}, DType::kI32), b = be->empty({2}, DType::kI32);
+  Tensor pinned = be->empty_host({2}, DType::kI32);
+  pinned.data_as<int32_t>()[0] = 11;
+  pinned.data_as<int32_t>()[1] = 12;
+  Tensor c = be->empty({2}, DType::kI32);
+  const std::vector<Backend::CopyPair> pairs = {{pageable, a}, {from_device, b}, {pinned, c}};
+  be->copy_many(pairs);
+  be->synchronize();
+  Tensor back = Tensor::empty({7}, DType::kI32);
+  Tensor ab = back.slice(0, 3), bb = back.slice(3, 5), cb = back.slice(5, 7);
+  be->copy(a, ab);
+  be->copy(b, bb);
+  be->copy(c, cb);
+  EXPECT_EQ(std::vector<int32_t>(back.data_as<int32_t>(), back.data_as<int32_t>() + 7),
+            (std::vector<int32_t>{1, 2, 3, 7, 8, 11, 12}));
+  const std::vector<Backend::CopyPair> mismatched = {{pinned, a}, {pinned, c}};
+  EXPECT_THROW(be->copy_many(mismatched), Error);
 }
 
 TEST(CudaMemory, CastsBetweenFloatTypesLikeTheCpu) {
