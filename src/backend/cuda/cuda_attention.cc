@@ -7,6 +7,7 @@
 // Only the host copies of the metadata are read here (to validate and to size the grids); the
 // kernels read the device copies, so nothing here waits for the GPU.
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_deepseek_kernels.h"
@@ -16,6 +17,18 @@ namespace specula {
 namespace {
 
 bool aligned16(const Tensor& t) { return (reinterpret_cast<uintptr_t>(t.data()) & 15u) == 0; }
+
+// Every forward writes its attention metadata, and the cache rows of earlier steps, before its
+// first launch that is not overlapped (the embedding's gather, or a graph's start), so the decode
+// kernel may read them before it waits (PagedAttentionParams::metadata_before_wait).
+// SPECULA_ATTENTION_METADATA_BEFORE_WAIT=0 reads them after the wait, for A/B runs.
+bool attention_metadata_before_wait() {
+  static const bool on = [] {
+    const char* v = std::getenv("SPECULA_ATTENTION_METADATA_BEFORE_WAIT");
+    return !(v && v[0] == '0');
+  }();
+  return on;
+}
 
 }  // namespace
 
@@ -121,6 +134,7 @@ void CudaBackend::paged_attention(const Tensor& q, const KVCacheLayer& cache, co
   p.max_seq_len = static_cast<int>(max_seq_len);
   p.num_query_rows = qsl[num_seqs];
   p.sm_count = sm_count_;
+  p.metadata_before_wait = attention_metadata_before_wait();
 
   if (mla) {
     const int splits = cuda::mla_num_splits(p, sm_count_);

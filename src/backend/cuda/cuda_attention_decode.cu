@@ -82,17 +82,40 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
   __shared__ float run_max[G], run_sum[G], tile_scale[G];
   __shared__ float partial[kWarps][G][L * E];
   allow_next_kernel_start();
-  wait_for_previous_kernels();  // q (and the K/V of this step) come from the previous kernels
-
   const int kv_head = blockIdx.x / entry_chunks, chunk = blockIdx.x % entry_chunks;
   const int seq = blockIdx.y, split = blockIdx.z, num_splits = gridDim.z;
   const bool merge_in_cluster = num_splits > 1 && partial_out == nullptr;
-  const int row0 = p.query_start_loc[seq];
-  const int q_len = p.query_start_loc[seq + 1] - row0;
+  // The step's attention metadata and the cache rows of the keys before its first query row are
+  // no previous kernel's output (metadata_before_wait), so with it they are requested while the
+  // previous kernel drains: the lengths, then this block's block-table entries and its K/V rows
+  // into L2. A short context's block is otherwise a chain of round trips after the wait
+  // (lengths, table, K/V), each as long as its arithmetic.
+  int row0 = 0, q_len = 0, seq_len = 0;
+  if (p.metadata_before_wait) {
+    row0 = p.query_start_loc[seq];
+    q_len = p.query_start_loc[seq + 1] - row0;
+    seq_len = p.seq_lens[seq];
+    const int per_split = ceil_div(ceil_div(seq_len, num_splits), kTile) * kTile;
+    const int first = split * per_split, stop = min(seq_len - q_len, first + per_split);
+    const PagedRows paged(p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq, p.block_size);
+    const int row_bytes = p.head_dim * static_cast<int>(sizeof(C)), v_row_bytes = p.v_head_dim * static_cast<int>(sizeof(C));
+    for (int j = first + static_cast<int>(threadIdx.x); j < stop; j += kThreads) {
+      const int64_t row = paged.row(j);
+      const char* k_row = static_cast<const char*>(p.k_cache) + (row * p.num_kv_heads + kv_head) * row_bytes;
+      const char* v_row = static_cast<const char*>(p.v_cache) + (row * p.num_kv_heads + kv_head) * v_row_bytes;
+      for (int b = 0; b < row_bytes; b += 128) prefetch_l2_line(k_row + b);
+      for (int b = 0; b < v_row_bytes; b += 128) prefetch_l2_line(v_row + b);
+    }
+  }
+  wait_for_previous_kernels();  // q (and the K/V of this step) come from the previous kernels
+  if (!p.metadata_before_wait) {
+    row0 = p.query_start_loc[seq];
+    q_len = p.query_start_loc[seq + 1] - row0;
+    seq_len = p.seq_lens[seq];
+  }
   const int entry0 = chunk * G;
   if (entry0 >= q_len * group) return;  // fewer (row, head) entries here: alike in every split
   const int entries = min(G, q_len * group - entry0);
-  const int seq_len = p.seq_lens[seq];
   const int context = seq_len - q_len;  // keys before the first query row
   const int hq = p.num_q_heads, hk = p.num_kv_heads, d = p.head_dim, dv = p.v_head_dim;
   // Entry g's batch row, query head and causal limit (last visible key); -1: no entry.

@@ -167,6 +167,10 @@ struct PagedAttentionParams {
   int max_seq_len = 0;
   int num_query_rows = 0;  // query_start_loc[num_seqs]: rows of q that belong to sequences
   int sm_count = 0;        // the GPU's: how a decode batch fills it picks the kernel's shape
+  // query_start_loc, seq_lens, block_tables and the cache rows before each sequence's first query
+  // row were written before the forward's first launch that is not overlapped (cuda_launch.cuh):
+  // the split-KV decode kernel then reads them before it waits for the previous kernel.
+  bool metadata_before_wait = false;
 };
 
 // Largest head dim the attention kernels take; head dims must be multiples of this granule.

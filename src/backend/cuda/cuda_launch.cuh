@@ -12,6 +12,11 @@
 //    blocks' threads when the kernel writes global memory after it;
 //  - it may call allow_next_kernel_start() at any point: the next overlapped kernel waits for this
 //    one's completion in its own wait_for_previous_kernels(), so the hint only moves its start.
+// One more class of data may be read before the wait: a forward's attention metadata and the
+// cache rows of its earlier steps, which every forward writes before its first launch that is not
+// overlapped (the embedding's gather, a graph's start), so that no overlapped kernel of the
+// forward starts before they are complete (the decode attention kernel relies on it:
+// PagedAttentionParams::metadata_before_wait).
 // Kernels launched normally may call both: without the launch attribute they return at once.
 // In a CUDA graph the launches become programmatic edges. SPECULA_PDL=0 launches every kernel
 // normally (for comparing the two); devices before sm_90 always do.

@@ -67,6 +67,11 @@ __device__ __forceinline__ void unpack8(uint4 v, float (&out)[8]) {
   }
 }
 
+// Asks L2 for the 128-byte line holding p: a hint, which nothing waits for.
+__device__ __forceinline__ void prefetch_l2_line(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // 16 bytes of weights read once (ld.global.nc.L1::no_allocate): they bypass L1, which they would
 // only evict other data from.
 __device__ __forceinline__ uint4 load_streaming(const void* p) {
