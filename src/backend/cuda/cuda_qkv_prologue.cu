@@ -30,15 +30,35 @@ template <class T, class C>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_prologue_kernel(QkvPrologueParams p) {
   __shared__ float stage[kWarpsPerBlock][kMaxPrologueHeadDim];
   allow_next_kernel_start();
-  wait_for_previous_kernels();  // qkv is the previous kernel's output
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int hq = p.num_q_heads, hk = p.num_kv_heads, d = p.head_dim;
   const int heads = hq + 2 * hk;
   const int head = blockIdx.y * kWarpsPerBlock + warp;
   const int64_t token = blockIdx.x;
-  if (head >= heads) return;
   const bool is_q = head < hq, is_v = head >= hq + hk;
+  // Before the wait: the token's slot and position (forward inputs, written before the forward's
+  // first launch that is not overlapped: cuda_launch.cuh), the rotation its position selects and
+  // the norm weights, so that after it only the head's own elements are a round trip away (the
+  // slot, then the position, then its rotation were three in a row).
   const int64_t slot = p.slots[token];
+  const int32_t pos = p.positions[token];
+  const T* norm = static_cast<const T*>(is_q ? p.q_norm : p.k_norm);
+  const bool normed = !is_v && head < heads && norm != nullptr, rotated = !is_v && head < heads && prologue_rotates(p, pos);
+  float gamma[kPrologueElemsPerLane];
+  float2 rotation[kProloguePairsPerLane];
+#pragma unroll
+  for (int j = 0; j < kPrologueElemsPerLane; ++j) {
+    const int i = lane + 32 * j;
+    gamma[j] = normed && i < d ? to_float(norm[i]) : 0.0f;
+  }
+  const float* cos = p.cos_sin + static_cast<int64_t>(rotated ? pos : 0) * p.rotary_dim;
+#pragma unroll
+  for (int jj = 0; jj < kProloguePairsPerLane; ++jj) {
+    const int j = lane + 32 * jj, half = p.rotary_dim / 2;
+    rotation[jj] = rotated && j < half ? make_float2(cos[j], cos[half + j]) : make_float2(0.0f, 0.0f);
+  }
+  wait_for_previous_kernels();  // qkv is the previous kernel's output
+  if (head >= heads) return;
   const bool keep_kv = slot >= 0 && slot < p.num_slots;
   if (!is_q && !keep_kv) return;  // padding row or a token whose K/V is not kept
 
@@ -69,13 +89,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) qkv_prologue_kernel(QkvPr
     const int i = lane + 32 * j;
     x[j] = i < d ? element(i) : 0.0f;
   }
-  const T* norm = static_cast<const T*>(is_q ? p.q_norm : p.k_norm);
-  const int32_t pos = p.positions[token];
-  const float* cos = p.cos_sin + static_cast<int64_t>(pos) * p.rotary_dim;
   prologue_head<T>(
-      p, norm != nullptr, [&](int j) { return to_float(norm[lane + 32 * j]); }, prologue_rotates(p, pos),
-      [&](int jj) { return make_float2(cos[lane + 32 * jj], cos[p.rotary_dim / 2 + lane + 32 * jj]); }, x, stage[warp],
-      store);
+      p, normed, [&](int j) { return gamma[j]; }, rotated, [&](int jj) { return rotation[jj]; }, x, stage[warp], store);
 }
 
 template <class T>
