@@ -435,26 +435,40 @@ def ttt_losses(head, feats, emb, target_logits, steps, mask_oov=EAGLE3_MASK_OUT_
     return total, parts
 
 
-def train_eagle3(data_dir, out_dir, results_path, target_dir, dry=False):
+def train_eagle3(data_dir, out_dir, results_path, target_dir, dry=False, init_from=None):
+    """init_from: a saved head to go on training (its draft vocabulary kept) instead of a new one;
+    the earlier run's figures (results_path, read before it is rewritten) go into `earlier_runs`."""
     from common import count_params, device, fast_training, load_hf, log, write_json
     from data import Stream
     from train import run_loop, unique_trainable
 
     fast_training()
-    tc = TRAIN["eagle3"]
+    tc = TRAIN["eagle3-continue" if init_from else "eagle3"]
     torch.manual_seed(tc["seed"])
     dev = device()
     counts = np.bincount(np.load(os.path.join(data_dir, "train.npy")).astype(np.int64),
                          minlength=EAGLE3["vocab_size"])[:EAGLE3["vocab_size"]]
-    vocab = draft_vocab_from_counts(counts, EAGLE3["draft_vocab_size"])
+    earlier = []
+    if init_from:
+        with open(results_path) as f:
+            before = json.load(f)
+        earlier = before.get("earlier_runs", []) + [
+            {k: before[k] for k in ("steps", "tokens", "seconds", "ms_per_step", "peak_lr", "history") if k in before}]
+        vocab = load_eagle3(init_from).draft_ids().numpy()
+    else:
+        vocab = draft_vocab_from_counts(counts, EAGLE3["draft_vocab_size"])
     coverage = float(counts[vocab].sum() / counts.sum())
     log(f"eagle3: draft vocabulary of {vocab.size} ids covers {coverage:.4f} of the training tokens")
     stream = Stream(os.path.join(data_dir, "train.npy"), dev)
     target, _ = load_hf(target_dir, torch.bfloat16, "sdpa", dev)
     target.requires_grad_(False)
     embed = target.model.embed_tokens
-    head = Eagle3Head(torch.from_numpy(vocab))
-    init_from_target(head, target)
+    if init_from:
+        head = load_eagle3(init_from)
+        log(f"eagle3: going on from {init_from} ({len(earlier)} earlier runs)")
+    else:
+        head = Eagle3Head(torch.from_numpy(vocab))
+        init_from_target(head, target)
     head = head.to(dev).train()
     gen = torch.Generator(device=dev).manual_seed(99)
     semantics = check_aux_semantics(target, stream.random_batch(2, gen)[:, :64])
@@ -475,6 +489,9 @@ def train_eagle3(data_dir, out_dir, results_path, target_dir, dry=False):
                    mask_out_of_vocab=EAGLE3_MASK_OUT_OF_VOCAB, aux_layers=list(AUX),
                    draft_vocab_size=int(vocab.size), draft_vocab_train_coverage=coverage,
                    aux_semantics=semantics, weight_decay=tc["weight_decay"])
+    if init_from:
+        summary.update(init_from=init_from, earlier_runs=earlier,
+                       total_tokens=summary["tokens"] + sum(r["tokens"] for r in earlier))
     summary["file_sizes"] = save_eagle3(head, out_dir)
     log(f"eagle3: saved {out_dir} {summary['file_sizes']}")
     sample = Stream(os.path.join(data_dir, "val.npy"), dev).random_batch(4, gen)

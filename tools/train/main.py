@@ -1,7 +1,7 @@
 """Entry point of the embedded-model pipeline (run on the GPU machine; see models/README.md).
 
   python3 tools/train/main.py prepare  --data DIR [--tokenizer-from FOLDER] [--dry]
-  python3 tools/train/main.py train    --model tiny|draft|moe|eagle3 --data DIR [--dry]
+  python3 tools/train/main.py train    --model tiny|draft|moe|eagle3 --data DIR [--dry] [--init-from HEAD]
   python3 tools/train/main.py evaluate --model tiny|draft|moe|eagle3 --data DIR [--dry]
   python3 tools/train/main.py fixtures --models tiny,draft,moe,eagle3 [--data DIR]
 
@@ -70,7 +70,8 @@ def cmd_train(args):
     if args.model == "eagle3":
         from eagle3 import train_eagle3
 
-        train_eagle3(args.data, out, results_path(args.model, "train", args.dry), teacher, dry=args.dry)
+        train_eagle3(args.data, out, results_path(args.model, "train", args.dry), teacher, dry=args.dry,
+                     init_from=args.init_from)
         return
     train(args.model, args.data, out, os.path.join(args.data, "tokenizer"), results_path(args.model, "train", args.dry),
           dry=args.dry, teacher_dir=teacher)
@@ -120,6 +121,7 @@ def main():
         p.add_argument("--dry", action="store_true")
         if name == "train":
             p.add_argument("--out")
+            p.add_argument("--init-from", help="eagle3: go on training this saved head")
     p = sub.add_parser("fixtures")
     p.add_argument("--models", default="tiny,draft,moe")
     p.add_argument("--data", default="/tmp/specula_data", help="its val.npy gives eagle3's fixture prompts")

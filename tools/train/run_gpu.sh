@@ -6,11 +6,13 @@
 #   eagle3 corpus again (tokenizer from models/specula-tiny), the EAGLE-3 head of specula-tiny trained
 #          (240 s), evaluated against specula-tiny-draft, fixture; needs the committed specula-tiny and
 #          specula-tiny-draft. About 8 min: prepare 1-2, train 4.5 with loading and saving, eval + fixture 1.
+#   eagle3-continue  as eagle3, but going on training the committed head (another 240 s, new
+#          windows, a lower peak; configs.py "eagle3-continue"); its earlier run's figures are kept
 #   eagle3-dry  the eagle3 path with 40 steps and small evaluations on the dry corpus (a few minutes)
 # Everything that comes back is packed under $OUT (at most 8 files of 16 MiB).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-stage=${1:?usage: run_gpu.sh dry|main|draft|eagle3|eagle3-dry}
+stage=${1:?usage: run_gpu.sh dry|main|draft|eagle3|eagle3-continue|eagle3-dry}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=true
 OUT=${OUT:-/tmp/specula_out}
 mkdir -p "$OUT"
@@ -81,9 +83,14 @@ draft)
   $PY fixtures --models draft || echo "fixtures failed"
   tar -czf "$OUT/results-draft.tar.gz" tools/train/results tests/fixtures/embedded/specula-tiny-draft
   ;;
-eagle3)
+eagle3|eagle3-continue)
   $PY prepare --data $D --tokenizer-from models/specula-tiny
-  $PY train --model eagle3 --data $D
+  if [ "$stage" = eagle3 ]; then
+    $PY train --model eagle3 --data $D
+  else
+    cp -r models/specula-tiny-eagle3 /tmp/specula-tiny-eagle3-before
+    $PY train --model eagle3 --data $D --init-from /tmp/specula-tiny-eagle3-before
+  fi
   # The head comes back even if a later step fails.
   tar -czf "$OUT/specula-tiny-eagle3.tar.gz" models/specula-tiny-eagle3 tools/train/results/specula-tiny-eagle3.train.json
   $PY evaluate --model eagle3 --data $D || echo "evaluate failed"
