@@ -1,14 +1,22 @@
-// CUDA backend: the MLA ops. copy_columns is one strided 2-D copy (cudaMemcpy2DAsync, which the
-// copy engines run at full bandwidth and a graph can capture); head_linear is one cuBLASLt
-// strided-batched GEMM with batch = head, reading and writing each head's columns in place through
-// the leading dimensions (cuda_batched_gemm.h), or at up to 4 tokens a GEMV launched overlapped
-// (cuda_head_gemv.cu); mla_prologue is one kernel
+// CUDA backend: the MLA ops. copy_columns is one strided 2-D copy: a kernel launched overlapped
+// at forward sizes (cuda_copy_columns.cu), cudaMemcpy2DAsync on the copy engines beyond;
+// head_linear is one cuBLASLt strided-batched GEMM with batch = head, reading and writing each
+// head's columns in place through the leading dimensions (cuda_batched_gemm.h), or at up to 4
+// tokens a GEMV launched overlapped (cuda_head_gemv.cu); mla_prologue is one kernel
 // (cuda_mla_prologue.cu), or the separate ops for shapes it does not take.
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_batched_gemm.h"
 #include "backend/cuda/cuda_deepseek_kernels.h"
+#include "backend/cuda/cuda_kernels.h"
 
 namespace specula {
+namespace {
+
+// Up to this size copy_columns is a kernel in the forward's overlapped chain (cuda_copy_columns.cu);
+// larger ones (weights at load time) go to the copy engines.
+constexpr int64_t kCopyColumnsKernelBytes = 4 << 20;
+
+}  // namespace
 
 void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) {
   cuda_check::on_gpu(src, "copy_columns", "src");
@@ -25,6 +33,13 @@ void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, 
                 src_col + width, src.describe(), dst_col, dst_col + width, dst.describe());
   if (rows == 0 || width == 0) return;
   const size_t elem = dtype_size(src.dtype());
+  if (rows * width * static_cast<int64_t>(elem) <= kCopyColumnsKernelBytes) {
+    check_cuda(cuda::launch_copy_columns(static_cast<const char*>(src.data()) + src_col * elem, ws * elem,
+                                         static_cast<char*>(dst.data()) + dst_col * elem, wd * elem, rows,
+                                         width * elem, elem, stream_),
+               "copy_columns");
+    return;
+  }
   check_cuda(cudaMemcpy2DAsync(static_cast<char*>(dst.data()) + dst_col * elem, static_cast<size_t>(wd) * elem,
                                static_cast<const char*>(src.data()) + src_col * elem, static_cast<size_t>(ws) * elem,
                                static_cast<size_t>(width) * elem, static_cast<size_t>(rows), cudaMemcpyDeviceToDevice,

@@ -28,6 +28,10 @@ cudaError_t launch_gather_rows(const void* src, int64_t src_rows, size_t row_byt
 // out[r, n] = x[r, columns[n]] or fill where columns[n] < 0 (Backend::gather_columns).
 cudaError_t launch_gather_columns(const float* x, int64_t rows, int64_t x_cols, const int32_t* columns, int64_t n,
                                   float fill, float* out, cudaStream_t stream);
+// rows x row_bytes from src (rows src_pitch bytes apart) to dst (dst_pitch apart), one kernel
+// launched overlapped (Backend::copy_columns at forward sizes); elem_bytes: the element's size.
+cudaError_t launch_copy_columns(const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch, int64_t rows,
+                                int64_t row_bytes, int64_t elem_bytes, cudaStream_t stream);
 // dst[i][0, bytes[i]) = src[i][0, bytes[i]) for i < count, one kernel (Backend::copy_many): src
 // may be pinned host memory that the device addresses directly.
 constexpr int kMaxCopyRanges = 16;
