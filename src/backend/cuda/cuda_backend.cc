@@ -36,6 +36,9 @@ cudaStream_t make_stream(int device_index) {
 
 bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
+// Device-to-device copies up to this size run as a kernel (cuda_copy_columns.cu).
+constexpr int64_t kDeviceCopyKernelBytes = 4 << 20;
+
 bool is_pinned(const void* p) {
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
@@ -132,6 +135,15 @@ Tensor CudaBackend::scratch(Shape shape, DType dtype) { return arena_.allocate(s
 
 void CudaBackend::reset_scratch() { arena_.reset(); }
 
+bool CudaBackend::on_this_device(const void* p) const {
+  cudaPointerAttributes attr{};
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return attr.type == cudaMemoryTypeDevice && attr.device == device_index_;
+}
+
 void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   SPECULA_CHECK(src.defined() && dst.defined(), "copy: source {} or destination {} is an empty tensor",
                 src.describe(), dst.describe());
@@ -145,6 +157,14 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
     return;
   }
   if (!src.is_cpu() && !dst.is_cpu()) {
+    // On this GPU and small (a forward's residual or row copies): a kernel in the overlapped
+    // chain, where a copy node stops the kernels around it from overlapping.
+    if (bytes <= static_cast<size_t>(kDeviceCopyKernelBytes) && on_this_device(src.data()) && on_this_device(dst.data())) {
+      check_cuda(cuda::launch_copy_columns(src.data(), 0, dst.data(), 0, 1, static_cast<int64_t>(bytes),
+                                           static_cast<int64_t>(dtype_size(src.dtype())), stream_),
+                 "copy (device, kernel)");
+      return;
+    }
     // Default: the pointers say which GPUs (a tensor-parallel rank copies from rank 0's device).
     check_cuda(cudaMemcpyAsync(dst.data(), src.data(), bytes, cudaMemcpyDefault, stream_), "copy (device)");
     return;

@@ -120,6 +120,8 @@ class CudaBackend final : public Backend {
   // ---- CUDA specifics (for the engine's CUDA graphs, benchmarks and tests) ----
   cudaStream_t stream() const { return stream_; }
   int device_index() const { return device_index_; }
+  // Whether p is device memory of this backend's GPU.
+  bool on_this_device(const void* p) const;
   int sm_count() const { return sm_count_; }
   size_t scratch_capacity() const { return arena_.capacity(); }
   // The most rows the GEMV kernel (cuda_gemv.cu) takes for weights of this dtype (BF16 or

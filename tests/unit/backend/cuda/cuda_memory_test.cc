@@ -119,6 +119,23 @@ TEST(CudaMemory, CopiesInEveryDirection) {
   EXPECT_EQ(std::vector<int64_t>(lh.data_as<int64_t>(), lh.data_as<int64_t>() + 4), longs);
 }
 
+TEST(CudaMemory, DeviceCopiesOfEverySizeAndAlignment) {
+  SKIP_WITHOUT_GPU();
+  auto be = make_cuda_backend(0);
+  std::mt19937 rng(5);
+  // A kernel up to 4 MB (16-, 4- and 2-byte pieces by alignment), the copy engines beyond.
+  for (int64_t n : {int64_t{3}, int64_t{8}, int64_t{1001}, int64_t{4096}, int64_t{3} << 20}) {
+    for (int64_t offset : {0, 1}) {  // offset 1: 2 bytes into its buffer
+      std::vector<float> values = random_floats(n, rng);
+      Tensor src = to_gpu(*be, Tensor::from_f32(values), DType::kBF16);
+      Tensor whole = be->empty({n + 1}, DType::kBF16);
+      Tensor dst = whole.slice(offset, offset + n);
+      be->copy(src, dst);
+      EXPECT_EQ(to_host(*be, dst), to_host(*be, src)) << n << " elements at offset " << offset;
+    }
+  }
+}
+
 TEST(CudaMemory, PageableHostBufferIsReusableWhenCopyReturns) {
   SKIP_WITHOUT_GPU();
   auto be = make_cuda_backend(0);
