@@ -36,9 +36,6 @@ cudaStream_t make_stream(int device_index) {
 
 bool is_float_dtype(DType t) { return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16; }
 
-// Device-to-device copies up to this size run as a kernel (cuda_copy_columns.cu).
-constexpr int64_t kDeviceCopyKernelBytes = 4 << 20;
-
 bool is_pinned(const void* p) {
   cudaPointerAttributes attr{};
   if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
@@ -159,7 +156,8 @@ void CudaBackend::copy(const Tensor& src, Tensor& dst) {
   if (!src.is_cpu() && !dst.is_cpu()) {
     // On this GPU and small (a forward's residual or row copies): a kernel in the overlapped
     // chain, where a copy node stops the kernels around it from overlapping.
-    if (bytes <= static_cast<size_t>(kDeviceCopyKernelBytes) && on_this_device(src.data()) && on_this_device(dst.data())) {
+    if (cuda::device_copy_as_kernel(static_cast<int64_t>(bytes)) && on_this_device(src.data()) &&
+        on_this_device(dst.data())) {
       check_cuda(cuda::launch_copy_columns(src.data(), 0, dst.data(), 0, 1, static_cast<int64_t>(bytes),
                                            static_cast<int64_t>(dtype_size(src.dtype())), stream_),
                  "copy (device, kernel)");

@@ -3,6 +3,8 @@
 // the kernels before and after it cannot overlap, each side costing a launch gap of ~1-2 us for a
 // few kilobytes moved. Large copies (weights at load time) stay with the copy engines.
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_launch.cuh"
@@ -11,6 +13,8 @@ namespace specula::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+// Larger copies (weights at load time) go to the copy engines, which stream them at full bandwidth.
+constexpr int64_t kKernelCopyBytes = 4 << 20;
 
 // One thread a 16-byte piece (or an element, where the rows or columns are not 16-byte aligned)
 // of the rows x row_bytes region.
@@ -38,6 +42,14 @@ cudaError_t launch_typed(const void* src, int64_t src_pitch, void* dst, int64_t 
 }
 
 }  // namespace
+
+bool device_copy_as_kernel(int64_t bytes) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SPECULA_DEVICE_COPY_KERNEL");
+    return !(v && std::strcmp(v, "0") == 0);
+  }();
+  return enabled && bytes <= kKernelCopyBytes;
+}
 
 cudaError_t launch_copy_columns(const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch, int64_t rows,
                                 int64_t row_bytes, int64_t elem_bytes, cudaStream_t stream) {

@@ -10,13 +10,6 @@
 #include "backend/cuda/cuda_kernels.h"
 
 namespace specula {
-namespace {
-
-// Up to this size copy_columns is a kernel in the forward's overlapped chain (cuda_copy_columns.cu);
-// larger ones (weights at load time) go to the copy engines.
-constexpr int64_t kCopyColumnsKernelBytes = 4 << 20;
-
-}  // namespace
 
 void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, int64_t dst_col, int64_t width) {
   cuda_check::on_gpu(src, "copy_columns", "src");
@@ -33,7 +26,7 @@ void CudaBackend::copy_columns(const Tensor& src, int64_t src_col, Tensor& dst, 
                 src_col + width, src.describe(), dst_col, dst_col + width, dst.describe());
   if (rows == 0 || width == 0) return;
   const size_t elem = dtype_size(src.dtype());
-  if (rows * width * static_cast<int64_t>(elem) <= kCopyColumnsKernelBytes) {
+  if (cuda::device_copy_as_kernel(rows * width * static_cast<int64_t>(elem))) {
     check_cuda(cuda::launch_copy_columns(static_cast<const char*>(src.data()) + src_col * elem, ws * elem,
                                          static_cast<char*>(dst.data()) + dst_col * elem, wd * elem, rows,
                                          width * elem, elem, stream_),

@@ -32,6 +32,9 @@ cudaError_t launch_gather_columns(const float* x, int64_t rows, int64_t x_cols, 
 // launched overlapped (Backend::copy_columns at forward sizes); elem_bytes: the element's size.
 cudaError_t launch_copy_columns(const void* src, int64_t src_pitch, void* dst, int64_t dst_pitch, int64_t rows,
                                 int64_t row_bytes, int64_t elem_bytes, cudaStream_t stream);
+// Whether a copy of `bytes` between buffers of this GPU runs as launch_copy_columns (forward
+// sizes) rather than on the copy engines. SPECULA_DEVICE_COPY_KERNEL=0: never.
+bool device_copy_as_kernel(int64_t bytes);
 // dst[i][0, bytes[i]) = src[i][0, bytes[i]) for i < count, one kernel (Backend::copy_many): src
 // may be pinned host memory that the device addresses directly.
 constexpr int kMaxCopyRanges = 16;
