@@ -91,10 +91,13 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
   // into L2. A short context's block is otherwise a chain of round trips after the wait
   // (lengths, table, K/V), each as long as its arithmetic.
   int row0 = 0, q_len = 0, seq_len = 0;
-  if (p.metadata_before_wait) {
+  auto read_lengths = [&] {
     row0 = p.query_start_loc[seq];
     q_len = p.query_start_loc[seq + 1] - row0;
     seq_len = p.seq_lens[seq];
+  };
+  if (p.metadata_before_wait) {
+    read_lengths();
     const int per_split = ceil_div(ceil_div(seq_len, num_splits), kTile) * kTile;
     const int first = split * per_split, stop = min(seq_len - q_len, first + per_split);
     const PagedRows paged(p.block_tables + static_cast<int64_t>(seq) * p.max_blocks_per_seq, p.block_size);
@@ -108,11 +111,7 @@ __global__ void __launch_bounds__(kThreads, G <= 4 ? 4 : 2)
     }
   }
   wait_for_previous_kernels();  // q (and the K/V of this step) come from the previous kernels
-  if (!p.metadata_before_wait) {
-    row0 = p.query_start_loc[seq];
-    q_len = p.query_start_loc[seq + 1] - row0;
-    seq_len = p.seq_lens[seq];
-  }
+  if (!p.metadata_before_wait) read_lengths();
   const int entry0 = chunk * G;
   if (entry0 >= q_len * group) return;  // fewer (row, head) entries here: alike in every split
   const int entries = min(G, q_len * group - entry0);
