@@ -448,13 +448,15 @@ def train_eagle3(data_dir, out_dir, results_path, target_dir, dry=False, init_fr
     dev = device()
     counts = np.bincount(np.load(os.path.join(data_dir, "train.npy")).astype(np.int64),
                          minlength=EAGLE3["vocab_size"])[:EAGLE3["vocab_size"]]
-    earlier = []
+    earlier, head = [], None
     if init_from:
         with open(results_path) as f:
             before = json.load(f)
         earlier = before.get("earlier_runs", []) + [
             {k: before[k] for k in ("steps", "tokens", "seconds", "ms_per_step", "peak_lr", "history") if k in before}]
-        vocab = load_eagle3(init_from).draft_ids().numpy()
+        head = load_eagle3(init_from)
+        vocab = head.draft_ids().numpy()
+        log(f"eagle3: going on from {init_from} ({len(earlier)} earlier runs)")
     else:
         vocab = draft_vocab_from_counts(counts, EAGLE3["draft_vocab_size"])
     coverage = float(counts[vocab].sum() / counts.sum())
@@ -463,10 +465,7 @@ def train_eagle3(data_dir, out_dir, results_path, target_dir, dry=False, init_fr
     target, _ = load_hf(target_dir, torch.bfloat16, "sdpa", dev)
     target.requires_grad_(False)
     embed = target.model.embed_tokens
-    if init_from:
-        head = load_eagle3(init_from)
-        log(f"eagle3: going on from {init_from} ({len(earlier)} earlier runs)")
-    else:
+    if head is None:
         head = Eagle3Head(torch.from_numpy(vocab))
         init_from_target(head, target)
     head = head.to(dev).train()
