@@ -9,7 +9,9 @@
 # $OUT receives ab_summary.txt (per binary, config and concurrency: the median over repetitions of
 # TPOT at concurrency 1, of output tok/s otherwise, with every repetition's figure) and ab_logs.tar.gz.
 # AB_METHOD picks the proposer: draft_model (specula-tiny-draft, the default) or eagle3 (the
-# trained head, models/specula-tiny-eagle3).
+# trained head, models/specula-tiny-eagle3). AB_BASELINE_ENV="VAR=VALUE ..." makes the baseline
+# the packed `specula` itself under those settings (an A/B of a switch in one binary; no
+# PACK_BASELINE needed).
 #   AB_CONCURRENCY="1 256" AB_REPS=3 AB_K=10 AB_ITERS_C1=20 AB_METHOD=draft_model RUN_AB_BUDGET=480
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,7 +19,13 @@ source tools/gpu/env.sh
 BUDGET=${RUN_AB_BUDGET:-480}
 SKIP=" "
 source tools/gpu/stages.sh  # OUT, WORK (with status.txt), START
-command -v specula-baseline >/dev/null || { echo "no specula-baseline packed (PACK_BASELINE)"; exit 2; }
+if [ -n "${AB_BASELINE_ENV:-}" ]; then
+  mkdir -p "$WORK/bin"
+  printf '#!/bin/sh\nexec env %s specula "$@"\n' "$AB_BASELINE_ENV" > "$WORK/bin/specula-baseline"
+  chmod +x "$WORK/bin/specula-baseline"
+  export PATH="$WORK/bin:$PATH"
+fi
+command -v specula-baseline >/dev/null || { echo "no specula-baseline packed (PACK_BASELINE) nor AB_BASELINE_ENV"; exit 2; }
 
 DATASET="$WORK/prompts.txt"
 prompt_dataset "$DATASET"
@@ -52,7 +60,11 @@ for c in ${AB_CONCURRENCY:-1 256}; do
 done
 
 {
-  echo "commit: $(head -1 .gpu/commit.txt 2>/dev/null); baseline: $(cat .gpu/baseline.txt 2>/dev/null)"
+  if [ -n "${AB_BASELINE_ENV:-}" ]; then
+    echo "commit: $(head -1 .gpu/commit.txt 2>/dev/null); baseline: the same binary with $AB_BASELINE_ENV"
+  else
+    echo "commit: $(head -1 .gpu/commit.txt 2>/dev/null); baseline: $(cat .gpu/baseline.txt 2>/dev/null)"
+  fi
   nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null
   cat "$WORK/status.txt"
   python3 - "$WORK" <<'PY'
