@@ -9,5 +9,6 @@ if ! ldconfig -p 2>/dev/null | grep -q "libnccl.so.2 "; then
   nccl=$(find /opt /usr/local /usr/lib -name 'libnccl.so.2' 2>/dev/null | head -1)
   [ -n "$nccl" ] && export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$nccl")"
 fi
-# The benchmarks' prompts: this repository's Python, concatenated in a fixed order, into file $1.
-prompt_dataset() { find tools tests -name '*.py' -print0 | sort -z | xargs -0 cat > "$1"; }
+# The benchmarks' prompts into file $1: this repository's Python as frozen in bench/datasets/python.txt
+# (its README: the prompts drawn, and so the figures, must not move with every edit of the code).
+prompt_dataset() { cp bench/datasets/python.txt "$1"; }
