@@ -224,6 +224,28 @@ void Backend::mla_prologue(const Tensor& q, const Tensor& kv_a, const MlaPrologu
   scratch_release(mark);
 }
 
+// The reference form of the EAGLE-3 layer input: the ops it stands for, one by one.
+void Backend::eagle3_layer_input(const Tensor& token_ids, const Tensor& g, const Eagle3LayerInput& p, Tensor& x,
+                                 Tensor& residual) {
+  SPECULA_CHECK(p.embed_tokens && p.input_norm && p.hidden_norm, "eagle3_layer_input: the embedding and both norms "
+                "are required");
+  SPECULA_CHECK(g.defined() && g.ndim() == 2, "eagle3_layer_input: g must be [T, H], got {}", g.describe());
+  const int64_t t = g.size(0), h = g.size(1);
+  SPECULA_CHECK(x.defined() && x.ndim() == 2 && x.size(0) == t && x.size(1) == 2 * h && residual.defined() &&
+                    residual.numel() == t * h,
+                "eagle3_layer_input: x {} must be [{}, {}] and residual {} [{}, {}]", x.describe(), t, 2 * h,
+                residual.describe(), t, h);
+  const size_t mark = scratch_mark();
+  Tensor e = scratch({t, h}, g.dtype()), e_norm = scratch({t, h}, g.dtype()), g_norm = scratch({t, h}, g.dtype());
+  embedding(token_ids, *p.embed_tokens, e);
+  rms_norm(e, *p.input_norm, p.eps, e_norm);
+  rms_norm(g, *p.hidden_norm, p.eps, g_norm);
+  copy(p.norm_before_residual ? g_norm : g, residual);
+  copy_columns(e_norm, 0, x, 0, h);
+  copy_columns(g_norm, 0, x, h, h);
+  scratch_release(mark);
+}
+
 // The reference form of the fused projection: the two ops it fuses.
 void Backend::qkv_projection(const Tensor& x, const LinearPrologue& input_norm, const LinearWeight& weight,
                              const Tensor* bias, const QkvPrologue& params, KVCacheLayer& cache,

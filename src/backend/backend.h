@@ -328,6 +328,22 @@ class Backend {
                               const Tensor* bias, const QkvPrologue& params, KVCacheLayer& cache,
                               const Tensor& slot_mapping, Tensor& q_out);
 
+  // ---- EAGLE-3 head's layer input ----
+  // The input of an EAGLE-3 head's decoder layer from the tokens and the hidden stream g [T, H]
+  // (the fc of the target's features, or the head's own previous output): e = embedding(token_ids,
+  // embed_tokens); x [T, 2H] = [rms_norm(e, input_norm) | rms_norm(g, hidden_norm)], side by side;
+  // residual [T, H] = g, or rms_norm(g, hidden_norm) when norm_before_residual. The default runs
+  // those ops one by one; CUDA runs them as one kernel with the same bits.
+  struct Eagle3LayerInput {
+    const Tensor* embed_tokens = nullptr;  // [V, H]
+    const Tensor* input_norm = nullptr;    // [H]
+    const Tensor* hidden_norm = nullptr;   // [H]
+    float eps = 1e-6f;
+    bool norm_before_residual = false;
+  };
+  virtual void eagle3_layer_input(const Tensor& token_ids, const Tensor& g, const Eagle3LayerInput& params, Tensor& x,
+                                  Tensor& residual);
+
   // ---- fused decode chain (Llama family) ----
   // Runs `chain` (backend/decoder_chain.h) as one op and returns true, or returns false without
   // touching anything when this backend has no fused form for its shapes or dtypes; the caller

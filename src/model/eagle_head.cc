@@ -254,8 +254,6 @@ EagleForwardOutput EagleHead::forward(const EagleForwardInput& in, KVCacheLayer&
   const float eps = layer_.eps();
   const bool v3 = config_.version == EagleVersion::kEagle3;
 
-  Tensor e = backend_.scratch({t, h}, dt);
-  backend_.embedding(in.rows.token_ids, embed_tokens_, e);
   Tensor residual = backend_.scratch({t, h}, dt);  // the layer's residual stream
   Tensor x;                                         // the attention's input
   if (v3) {
@@ -264,14 +262,18 @@ EagleForwardOutput EagleHead::forward(const EagleForwardInput& in, KVCacheLayer&
       g = backend_.scratch({t, h}, dt);
       backend_.linear(in.hidden, fc_, nullptr, g);
     }
-    Tensor e_norm = backend_.scratch({t, h}, dt), g_norm = backend_.scratch({t, h}, dt);
-    backend_.rms_norm(e, w_.input_layernorm, eps, e_norm);
-    backend_.rms_norm(g, hidden_norm_, eps, g_norm);
-    backend_.copy(config_.norm_before_residual ? g_norm : g, residual);
+    // [input_layernorm(embedding) | hidden_norm(g)], residual g (or its norm): one backend op.
+    Backend::Eagle3LayerInput input;
+    input.embed_tokens = &embed_tokens_;
+    input.input_norm = &w_.input_layernorm;
+    input.hidden_norm = &hidden_norm_;
+    input.eps = eps;
+    input.norm_before_residual = config_.norm_before_residual;
     x = backend_.scratch({t, 2 * h}, dt);
-    backend_.copy_columns(e_norm, 0, x, 0, h);
-    backend_.copy_columns(g_norm, 0, x, h, h);
+    backend_.eagle3_layer_input(in.rows.token_ids, g, input, x, residual);
   } else {
+    Tensor e = backend_.scratch({t, h}, dt);
+    backend_.embedding(in.rows.token_ids, embed_tokens_, e);
     Tensor cat = backend_.scratch({t, 2 * h}, dt);
     backend_.copy_columns(e, 0, cat, 0, h);
     backend_.copy_columns(in.hidden, 0, cat, h, h);
@@ -288,14 +290,11 @@ EagleForwardOutput EagleHead::forward(const EagleForwardInput& in, KVCacheLayer&
   if (l == 0) return out;
   Tensor selected = backend_.scratch({l, h}, dt);
   backend_.gather_rows(out.prenorm, in.rows.logits_indices, selected);
-  if (v3) {
-    Tensor normed = backend_.scratch({l, h}, dt);
-    backend_.rms_norm(selected, norm_, eps, normed);
-    selected = normed;
-  }
-  // F32 logits straight from the GEMM's fp32 accumulators, as the target's lm_head.
+  // F32 logits straight from the GEMM's fp32 accumulators, as the target's lm_head; EAGLE-3's
+  // final norm folded into it (one launch fewer on CUDA, the same op sequence elsewhere).
   Tensor logits = backend_.scratch({l, lm_head_.size(0)}, DType::kF32);
-  backend_.linear(selected, lm_head_, nullptr, logits);
+  backend_.fused_linear(selected, v3 ? LinearPrologue::rms_norm(norm_, eps) : LinearPrologue::none(),
+                        LinearWeight{lm_head_}, nullptr, logits, LinearEpilogue::kStore);
   if (!column_of_.defined()) {
     out.logits = logits;
   } else {

@@ -103,6 +103,9 @@ class CudaBackend final : public Backend {
   void qkv_projection(const Tensor& x, const LinearPrologue& input_norm, const LinearWeight& weight, const Tensor* bias,
                       const QkvPrologue& params, KVCacheLayer& cache, const Tensor& slot_mapping,
                       Tensor& q_out) override;
+  // The EAGLE-3 head's layer input as one kernel (cuda_ops.cc; cuda_eagle3_layer_input.cu).
+  void eagle3_layer_input(const Tensor& token_ids, const Tensor& g, const Eagle3LayerInput& params, Tensor& x,
+                          Tensor& residual) override;
   // One persistent kernel for a small decoder's greedy chain (cuda_decoder_chain.cc).
   bool decoder_greedy_chain(const DecoderChain& chain) override;
   // One persistent kernel for a small decoder's whole forward (cuda_decoder_forward.cc).

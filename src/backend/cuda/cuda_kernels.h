@@ -132,6 +132,16 @@ cudaError_t launch_rms_norm(const void* x, const void* w, void* out, int64_t row
 cudaError_t launch_add_rms_norm(void* x, void* residual, const void* w, int64_t rows, int64_t h, float eps,
                                 DType dtype, cudaStream_t stream);
 
+// Backend::eagle3_layer_input for bf16 rows of h (cuda_eagle3_layer_input.cu), the same bits as
+// its ops one by one; an id outside [0, vocab) embeds as a zero row, as gather_rows writes it.
+// Launched normally (not overlapped): it stands where the head's forward gathered its embedding.
+bool eagle3_layer_input_supports(const void* table, const void* g, const void* input_norm, const void* hidden_norm,
+                                 const void* x, const void* residual, int64_t h);
+cudaError_t launch_eagle3_layer_input(const int32_t* token_ids, const void* table, int64_t vocab, const void* g,
+                                      const void* input_norm, const void* hidden_norm, int64_t rows, int64_t h,
+                                      float eps, bool norm_before_residual, void* x, void* residual,
+                                      cudaStream_t stream);
+
 // Rotary embedding in place (see Backend::rope). Rows whose position is outside [0, max_pos) are
 // left unchanged.
 cudaError_t launch_rope(void* q, void* k, const int32_t* positions, const float* cos_sin, int64_t max_pos,

@@ -1,7 +1,10 @@
-// CUDA backend: argument checks and launches of the row-wise ops, rope and KV-cache writes.
+// CUDA backend: argument checks and launches of the row-wise ops (the EAGLE-3 layer input among
+// them), rope and KV-cache writes.
 // Device-resident indices (token ids, positions, slots, gather indices) cannot be validated on
 // the host without a synchronisation; the kernels treat out-of-range values as documented in
 // cuda_kernels.h (zero rows, untouched rows, skipped slots) instead of reading out of bounds.
+#include <cstdlib>
+
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_kernels.h"
 
@@ -119,6 +122,44 @@ void CudaBackend::add_rms_norm(Tensor& x, Tensor& residual, const Tensor& weight
   check_cuda(cuda::launch_add_rms_norm(x.data(), residual.data(), weight.data(), rows_of(x, h), h, eps, x.dtype(),
                                        stream_),
              "add_rms_norm");
+}
+
+// One kernel where its shapes allow (bf16, a row of at most 4096), else the ops one by one.
+// SPECULA_FUSED_EAGLE3_INPUT=0 always runs the ops (A/B runs).
+void CudaBackend::eagle3_layer_input(const Tensor& token_ids, const Tensor& g, const Eagle3LayerInput& p, Tensor& x,
+                                     Tensor& residual) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("SPECULA_FUSED_EAGLE3_INPUT");
+    return !(v && v[0] == '0');
+  }();
+  const bool shapes = p.embed_tokens && p.input_norm && p.hidden_norm && g.defined() && g.ndim() == 2 &&
+                      g.dtype() == DType::kBF16 && p.embed_tokens->ndim() == 2 && p.embed_tokens->size(1) == g.size(1) &&
+                      p.embed_tokens->dtype() == DType::kBF16 && p.input_norm->dtype() == DType::kBF16 &&
+                      p.hidden_norm->dtype() == DType::kBF16 && p.input_norm->numel() == g.size(1) &&
+                      p.hidden_norm->numel() == g.size(1) && x.defined() && x.dtype() == DType::kBF16 &&
+                      x.ndim() == 2 && x.size(0) == g.size(0) && x.size(1) == 2 * g.size(1) && residual.defined() &&
+                      residual.dtype() == DType::kBF16 && residual.numel() == g.numel();
+  if (!enabled || !shapes ||
+      !cuda::eagle3_layer_input_supports(p.embed_tokens->data(), g.data(), p.input_norm->data(), p.hidden_norm->data(),
+                                         x.data(), residual.data(), g.size(1))) {
+    Backend::eagle3_layer_input(token_ids, g, p, x, residual);
+    return;
+  }
+  const char* op = "eagle3_layer_input";
+  cuda_check::on_gpu(g, op, "g");
+  cuda_check::on_gpu(*p.embed_tokens, op, "embed_tokens");
+  cuda_check::on_gpu(*p.input_norm, op, "input_norm");
+  cuda_check::on_gpu(*p.hidden_norm, op, "hidden_norm");
+  cuda_check::on_gpu(x, op, "x");
+  cuda_check::on_gpu(residual, op, "residual");
+  cuda_check::index_vector(token_ids, DType::kI32, op, "token_ids");
+  SPECULA_CHECK(token_ids.size(0) == g.size(0), "{}: {} token ids for {} rows of g", op, token_ids.size(0),
+                g.size(0));
+  check_cuda(cuda::launch_eagle3_layer_input(token_ids.data_as<int32_t>(), p.embed_tokens->data(),
+                                             p.embed_tokens->size(0), g.data(), p.input_norm->data(),
+                                             p.hidden_norm->data(), g.size(0), g.size(1), p.eps,
+                                             p.norm_before_residual, x.data(), residual.data(), stream_),
+             op);
 }
 
 void CudaBackend::silu_mul(const Tensor& gate_up, Tensor& out) {

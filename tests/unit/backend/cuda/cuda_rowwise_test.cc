@@ -241,6 +241,42 @@ TEST_F(CudaRowwise, AddRmsNormMatchesCpu) {
   }
 }
 
+// The one-kernel EAGLE-3 layer input against its ops run one by one on the same GPU (the base
+// class's form): bit for bit, with ids outside the table (zero rows), both residual forms, the
+// head sizes of the embedded model and of Llama-3.1-8B's head, and a width the kernel leaves to
+// the ops (8192).
+TEST_F(CudaRowwise, Eagle3LayerInputIsItsOpsBitForBit) {
+  for (auto [rows, h] : {std::pair<int64_t, int64_t>{1, 256}, {8, 256}, {130, 256}, {5, 4096}, {3, 2048},
+                         {2, 40}, {2, 8192}}) {
+    const int64_t vocab = 300;
+    Tensor table = to_gpu(*gpu_, random_bf16_values({vocab, h}, rng_, 2.0f));
+    Tensor input_norm = to_gpu(*gpu_, random_bf16_values({h}, rng_, 1.5f));
+    Tensor hidden_norm = to_gpu(*gpu_, random_bf16_values({h}, rng_, 1.5f));
+    Tensor g = to_gpu(*gpu_, random_bf16_values({rows, h}, rng_, 3.0f));
+    std::vector<int32_t> ids(static_cast<size_t>(rows));
+    for (int64_t i = 0; i < rows; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + 5) % vocab);
+    ids[0] = rows > 1 ? -1 : 7;
+    ids.back() = rows > 1 ? static_cast<int32_t>(vocab) : ids.back();
+    Tensor token_ids = to_gpu(*gpu_, Tensor::from_i32(ids));
+    for (bool norm_before_residual : {false, true}) {
+      Backend::Eagle3LayerInput p;
+      p.embed_tokens = &table;
+      p.input_norm = &input_norm;
+      p.hidden_norm = &hidden_norm;
+      p.eps = 1e-5f;
+      p.norm_before_residual = norm_before_residual;
+      Tensor x = gpu_->empty({rows, 2 * h}, DType::kBF16), residual = gpu_->empty({rows, h}, DType::kBF16);
+      Tensor want_x = gpu_->empty({rows, 2 * h}, DType::kBF16), want_residual = gpu_->empty({rows, h}, DType::kBF16);
+      gpu_->eagle3_layer_input(token_ids, g, p, x, residual);
+      gpu_->Backend::eagle3_layer_input(token_ids, g, p, want_x, want_residual);
+      const std::string what =
+          fmt::format("eagle3_layer_input [{}, {}]{}", rows, h, norm_before_residual ? " norm before residual" : "");
+      expect_equal(to_host(*gpu_, x), to_host(*gpu_, want_x), what + " x");
+      expect_equal(to_host(*gpu_, residual), to_host(*gpu_, want_residual), what + " residual");
+    }
+  }
+}
+
 TEST_F(CudaRowwise, SiluMulMatchesCpu) {
   for (DType dt : {DType::kBF16, DType::kF32}) {
     for (auto [rows, inter] : {std::pair<int64_t, int64_t>{5, 8}, {3, 100}, {9, 1376}, {1, 14336}}) {
