@@ -444,7 +444,6 @@ def train_eagle3(data_dir, out_dir, results_path, target_dir, dry=False, init_fr
 
     fast_training()
     tc = TRAIN["eagle3-continue" if init_from else "eagle3"]
-    torch.manual_seed(tc["seed"])
     dev = device()
     counts = np.bincount(np.load(os.path.join(data_dir, "train.npy")).astype(np.int64),
                          minlength=EAGLE3["vocab_size"])[:EAGLE3["vocab_size"]]
@@ -453,12 +452,17 @@ def train_eagle3(data_dir, out_dir, results_path, target_dir, dry=False, init_fr
         with open(results_path) as f:
             before = json.load(f)
         earlier = before.get("earlier_runs", []) + [
-            {k: before[k] for k in ("steps", "tokens", "seconds", "ms_per_step", "peak_lr", "history") if k in before}]
+            {k: before[k] for k in ("steps", "tokens", "seconds", "ms_per_step", "peak_lr", "seed", "history") if k in before}]
         head = load_eagle3(init_from)
         vocab = head.draft_ids().numpy()
         log(f"eagle3: going on from {init_from} ({len(earlier)} earlier runs)")
     else:
         vocab = draft_vocab_from_counts(counts, EAGLE3["draft_vocab_size"])
+    if init_from:
+        # Each continuation draws new data windows: the second run seeds with tc["seed"], the third
+        # with tc["seed"] + 1, ... (so the seed waits for `earlier`).
+        tc = dict(tc, seed=tc["seed"] + len(earlier) - 1)
+    torch.manual_seed(tc["seed"])
     coverage = float(counts[vocab].sum() / counts.sum())
     log(f"eagle3: draft vocabulary of {vocab.size} ids covers {coverage:.4f} of the training tokens")
     stream = Stream(os.path.join(data_dir, "train.npy"), dev)
@@ -487,7 +491,7 @@ def train_eagle3(data_dir, out_dir, results_path, target_dir, dry=False, init_fr
                    ttt_steps=EAGLE3_TTT_STEPS, step_decay=EAGLE3_STEP_DECAY,
                    mask_out_of_vocab=EAGLE3_MASK_OUT_OF_VOCAB, aux_layers=list(AUX),
                    draft_vocab_size=int(vocab.size), draft_vocab_train_coverage=coverage,
-                   aux_semantics=semantics, weight_decay=tc["weight_decay"])
+                   aux_semantics=semantics, weight_decay=tc["weight_decay"], seed=tc["seed"])
     if init_from:
         summary.update(init_from=init_from, earlier_runs=earlier,
                        total_tokens=summary["tokens"] + sum(r["tokens"] for r in earlier))

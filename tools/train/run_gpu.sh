@@ -6,7 +6,7 @@
 #   eagle3 corpus again (tokenizer from models/specula-tiny), the EAGLE-3 head of specula-tiny trained
 #          (240 s), evaluated against specula-tiny-draft, fixture; needs the committed specula-tiny and
 #          specula-tiny-draft. About 8 min: prepare 1-2, train 4.5 with loading and saving, eval + fixture 1.
-#   eagle3-continue  as eagle3, but going on training the committed head (another 240 s, new
+#   eagle3-continue  as eagle3, but going on training the committed head (another 300 s, new
 #          windows, a lower peak; configs.py "eagle3-continue"); its earlier run's figures are kept
 #   eagle3-dry  the eagle3 path with 40 steps and small evaluations on the dry corpus (a few minutes)
 # Everything that comes back is packed under $OUT (at most 8 files of 16 MiB).
