@@ -78,8 +78,9 @@ ModelProposer::ModelProposer(Backend& backend, std::unique_ptr<DraftSampler> sam
                 "proposer: bad configuration (k={}, max_num_seqs={}, max_num_batched_tokens={}, max_model_len={})",
                 config.num_speculative_tokens, config.max_num_seqs, config.max_num_batched_tokens, config.max_model_len);
   if (!sampler_) sampler_ = make_cpu_draft_sampler(backend);
-  if (const char* env = std::getenv("SPECULA_SAMPLED_DRAFT_CHAIN"); env && std::string_view(env) == "0")
-    config_.chain_sampled_drafts = false;
+  // SPECULA_SAMPLED_DRAFT_CHAIN=0 / =1 overrides the factory's choice (for comparisons).
+  if (const char* env = std::getenv("SPECULA_SAMPLED_DRAFT_CHAIN"); env && (env[0] == '0' || env[0] == '1'))
+    config_.chain_sampled_drafts = env[0] == '1';
   q_store_ = backend.empty({static_cast<int64_t>(config.max_num_seqs) * config.num_speculative_tokens, vocab_size},
                            DType::kF32);
   for (int s = config.max_num_seqs - 1; s >= 0; --s) free_slots_.push_back(s);

@@ -72,7 +72,7 @@ struct ModelProposerConfig {
   // step by step (tests compare the two).
   bool chain_drafts = true;
   // Chain sampled drafts too (DraftChain::Kind::kSampled); false: only argmax ones
-  // (SPECULA_SAMPLED_DRAFT_CHAIN=0 sets it, for A/B runs). The factories chain them only at a
+  // (SPECULA_SAMPLED_DRAFT_CHAIN=0 or =1 sets it, for A/B runs). The factories chain them only at a
   // pinned depth: the adaptive depth's cost model charges a plain step host time that async
   // scheduling hides, and with the cheaper drafts it then speculated at temperature 1 where that
   // does not pay (8 requests on the H200: 0.71-0.92x of no speculation chained, 0.86-0.99x not).
