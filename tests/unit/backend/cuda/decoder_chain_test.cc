@@ -211,7 +211,9 @@ HeadRows head_rows(Backend& gpu, const std::vector<std::vector<int32_t>>& tokens
 //   mix, whatever the tasks a block runs);
 // - against the head's own steps (EagleHead::forward fed the previous step's prenorm output, a row
 //   at a time): the same tokens but where two logits are within rounding, the same K/V; padding
-//   rows write nothing.
+//   rows write nothing;
+// - each step again as a chain of one step from that head step's own inputs and cache: the same
+//   token (or one within rounding) and K/V entry, step by step, with no drift carried in.
 void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int steps, unsigned seed) {
   SCOPED_TRACE("rows " + std::to_string(real_rows) + " + " + std::to_string(padding_rows) + " padding, steps " +
                std::to_string(steps));
@@ -274,9 +276,8 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
   const std::vector<float> prenorm = testing::to_host(*gpu, out.prenorm), logits = testing::to_host(*gpu, out.logits);
   const std::vector<float> prefilled_k = testing::to_host(*gpu, ref[0].k), prefilled_v = testing::to_host(*gpu, ref[0].v);
 
-  // A chain of the listed real rows (plus `padding` rows at position 0 without writing, over the
-  // first row's blocks) from the prefilled cache: draft 1 (the prefill's argmax) and the last row's
-  // prenorm start it, step s of row r runs position len_r + s. Returns its tokens [steps][rows].
+  // Each row's draft 1 (the prefill's argmax) and its last prefill row's prenorm: what a chain from
+  // the prefilled cache starts with (step s of row r runs position len_r + s).
   std::vector<int32_t> first(static_cast<size_t>(real_rows));
   std::vector<float> first_hidden(static_cast<size_t>(real_rows * h));
   for (int r = 0, at = 0; r < real_rows; ++r) {
@@ -287,53 +288,72 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
   auto slot_of = [&](int r, int pos) {
     return int64_t{blocks[r][static_cast<size_t>(pos / kBlockSize)]} * kBlockSize + pos % kBlockSize;
   };
-  auto run_chain = [&](const std::vector<int>& real, int padding, std::vector<KVCacheLayer>& kv) {
+  // A chain of `chain_steps` steps over the listed rows (plus `padding` rows at position 0 without
+  // writing, over the first row's blocks) from the cache state k0 / v0: row i is prompt r's, its
+  // first step reads token `token` and hidden state `hidden` (H values) at position `pos`. Returns
+  // its tokens [steps][rows].
+  struct ChainRow {
+    int r;
+    int32_t token;
+    const float* hidden;
+    int pos;
+  };
+  auto run_chain = [&](const std::vector<ChainRow>& real, int padding, int chain_steps, const std::vector<float>& k0,
+                       const std::vector<float>& v0, std::vector<KVCacheLayer>& kv) {
     const int n = static_cast<int>(real.size()) + padding;
-    std::vector<int32_t> first_tokens(static_cast<size_t>(n), 0), positions(static_cast<size_t>(steps) * n, 0);
+    std::vector<int32_t> first_tokens(static_cast<size_t>(n), 0), positions(static_cast<size_t>(chain_steps) * n, 0);
     std::vector<int32_t> tables(static_cast<size_t>(n) * kWidth, 0);
-    std::vector<int64_t> slots(static_cast<size_t>(steps) * n, -1);
+    std::vector<int64_t> slots(static_cast<size_t>(chain_steps) * n, -1);
     std::vector<float> hidden(static_cast<size_t>(n * h), 0.0f);
     for (int i = 0; i < n; ++i) {
-      const int r = real[i < static_cast<int>(real.size()) ? i : 0];
+      const bool is_real = i < static_cast<int>(real.size());
+      const int r = real[is_real ? i : 0].r;
       std::copy(blocks[r].begin(), blocks[r].end(), tables.begin() + i * kWidth);
-      if (i >= static_cast<int>(real.size())) continue;
-      first_tokens[i] = first[r];
-      std::copy_n(first_hidden.begin() + r * h, h, hidden.begin() + i * h);
-      for (int s = 0; s < steps; ++s) {
-        positions[s * n + i] = lens[r] + s;
-        slots[s * n + i] = slot_of(r, lens[r] + s);
+      if (!is_real) continue;
+      first_tokens[i] = real[i].token;
+      std::copy_n(real[i].hidden, h, hidden.begin() + i * h);
+      for (int s = 0; s < chain_steps; ++s) {
+        positions[s * n + i] = real[i].pos + s;
+        slots[s * n + i] = slot_of(r, real[i].pos + s);
       }
     }
-    gpu->copy(testing::to_gpu(*gpu, Tensor::from_f32(prefilled_k, ref[0].k.shape())), kv[0].k);
-    gpu->copy(testing::to_gpu(*gpu, Tensor::from_f32(prefilled_v, ref[0].v.shape())), kv[0].v);
+    gpu->copy(testing::to_gpu(*gpu, Tensor::from_f32(k0, ref[0].k.shape())), kv[0].k);
+    gpu->copy(testing::to_gpu(*gpu, Tensor::from_f32(v0, ref[0].v.shape())), kv[0].v);
     DecoderChain chain;
     chain.rows = n;
-    chain.steps = steps;
+    chain.steps = chain_steps;
     chain.first_tokens = testing::to_gpu(*gpu, Tensor::from_i32(first_tokens));
     chain.first_hidden = testing::to_gpu(*gpu, Tensor::from_f32(hidden, {n, h}));
     chain.positions = testing::to_gpu(*gpu, Tensor::from_i32(positions));
     chain.slots = testing::to_gpu(*gpu, Tensor::from_i64(slots));
     chain.block_tables = testing::to_gpu(*gpu, Tensor::from_i32(tables, {n, kWidth}));
-    chain.out_tokens = gpu->empty({static_cast<int64_t>(steps) * n}, DType::kI32);
+    chain.out_tokens = gpu->empty({static_cast<int64_t>(chain_steps) * n}, DType::kI32);
     chain.kv = &kv;
     chain.block_size = kBlockSize;
     EXPECT_TRUE(head.greedy_chain(chain)) << "the CUDA backend has no fused chain for the embedded EAGLE-3 head";
     const std::vector<float> got = testing::to_host(*gpu, chain.out_tokens);
-    std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(steps));
-    for (int s = 0; s < steps; ++s)
+    std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(chain_steps));
+    for (int s = 0; s < chain_steps; ++s)
       for (int i = 0; i < n; ++i) tokens[s].push_back(static_cast<int32_t>(got[s * n + i]));
     return tokens;
+  };
+  // The chain from the prefill.
+  auto from_prefill = [&](const std::vector<int>& rs) {
+    std::vector<ChainRow> rows;
+    for (int r : rs) rows.push_back({r, first[r], first_hidden.data() + r * h, lens[r]});
+    return rows;
   };
   std::vector<int> all(static_cast<size_t>(real_rows));
   std::iota(all.begin(), all.end(), 0);
   std::vector<KVCacheLayer> fused = cache(head.kv_cache_spec()), alone = cache(head.kv_cache_spec());
-  const std::vector<std::vector<int32_t>> chain_out = run_chain(all, padding_rows, fused);
+  const std::vector<std::vector<int32_t>> chain_out =
+      run_chain(from_prefill(all), padding_rows, steps, prefilled_k, prefilled_v, fused);
   const std::vector<float> fused_k = testing::to_host(*gpu, fused[0].k), fused_v = testing::to_host(*gpu, fused[0].v);
 
   // Each row chained alone: the same tokens and K/V entries, bit for bit.
   const int64_t entry = head.kv_cache_spec().num_kv_heads * head.kv_cache_spec().head_dim;
   for (int r = 0; r < real_rows; ++r) {
-    const std::vector<std::vector<int32_t>> own = run_chain({r}, 0, alone);
+    const std::vector<std::vector<int32_t>> own = run_chain(from_prefill({r}), 0, steps, prefilled_k, prefilled_v, alone);
     const std::vector<float> k = testing::to_host(*gpu, alone[0].k), v = testing::to_host(*gpu, alone[0].v);
     for (int s = 0; s < steps; ++s) {
       EXPECT_EQ(own[s][0], chain_out[s][r]) << "row " << r << " step " << s << ": alone and in the batch";
@@ -345,8 +365,25 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
     }
   }
 
-  // Head steps, fed the chain's tokens and their own prenorm, a row at a time.
+  // Head steps, fed the chain's tokens and their own prenorm, a row at a time. Each step's inputs
+  // (token, hidden state g) and logits are kept for the one-step chains below.
+  struct HeadStep {
+    int32_t input;
+    std::vector<float> g, logits;
+  };
+  std::vector<std::vector<HeadStep>> head_steps(static_cast<size_t>(real_rows));
   int exact = 0, count = 0;
+  auto expect_token = [&](int32_t got, const std::vector<float>& l, const std::string& what) {
+    const int32_t want = testing::argmax(l.data(), vocab);
+    ASSERT_GE(got, 0);
+    ASSERT_LT(got, vocab);
+    ++count;
+    if (got == want) {
+      ++exact;
+      return;
+    }
+    EXPECT_LE(l[want] - l[got], 0.05f) << what << ": chain " << got << ", head " << want;
+  };
   for (int r = 0; r < real_rows; ++r) {
     Tensor g = testing::to_gpu(*gpu, Tensor::from_f32(std::vector<float>(first_hidden.begin() + r * h,
                                                                          first_hidden.begin() + (r + 1) * h),
@@ -360,24 +397,42 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
       e.from_target = false;
       gpu->reset_scratch();
       EagleForwardOutput o = head.forward(e, ref[0]);
-      const std::vector<float> l = testing::to_host(*gpu, o.logits);
+      head_steps[r].push_back({input, testing::to_host(*gpu, g), testing::to_host(*gpu, o.logits)});
       Tensor next_g = gpu->empty({1, h}, DType::kBF16);
       gpu->copy(o.prenorm, next_g);
       g = next_g;
-      const int32_t want = testing::argmax(l.data(), vocab), got = chain_out[s][r];
-      ASSERT_GE(got, 0);
-      ASSERT_LT(got, vocab);
-      ++count;
-      if (got == want) {
-        ++exact;
-        continue;
-      }
-      EXPECT_LE(l[want] - l[got], 0.05f) << "step " << s << " row " << r << ": chain " << got << ", head " << want;
+      expect_token(chain_out[s][r], head_steps[r].back().logits,
+                   "step " + std::to_string(s) + " row " + std::to_string(r));
     }
   }
   EXPECT_GE(exact, count - std::max(1, count / 10)) << exact << " of " << count << " tokens equal";
-  testing::expect_close(fused_k, testing::to_host(*gpu, ref[0].k), 1.0 / 64, 1e-2, "K");
-  testing::expect_close(fused_v, testing::to_host(*gpu, ref[0].v), 1.0 / 64, 1e-2, "V");
+  const std::vector<float> ref_k = testing::to_host(*gpu, ref[0].k), ref_v = testing::to_host(*gpu, ref[0].v);
+  testing::expect_close(fused_k, ref_k, 1.0 / 64, 1e-2, "K");
+  testing::expect_close(fused_v, ref_v, 1.0 / 64, 1e-2, "V");
+
+  // Every step once more as a chain of one step from that head step's own inputs and the cache it
+  // read (the head steps' entries before its position): the same token or one within rounding,
+  // and the same K/V entry, with no drift from earlier steps carried in (above it compounds).
+  std::vector<KVCacheLayer> one = cache(head.kv_cache_spec());
+  exact = count = 0;
+  for (int r = 0; r < real_rows; ++r) {
+    for (int s = 0; s < steps; ++s) {
+      const HeadStep& hs = head_steps[r][static_cast<size_t>(s)];
+      const std::string what = "one step: row " + std::to_string(r) + " step " + std::to_string(s);
+      const std::vector<std::vector<int32_t>> out =
+          run_chain({{r, hs.input, hs.g.data(), lens[r] + s}}, 0, 1, ref_k, ref_v, one);
+      expect_token(out[0][0], hs.logits, what);
+      const int64_t at = slot_of(r, lens[r] + s) * entry;
+      const std::vector<float> k = testing::to_host(*gpu, one[0].k), v = testing::to_host(*gpu, one[0].v);
+      testing::expect_close(std::vector<float>(k.begin() + at, k.begin() + at + entry),
+                            std::vector<float>(ref_k.begin() + at, ref_k.begin() + at + entry), 1.0 / 64, 1e-2,
+                            what + " K");
+      testing::expect_close(std::vector<float>(v.begin() + at, v.begin() + at + entry),
+                            std::vector<float>(ref_v.begin() + at, ref_v.begin() + at + entry), 1.0 / 64, 1e-2,
+                            what + " V");
+    }
+  }
+  EXPECT_GE(exact, count - std::max(1, count / 10)) << exact << " of " << count << " one-step tokens equal";
 }
 
 TEST(DecoderChain, Eagle3HeadChainIsTheHeadStepsArgmax) {
