@@ -25,6 +25,27 @@ namespace {
 
 constexpr int kBlockSize = 16;
 
+// Tokens of a chain against its reference's logits: each the argmax, or one within rounding of
+// it (a near tie that the two paths' summation orders may break either way), and at least 90 % of
+// them exact (checked by expect_mostly_exact once all are counted).
+struct TokenTally {
+  int exact = 0, total = 0;
+  void expect(int32_t got, const std::vector<float>& logits, int64_t vocab, const std::string& what) {
+    const int32_t want = testing::argmax(logits.data(), vocab);
+    ASSERT_GE(got, 0) << what;
+    ASSERT_LT(got, vocab) << what;
+    ++total;
+    if (got == want) {
+      ++exact;
+      return;
+    }
+    EXPECT_LE(logits[want] - logits[got], 0.05f) << what << ": chain " << got << ", reference " << want;
+  }
+  void expect_mostly_exact(const std::string& what) const {
+    EXPECT_GE(exact, total - std::max(1, total / 10)) << exact << " of " << total << " " << what << " equal";
+  }
+};
+
 void expect_chain_matches_forward(int real_rows, int padding_rows, int steps, unsigned seed) {
   SCOPED_TRACE("rows " + std::to_string(real_rows) + " + " + std::to_string(padding_rows) + " padding, steps " +
                std::to_string(steps));
@@ -88,7 +109,7 @@ void expect_chain_matches_forward(int real_rows, int padding_rows, int steps, un
   const int32_t* out = out_host.data_as<int32_t>();
 
   // Layer by layer, fed the chain's tokens.
-  int exact = 0, total = 0;
+  TokenTally tokens;
   for (int s = 0; s < steps; ++s) {
     std::vector<testing::PagedRunner::Work> work;
     for (int r = 0; r < real_rows; ++r) {
@@ -96,20 +117,10 @@ void expect_chain_matches_forward(int real_rows, int padding_rows, int steps, un
       work.push_back({r, 1, false});
     }
     const auto step_logits = ref.step(work);
-    for (int r = 0; r < real_rows; ++r) {
-      const std::vector<float>& l = step_logits[r];
-      const int32_t want = testing::argmax(l.data(), vocab), got = out[s * rows + r];
-      ASSERT_GE(got, 0);
-      ASSERT_LT(got, vocab);
-      ++total;
-      if (got == want) {
-        ++exact;
-        continue;
-      }
-      EXPECT_LE(l[want] - l[got], 0.05f) << "step " << s << " row " << r << ": chain " << got << ", forward " << want;
-    }
+    for (int r = 0; r < real_rows; ++r)
+      tokens.expect(out[s * rows + r], step_logits[r], vocab, "step " + std::to_string(s) + " row " + std::to_string(r));
   }
-  EXPECT_GE(exact, total - std::max(1, total / 10)) << exact << " of " << total << " tokens equal";
+  tokens.expect_mostly_exact("tokens");
 
   // The K/V written: the same entries (padding rows wrote nothing: block contents equal too).
   for (size_t l = 0; l < fused.kv().size(); ++l) {
@@ -372,18 +383,7 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
     std::vector<float> g, logits;
   };
   std::vector<std::vector<HeadStep>> head_steps(static_cast<size_t>(real_rows));
-  int exact = 0, count = 0;
-  auto expect_token = [&](int32_t got, const std::vector<float>& l, const std::string& what) {
-    const int32_t want = testing::argmax(l.data(), vocab);
-    ASSERT_GE(got, 0);
-    ASSERT_LT(got, vocab);
-    ++count;
-    if (got == want) {
-      ++exact;
-      return;
-    }
-    EXPECT_LE(l[want] - l[got], 0.05f) << what << ": chain " << got << ", head " << want;
-  };
+  TokenTally tokens;
   for (int r = 0; r < real_rows; ++r) {
     Tensor g = testing::to_gpu(*gpu, Tensor::from_f32(std::vector<float>(first_hidden.begin() + r * h,
                                                                          first_hidden.begin() + (r + 1) * h),
@@ -401,11 +401,11 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
       Tensor next_g = gpu->empty({1, h}, DType::kBF16);
       gpu->copy(o.prenorm, next_g);
       g = next_g;
-      expect_token(chain_out[s][r], head_steps[r].back().logits,
-                   "step " + std::to_string(s) + " row " + std::to_string(r));
+      tokens.expect(chain_out[s][r], head_steps[r].back().logits, vocab,
+                    "step " + std::to_string(s) + " row " + std::to_string(r));
     }
   }
-  EXPECT_GE(exact, count - std::max(1, count / 10)) << exact << " of " << count << " tokens equal";
+  tokens.expect_mostly_exact("tokens");
   const std::vector<float> ref_k = testing::to_host(*gpu, ref[0].k), ref_v = testing::to_host(*gpu, ref[0].v);
   testing::expect_close(fused_k, ref_k, 1.0 / 64, 1e-2, "K");
   testing::expect_close(fused_v, ref_v, 1.0 / 64, 1e-2, "V");
@@ -414,14 +414,14 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
   // read (the head steps' entries before its position): the same token or one within rounding,
   // and the same K/V entry, with no drift from earlier steps carried in (above it compounds).
   std::vector<KVCacheLayer> one = cache(head.kv_cache_spec());
-  exact = count = 0;
+  TokenTally one_step_tokens;
   for (int r = 0; r < real_rows; ++r) {
     for (int s = 0; s < steps; ++s) {
       const HeadStep& hs = head_steps[r][static_cast<size_t>(s)];
       const std::string what = "one step: row " + std::to_string(r) + " step " + std::to_string(s);
       const std::vector<std::vector<int32_t>> out =
           run_chain({{r, hs.input, hs.g.data(), lens[r] + s}}, 0, 1, ref_k, ref_v, one);
-      expect_token(out[0][0], hs.logits, what);
+      one_step_tokens.expect(out[0][0], hs.logits, vocab, what);
       const int64_t at = slot_of(r, lens[r] + s) * entry;
       const std::vector<float> k = testing::to_host(*gpu, one[0].k), v = testing::to_host(*gpu, one[0].v);
       testing::expect_close(std::vector<float>(k.begin() + at, k.begin() + at + entry),
@@ -432,7 +432,7 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
                             what + " V");
     }
   }
-  EXPECT_GE(exact, count - std::max(1, count / 10)) << exact << " of " << count << " one-step tokens equal";
+  one_step_tokens.expect_mostly_exact("one-step tokens");
 }
 
 TEST(DecoderChain, Eagle3HeadChainIsTheHeadStepsArgmax) {
