@@ -474,7 +474,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
   bool skip_proposer = false;
   if (speculator_) {
     // (a grammar-cut draft is recorded as a verification before the choice)
-    bool verifies = false, cut = false;
+    bool verifies = false, cut = false, prompts = false;
     int num_plain = 0;
     for (const RequestPlan& plan : plans) {
       if (plan.first_sample_row >= 0) {
@@ -482,8 +482,9 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
         num_plain += plan.drafts.empty() ? 1 : 0;
       }
       cut = cut || plan.sched->num_grammar_cut_drafts > 0;
+      prompts = prompts || plan.sched->num_scheduled_tokens != 1;  // a prompt chunk (or drafts)
     }
-    skip_proposer = !verifies && !cut && num_plain > 0 && speculator_->skip_step(num_plain);
+    skip_proposer = !verifies && !cut && num_plain > 0 && speculator_->skip_step(num_plain, prompts);
   }
   input.with_aux_hidden_states = !skip_proposer;
   const auto t0 = std::chrono::steady_clock::now();

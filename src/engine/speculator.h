@@ -144,12 +144,12 @@ class Speculator {
   // `seconds` for the target's forward and verification.
   virtual void record_target_step(int num_seqs, int rows, double seconds) = 0;
   // Asked before the forward of a step that verifies no drafts, num_decoding of whose requests
-  // sample: chooses the step's depth now. True: the depth is 0 and the proposer need not see the
+  // sample (with_prompts: others run prompt chunks): chooses the step's depth now. True: the depth is 0 and the proposer need not see the
   // step, so the runner does not call propose() for it (nothing after sampling needs its tokens on
   // the host, and under async scheduling they stay on the device like a plain step's) and its
   // forward leaves out what only a proposer reads (ForwardInput::with_aux_hidden_states). False:
   // propose() follows for this step and keeps the depth chosen here.
-  virtual bool skip_step(int num_decoding) { return false; }
+  virtual bool skip_step(int num_decoding, bool with_prompts) { return false; }
   // Chooses this step's depth (setting batch.depth) unless skip_step() chose it, proposes, and
   // returns the depth; drafts[i] are the drafts of batch.requests[i].
   virtual int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) = 0;

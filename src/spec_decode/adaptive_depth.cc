@@ -1,6 +1,7 @@
 #include "spec_decode/adaptive_depth.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/error.h"
 
@@ -62,9 +63,28 @@ double AdaptiveDepth::expected_tokens(int depth) const {
   return e;
 }
 
+double AdaptiveDepth::step_seconds(int num_seqs, int depth) const {
+  const auto parts = [&](int d) {
+    return cost_->target_seconds(num_seqs, 1 + d) + cost_->draft_seconds(num_seqs, d) + cost_->host_seconds(num_seqs);
+  };
+  if (const std::optional<double> period = cost_->period_seconds(num_seqs, depth)) return *period;
+  // Depth 0 unmeasured keeps its parts, the host included: async scheduling hides that work behind
+  // the device, so a plain step costs at most this (speculation looks no worse than it is).
+  if (depth == 0) return parts(0);
+  for (int away = 1; away < config_.num_speculative_tokens; ++away) {
+    for (int d : {depth - away, depth + away}) {
+      if (d < 1 || d > config_.num_speculative_tokens) continue;
+      if (const std::optional<double> period = cost_->period_seconds(num_seqs, d)) {
+        const double measured_parts = parts(d);
+        if (measured_parts > 0.0) return parts(depth) * *period / measured_parts;
+      }
+    }
+  }
+  return parts(depth);
+}
+
 double AdaptiveDepth::tokens_per_second(int num_seqs, int depth) const {
-  const double t = cost_->target_seconds(num_seqs, 1 + depth) + cost_->draft_seconds(num_seqs, depth) +
-                   cost_->host_seconds(num_seqs);
+  const double t = step_seconds(num_seqs, depth);
   return t > 0.0 ? expected_tokens(depth) / t : 0.0;
 }
 
@@ -90,8 +110,7 @@ int AdaptiveDepth::probe_depth(int num_seqs) const {
   int best = 0;
   double best_rate = tokens_per_second(num_seqs, 0) * config_.min_gain;
   for (int d = 1; d <= config_.num_speculative_tokens; ++d) {
-    const double t =
-        cost_->target_seconds(num_seqs, 1 + d) + cost_->draft_seconds(num_seqs, d) + cost_->host_seconds(num_seqs);
+    const double t = step_seconds(num_seqs, d);
     if (t > 0.0 && (1.0 + d) / t > best_rate) {
       best_rate = (1.0 + d) / t;
       best = d;

@@ -3,9 +3,11 @@
 // For batch size B and depth d the expected tokens per request per step are
 //     E(d) = 1 + a_1 + a_1 a_2 + ... + a_1 ... a_d
 // where a_i is the measured acceptance of draft i given drafts 1..i-1 were accepted (an
-// exponential moving average per position, seeded with a prior), and a step costs
+// exponential moving average per position, seeded with a prior), and a step costs its measured
+// period at depth d where one was measured (step_cost_model.h), else the sum of its parts
 //     T(d) = target(B, 1 + d) + draft(B, d) + host(B)
-// from the MEASURED cost model (step_cost_model.h). The depth maximises E(d) / T(d), the tokens
+// from the MEASURED cost model, scaled for d > 0 by what the nearest measured speculative depth's
+// period was against its parts (the parts overlap in ways the sum does not see). The depth maximises E(d) / T(d), the tokens
 // per second of every request (so both throughput and TPOT), and a depth d > 0 is only taken when
 // it beats plain decoding (d = 0) by `min_gain`: under heavy load, where verifying d extra rows is
 // no longer nearly free, or when acceptance is low, the answer is 0 and the step is a plain decode.
@@ -101,6 +103,8 @@ class AdaptiveDepth {
   double expected_tokens(int depth) const;
   // Expected tokens per second of one request at this depth (the objective).
   double tokens_per_second(int num_seqs, int depth) const;
+  // T(depth) as the choice prices it (the header): a measured period, else the parts.
+  double step_seconds(int num_seqs, int depth) const;
   // a_1..a_k (conditional acceptance per position).
   std::vector<double> acceptance() const;
   const AdaptiveDepthConfig& config() const { return config_; }

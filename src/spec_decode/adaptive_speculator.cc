@@ -50,16 +50,21 @@ AdaptiveSpeculator::~AdaptiveSpeculator() {
   const int k = config_.num_speculative_tokens;
   std::string text = "== SPECULA_PROFILE: adaptive depth (microseconds; tok/s of one request at each depth)\n";
   text += fmt::format("acceptance per position: {:.3f}\n", fmt::join(depth_.acceptance(), ", "));
-  for (int b : {1, 4, 16, 64, 256}) {
+  for (int b : {1, 4, 8, 16, 64, 256}) {
     StepCostModel& c = depth_.cost();
-    std::vector<std::string> target, draft, rate;
+    std::vector<std::string> target, draft, period, rate;
     for (int r = 1; r <= k + 1; ++r) target.push_back(fmt::format("{:.0f}", 1e6 * c.target_seconds(b, r)));
     for (int d = 1; d <= k; ++d) draft.push_back(fmt::format("{:.0f}", 1e6 * c.draft_seconds(b, d)));
+    for (int d = 0; d <= k; ++d) {
+      const std::optional<double> p = c.period_seconds(b, d);
+      period.push_back(p ? fmt::format("{:.0f}", 1e6 * *p) : "-");
+    }
     for (int d = 0; d <= k; ++d) rate.push_back(fmt::format("{:.0f}", depth_.tokens_per_second(b, d)));
     text += fmt::format(
-        "batch {:>3}: target rows 1..{} [{}]  draft depth 1..{} [{}]  host {:.0f}  tok/s depth 0..{} [{}]  -> depth {}\n", b,
-        k + 1, fmt::join(target, " "), k, fmt::join(draft, " "), 1e6 * c.host_seconds(b), k, fmt::join(rate, " "),
-        depth_.current(b));
+        "batch {:>3}: target rows 1..{} [{}]  draft depth 1..{} [{}]  host {:.0f}  period depth 0..{} [{}]  tok/s depth "
+        "0..{} [{}]  -> depth {}\n",
+        b, k + 1, fmt::join(target, " "), k, fmt::join(draft, " "), 1e6 * c.host_seconds(b), k, fmt::join(period, " "), k,
+        fmt::join(rate, " "), depth_.current(b));
   }
   if (debug)
     LOG_DEBUG("{}", text);
@@ -83,6 +88,17 @@ void AdaptiveSpeculator::measure_host(const ProposeBatch& batch, int num_decodin
   last_proposer_seconds_ = 0.0;
 }
 
+void AdaptiveSpeculator::measure_period(int way, int num_seqs, double now) {
+  if (way >= 0 && way == period_way_ && num_seqs == period_seqs_) {
+    if (++period_run_ >= 2) depth_.cost().record_period(num_seqs, way / 2, now - period_from_);
+  } else {
+    period_run_ = 0;
+  }
+  period_way_ = way;
+  period_seqs_ = num_seqs;
+  period_from_ = now;
+}
+
 bool AdaptiveSpeculator::idle(int depth, int num_decoding) const {
   // SPECULA_FEED_IDLE_PROPOSER=0 never feeds a depth-0 step (probes then see a stale cache): for
   // measuring what feeding costs (docs/PERFORMANCE.md, "What feeding the head costs").
@@ -94,11 +110,13 @@ bool AdaptiveSpeculator::idle(int depth, int num_decoding) const {
          !(feed && proposer_->needs_every_step() && depth_.feeds_proposer(num_decoding));
 }
 
-bool AdaptiveSpeculator::skip_step(int num_decoding) {
+bool AdaptiveSpeculator::skip_step(int num_decoding, bool with_prompts) {
   if (!config_.adaptive || num_decoding <= 0) return false;
   chosen_depth_ = depth_.choose(num_decoding);
   if (!idle(chosen_depth_, num_decoding)) return false;
   chosen_depth_ = -1;
+  // An idle step runs as a plain one (deferred under async scheduling): its period is depth 0's.
+  measure_period(with_prompts ? -1 : 0, num_decoding, clock_());
   // No propose() this step, so the next one cannot tell this step's host work apart.
   last_entry_ = -1.0;
   LOG_DEBUG("adaptive depth: {} decoding, depth 0, step skipped", num_decoding);
@@ -108,7 +126,8 @@ bool AdaptiveSpeculator::skip_step(int num_decoding) {
 int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
   int num_decoding = 0;
   for (const ProposerRequest& r : batch.requests) num_decoding += r.sampled ? 1 : 0;
-  if (config_.adaptive) measure_host(batch, num_decoding, clock_());
+  const double entry = clock_();
+  if (config_.adaptive) measure_host(batch, num_decoding, entry);
   // Only decoding requests can draft; a step of prompt chunks alone takes the best depth for its
   // batch (no probe), so that the draft mirrors the chunks where speculation will run and stays
   // idle where it will not.
@@ -133,6 +152,11 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   // a probe with a warm cache found acceptance too low, only the steps the proposer needs to
   // recover before each probe are fed (Proposer::steps_to_recover; fed every step, MTP at
   // temperature 1 ran at 0.6x of no speculation).
+  // The period of speculative steps in a row that every request decodes in, none a probe's (a
+  // launch-ahead's entry comes earlier in its step than a plain propose()'s: another way).
+  const bool steady_way = batch.depth > 0 && num_decoding == static_cast<int>(batch.requests.size()) &&
+                          !depth_.draft_probe() && !depth_.deep_probe();
+  if (config_.adaptive) measure_period(steady_way ? 2 * batch.depth + (batch.ahead ? 1 : 0) : -1, num_decoding, entry);
   if (idle(batch.depth, num_decoding)) {
     LOG_DEBUG("adaptive depth: {} decoding, depth 0, proposer not called", num_decoding);
     drafts.assign(batch.requests.size(), {});
@@ -180,17 +204,19 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
     depth_.cost().record_draft(drafting, most, seconds);
   }
   if (spdlog::default_logger_raw()->should_log(spdlog::level::debug)) {  // acceptance() copies
-    // What the choice weighed at this batch size, by depth 0..k: the modelled target, draft and
-    // host times and the tokens per second against plain decoding.
+    // What the choice weighed at this batch size, by depth 0..k: the modelled target and draft
+    // times, the step's price (its measured period, else the parts with the host's time) and the
+    // tokens per second against plain decoding.
     const int n = std::max(1, num_decoding);
     StepCostModel& cost = depth_.cost();
     std::vector<std::string> model;
     for (int d = 0; d <= config_.num_speculative_tokens; ++d)
-      model.push_back(fmt::format("{}:{:.0f}+{:.0f}us/{:.2f}", d, 1e6 * cost.target_seconds(n, 1 + d),
-                                  1e6 * cost.draft_seconds(n, d),
+      model.push_back(fmt::format("{}:{:.0f}+{:.0f}={:.0f}{}us/{:.2f}", d, 1e6 * cost.target_seconds(n, 1 + d),
+                                  1e6 * cost.draft_seconds(n, d), 1e6 * depth_.step_seconds(n, d),
+                                  cost.period_seconds(n, d) ? "p" : "",
                                   depth_.tokens_per_second(n, d) / std::max(1e-12, depth_.tokens_per_second(n, 0))));
     LOG_DEBUG("adaptive depth: {} decoding, depth {}{}, drafted {} x {}, proposer {:.1f} us{}, acceptance {:.2f}; "
-              "host {:.0f} us, depth:target+draft/gain {}",
+              "host {:.0f} us, depth:target+draft=price(p: period)/gain {}",
               num_decoding, batch.depth, depth_.plain_probe() ? " (plain probe)" : depth_.draft_probe() ? " (draft probe)" : depth_.deep_probe() ? " (deep probe)" : "",
               drafting, most, 1e6 * seconds, recorded ? " (recorded)" : "", fmt::join(depth_.acceptance(), " "),
               1e6 * cost.host_seconds(n), fmt::join(model, " "));

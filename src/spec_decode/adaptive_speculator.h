@@ -56,7 +56,7 @@ class AdaptiveSpeculator final : public Speculator {
     depth_.record_verification(num_drafts, num_accepted);
   }
   void record_target_step(int num_seqs, int rows, double seconds) override;
-  bool skip_step(int num_decoding) override;
+  bool skip_step(int num_decoding, bool with_prompts) override;
   int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
   // Drafts left on the device are the proposer's. Their cost counts the launch and the time the
   // collection waited: work the device finished while the host staged the next step cost that
@@ -81,6 +81,11 @@ class AdaptiveSpeculator final : public Speculator {
   void measure_host(const ProposeBatch& batch, int num_decoding, double now);
   // Depth 0 with nothing for the proposer to see: no draft, no probe, no feeding.
   bool idle(int depth, int num_decoding) const;
+  // A step's period (StepCostModel::record_period): the time from one step's entry (skip_step()
+  // for an idle step, propose() for one at depth > 0) to the next's, learned where three steps in
+  // a row ran the same way (`way`: depth and entry; -1 for a step that teaches no period: a probe,
+  // a fed depth-0 step, prompt chunks) over the same requests, so that it is the steady period.
+  void measure_period(int way, int num_seqs, double now);
 
   std::unique_ptr<Proposer> proposer_;
   AdaptiveSpeculatorConfig config_;
@@ -90,6 +95,10 @@ class AdaptiveSpeculator final : public Speculator {
   int last_num_decoding_ = 0;
   double last_proposer_seconds_ = 0.0;  // the proposer's time in the previous propose()
   int chosen_depth_ = -1;               // chosen by skip_step() for the coming propose(), else -1
+  double period_from_ = -1.0;           // clock at the previous step's entry
+  int period_way_ = -1;                 // how the previous step ran (measure_period)
+  int period_seqs_ = 0;
+  int period_run_ = 0;                  // steps before it that ran that way, in a row
   // A proposal that left its drafts on the device and that the cost model learns from once they
   // are collected: its drafting requests, most drafts and launch seconds.
   struct UncollectedDraftCost {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <optional>
 #include <utility>
@@ -16,7 +17,8 @@ OnlineCostModel::OnlineCostModel(int max_rows, double draft_ratio, double ema_we
     : max_rows_(std::max(1, max_rows)), draft_ratio_(draft_ratio), ema_weight_(ema_weight), draft_fixed_(draft_fixed),
       target_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_) + 1)),
       draft_(kNumBuckets, std::vector<Entry>(static_cast<size_t>(max_rows_))),
-      host_(kNumBuckets, std::vector<Entry>(2)) {}
+      host_(kNumBuckets, std::vector<Entry>(2)),
+      period_(kNumBuckets, std::vector<Period>(static_cast<size_t>(max_rows_))) {}
 
 int OnlineCostModel::bucket_of(int num_seqs) {
   int b = 0;
@@ -54,6 +56,34 @@ void OnlineCostModel::record_draft(int num_seqs, int depth, double seconds) {
 void OnlineCostModel::record_host(int num_seqs, double seconds) {
   if (num_seqs < 1 || !(seconds >= 0.0)) return;
   update(host_[bucket_of(num_seqs)][1], num_seqs, seconds);
+}
+
+void OnlineCostModel::record_period(int num_seqs, int depth, double seconds) {
+  // (A period of no time is a clock that did not move, not a step.)
+  if (num_seqs < 1 || depth < 0 || depth >= max_rows_ || !(seconds > 0.0)) return;
+  Period& p = period_[bucket_of(num_seqs)][depth];
+  if (p.recent.size() < kPeriodSamples) {
+    p.recent.push_back(seconds);
+    p.num_seqs = p.recent.size() == 1 ? num_seqs : p.num_seqs + ema_weight_ * (num_seqs - p.num_seqs);
+  } else {
+    p.recent[p.next] = seconds;
+    p.next = (p.next + 1) % kPeriodSamples;
+    p.num_seqs += ema_weight_ * (num_seqs - p.num_seqs);
+  }
+  std::vector<double> sorted = p.recent;
+  const size_t mid = sorted.size() / 2;
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(mid), sorted.end());
+  p.median = sorted[mid];
+}
+
+std::optional<double> OnlineCostModel::period_seconds(int num_seqs, int depth) const {
+  // Its own bucket only, rescaled to num_seqs as target steps are: a period measured at another
+  // batch size says little about this one's overlap of host and device.
+  num_seqs = std::max(1, num_seqs);
+  if (depth < 0 || depth >= max_rows_) return std::nullopt;
+  const Period& p = period_[bucket_of(num_seqs)][depth];
+  if (p.recent.empty()) return std::nullopt;
+  return p.median * prior_target(num_seqs, 1 + depth) / prior_target(p.num_seqs, 1 + depth);
 }
 
 double OnlineCostModel::host_seconds(int num_seqs) const {

@@ -15,6 +15,15 @@
 // default), and one draft at `draft_ratio` times a target decode step. With nothing measured at all
 // the prior itself is used (its unit is arbitrary, the same for target and draft, which is all the
 // choice of depth compares).
+//
+// Beside the parts, a step's PERIOD at each depth: the wall time from one step to the next while
+// the engine runs the same depth step after step. Async scheduling hides a plain step's host work
+// behind the device, and a speculative step's draft and host work overlap in ways the parts do
+// not say, so where a depth's period was measured it is what that depth costs (AdaptiveDepth).
+// It is the median of the last kPeriodSamples: a period spans everything the engine did, so it
+// catches the rare long one (the thread descheduled, a log write): as an EMA (MTP, one request,
+// H200, traced) depth 5's stood at 440-630 us where its steps took ~380, while a depth run rarely
+// kept the minimum of its first samples, and the choice drifted to the depths measured least.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +48,10 @@ class StepCostModel {
   virtual void record_target(int num_seqs, int rows, double seconds) {}
   virtual void record_draft(int num_seqs, int depth, double seconds) {}
   virtual void record_host(int num_seqs, double seconds) {}
+  // The measured period of a step at `depth` over num_seqs requests (a batch of its bucket), if
+  // any; and one more measurement of it.
+  virtual std::optional<double> period_seconds(int num_seqs, int depth) const { return std::nullopt; }
+  virtual void record_period(int num_seqs, int depth, double seconds) {}
 };
 
 class OnlineCostModel : public StepCostModel {
@@ -52,6 +65,8 @@ class OnlineCostModel : public StepCostModel {
   void record_target(int num_seqs, int rows, double seconds) override;
   void record_draft(int num_seqs, int depth, double seconds) override;
   void record_host(int num_seqs, double seconds) override;
+  std::optional<double> period_seconds(int num_seqs, int depth) const override;
+  void record_period(int num_seqs, int depth, double seconds) override;
 
   static int bucket_of(int num_seqs);  // 0 for 1, 1 for 2, 2 for 3..4, 3 for 5..8, ...
   static double prior_target(double num_seqs, int rows);
@@ -82,6 +97,14 @@ class OnlineCostModel : public StepCostModel {
   std::vector<std::vector<Entry>> target_;  // [bucket][rows]
   std::vector<std::vector<Entry>> draft_;   // [bucket][depth]
   std::vector<std::vector<Entry>> host_;    // [bucket][0]
+  struct Period {
+    std::vector<double> recent;  // the last kPeriodSamples, a ring from `next`
+    size_t next = 0;
+    double median = 0.0;
+    double num_seqs = 0.0;       // as Entry's
+  };
+  static constexpr size_t kPeriodSamples = 15;
+  std::vector<std::vector<Period>> period_;  // [bucket][depth]
 };
 
 }  // namespace specula

@@ -197,7 +197,7 @@ class IdleSpeculator : public Speculator {
     ++target_steps;
     odd_calls += rows != 1 || seconds < 0.0 ? 1 : 0;
   }
-  bool skip_step(int num_decoding) override {
+  bool skip_step(int num_decoding, bool) override {
     ++skipped;
     odd_calls += num_decoding <= 0 ? 1 : 0;
     return true;

@@ -392,6 +392,58 @@ TEST(AdaptiveDepth, FeedsOnlyTheStepsTheProposerNeedsToRecover) {
   EXPECT_EQ(fed, expected);
 }
 
+// A measured period prices its depth over the sum of the parts, and scales the parts of the
+// speculative depths not measured. The trace that asked for it (eagle3, temperature 1, 8 requests,
+// H200): the parts priced a plain step at its target time plus the host's (188 + 69 us) where
+// async scheduling ran it in ~216 us, so depth 2 at 0.64 / 0.72 acceptance looked 1.11x faster
+// where pinned k = 1 and k = 3 ran 0.81x.
+TEST(AdaptiveDepth, AMeasuredPeriodPricesItsDepth) {
+  AdaptiveDepthConfig c;
+  c.num_speculative_tokens = 3;
+  c.prior_acceptance = 0.6;
+  c.probe_interval = 0;
+  auto owned = std::make_unique<OnlineCostModel>(4, 0.25);
+  OnlineCostModel& cost = *owned;
+  AdaptiveDepth d(c, std::move(owned));
+  const int n = 8;
+  for (int r = 1; r <= 4; ++r) cost.record_target(n, r, 0.000190 + 0.000010 * (r - 1));
+  for (int k = 1; k <= 3; ++k) cost.record_draft(n, k, 0.000070 * k + 0.000020);
+  cost.record_host(n, 0.000070);
+  // By its parts depth 0 costs 260 us and depth 2 440 us, for 1.96 tokens: 1.16x.
+  EXPECT_NEAR(d.step_seconds(n, 0), 0.000260, 1e-9);
+  EXPECT_GT(d.choose(n), 0);
+  // Measured: plain steps 200 us apart, depth-2 steps 430 us apart.
+  cost.record_period(n, 0, 0.000200);
+  cost.record_period(n, 2, 0.000430);
+  EXPECT_NEAR(d.step_seconds(n, 0), 0.000200, 1e-9);
+  EXPECT_NEAR(d.step_seconds(n, 2), 0.000430, 1e-9);
+  // Depths 1 and 3 were not measured: their parts, scaled by depth 2's period against its parts.
+  const double parts2 = 0.000210 + 0.000160 + 0.000070, parts1 = 0.000200 + 0.000090 + 0.000070,
+               parts3 = 0.000220 + 0.000230 + 0.000070;
+  EXPECT_NEAR(d.step_seconds(n, 1), parts1 * 0.000430 / parts2, 1e-9);
+  EXPECT_NEAR(d.step_seconds(n, 3), parts3 * 0.000430 / parts2, 1e-9);
+  EXPECT_EQ(d.choose(n), 0);
+  // Another batch size's bucket has no period: its parts.
+  EXPECT_NEAR(d.step_seconds(1, 0), cost.target_seconds(1, 1) + cost.host_seconds(1), 1e-12);
+}
+
+// A period is the median of its last samples: a rare long one (the engine's thread descheduled)
+// moves it nowhere, a change that lasts moves it within half the window.
+TEST(OnlineCostModel, APeriodIsTheMedianOfItsLastSamples) {
+  OnlineCostModel m(4, 0.25);
+  EXPECT_FALSE(m.period_seconds(1, 2));
+  m.record_period(1, 2, 0.0004);
+  EXPECT_NEAR(*m.period_seconds(1, 2), 0.0004, 1e-12);
+  for (int i = 0; i < 20; ++i) m.record_period(1, 2, i % 10 == 9 ? 0.0030 : 0.0004);
+  EXPECT_NEAR(*m.period_seconds(1, 2), 0.0004, 1e-12);
+  for (int i = 0; i < 8; ++i) m.record_period(1, 2, 0.0005);
+  EXPECT_NEAR(*m.period_seconds(1, 2), 0.0005, 1e-12);
+  m.record_period(1, 2, 0.0);  // a clock that did not move
+  EXPECT_NEAR(*m.period_seconds(1, 2), 0.0005, 1e-12);
+  EXPECT_FALSE(m.period_seconds(1, 1)) << "each depth its own";
+  EXPECT_FALSE(m.period_seconds(2, 2)) << "each bucket its own";
+}
+
 TEST(OnlineCostModel, TheProposersFixedCostShapesUnmeasuredDepths) {
   OnlineCostModel m(8, 0.25, 0.2, 3.0);  // draft(d) ~ d + 3
   m.record_draft(1, 1, 0.004);

@@ -303,14 +303,64 @@ TEST(AdaptiveSpeculator, DepthZeroStepsAreSkippedBeforeSampling) {
   cannot_pay(spec, 64);
   const double host_before = spec.depth().cost().host_seconds(64);
   for (int step = 0; step < 100; ++step) {
-    EXPECT_TRUE(spec.skip_step(64)) << "step " << step;
-    p->now += 0.5;  // the skipped step and whatever the engine did meanwhile
+    EXPECT_TRUE(spec.skip_step(64, false)) << "step " << step;
+    p->now += 0.001;  // the skipped step: its 1 ms target forward (cannot_pay)
   }
   EXPECT_EQ(p->calls, 0);
   std::vector<std::vector<int32_t>> drafts;
   ProposeBatch b = decode_batch(request_ids(64));
   EXPECT_EQ(spec.propose(b, drafts), 0);  // not skipped (the runner asked nothing): chooses itself
   EXPECT_EQ(spec.depth().cost().host_seconds(64), host_before);
+}
+
+// A step's period at its depth: the time from one step's entry to the next's, learned only where
+// three steps in a row ran the same way over the same requests (the steady period): idle steps
+// (skip_step) for depth 0, propose() at the chosen depth for the others; never from a step with
+// prompt chunks, a probe or a change of batch.
+TEST(AdaptiveSpeculator, LearnsEachDepthsPeriodFromStepsInARow) {
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  StepCostModel& cost = spec.depth().cost();
+  cannot_pay(spec, 4);
+  const auto idle_steps = [&](int n, double seconds, bool with_prompts) {
+    for (int i = 0; i < n; ++i) {
+      ASSERT_TRUE(spec.skip_step(4, with_prompts));
+      p->now += seconds;
+    }
+  };
+  idle_steps(2, 0.002, false);
+  EXPECT_FALSE(cost.period_seconds(4, 0)) << "two steps are one period, but not yet a steady one";
+  idle_steps(1, 0.002, false);
+  ASSERT_TRUE(cost.period_seconds(4, 0));
+  EXPECT_NEAR(*cost.period_seconds(4, 0), 0.002, 1e-12);
+  // Steps with prompt chunks, and the two after them, teach nothing.
+  idle_steps(4, 0.010, true);
+  idle_steps(2, 0.010, false);
+  EXPECT_NEAR(*cost.period_seconds(4, 0), 0.002, 1e-12);
+  EXPECT_FALSE(cost.period_seconds(1, 0)) << "a bucket of its own";
+}
+
+TEST(AdaptiveSpeculator, LearnsASpeculativeDepthsPeriodFromProposeToPropose) {
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  StepCostModel& cost = spec.depth().cost();
+  // Speculation that pays (the priors) for one request, each step 3 ms besides the proposer's own
+  // 0.1 ms (its first call's 30 ms prompt catch-up is in the first period, which is not steady).
+  std::vector<std::vector<int32_t>> drafts;
+  int depth = -1;
+  for (int step = 0; step < 4; ++step) {
+    ProposeBatch b = decode_batch({"a"}, /*verified=*/step > 0);
+    const int d = spec.propose(b, drafts);
+    ASSERT_GT(d, 0);
+    if (depth >= 0) ASSERT_EQ(d, depth) << "the same depth each step";
+    depth = d;
+    p->now += 0.003;
+  }
+  ASSERT_TRUE(cost.period_seconds(1, depth));
+  EXPECT_NEAR(*cost.period_seconds(1, depth), 0.0031, 1e-9);
+  EXPECT_FALSE(cost.period_seconds(1, 0));
 }
 
 // Where the choice is not idle (a probe, a proposer to feed, speculation on) skip_step says no, and
@@ -324,8 +374,9 @@ TEST(AdaptiveSpeculator, AStepNotSkippedKeepsTheDepthChosenBeforeSampling) {
   std::vector<std::vector<int32_t>> drafts;
   int skipped = 0, probes = 0;
   for (int step = 1; step <= 64; ++step) {
-    if (spec.skip_step(4)) {
+    if (spec.skip_step(4, false)) {
       ++skipped;
+      p->now += 0.001;  // its 1 ms target forward (never_accepted)
       continue;
     }
     ProposeBatch b = decode_batch(request_ids(4));
