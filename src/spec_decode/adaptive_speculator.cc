@@ -135,6 +135,11 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
                 : num_decoding > 0 ? depth_.choose(num_decoding)
                                    : depth_.current(static_cast<int>(batch.requests.size()));
   chosen_depth_ = -1;
+  // The period of speculative steps in a row that every request decodes in, none a probe's (a
+  // launch-ahead's entry comes earlier in its step than a plain propose()'s: another way).
+  const bool steady_way = batch.depth > 0 && num_decoding == static_cast<int>(batch.requests.size()) &&
+                          !depth_.draft_probe() && !depth_.deep_probe();
+  if (config_.adaptive) measure_period(steady_way ? 2 * batch.depth + (batch.ahead ? 1 : 0) : -1, num_decoding, entry);
   // Load shedding: a decode step that the adaptive depth runs without speculation (depth 0: the
   // batch is large enough that drafts cost more than they gain) does not call the proposer at
   // all, so that speculation then costs nothing. The draft model catches up when it drafts again;
@@ -152,11 +157,6 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   // a probe with a warm cache found acceptance too low, only the steps the proposer needs to
   // recover before each probe are fed (Proposer::steps_to_recover; fed every step, MTP at
   // temperature 1 ran at 0.6x of no speculation).
-  // The period of speculative steps in a row that every request decodes in, none a probe's (a
-  // launch-ahead's entry comes earlier in its step than a plain propose()'s: another way).
-  const bool steady_way = batch.depth > 0 && num_decoding == static_cast<int>(batch.requests.size()) &&
-                          !depth_.draft_probe() && !depth_.deep_probe();
-  if (config_.adaptive) measure_period(steady_way ? 2 * batch.depth + (batch.ahead ? 1 : 0) : -1, num_decoding, entry);
   if (idle(batch.depth, num_decoding)) {
     LOG_DEBUG("adaptive depth: {} decoding, depth 0, proposer not called", num_decoding);
     drafts.assign(batch.requests.size(), {});
