@@ -482,7 +482,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
         num_plain += plan.drafts.empty() ? 1 : 0;
       }
       cut = cut || plan.sched->num_grammar_cut_drafts > 0;
-      prompts = prompts || plan.sched->num_scheduled_tokens != 1;  // a prompt chunk (or drafts)
+      prompts = prompts || plan.sched->num_scheduled_tokens != 1;  // a prompt chunk
     }
     skip_proposer = !verifies && !cut && num_plain > 0 && speculator_->skip_step(num_plain, prompts);
   }

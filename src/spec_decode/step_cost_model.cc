@@ -1,6 +1,7 @@
 #include "spec_decode/step_cost_model.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdlib>
@@ -70,9 +71,12 @@ void OnlineCostModel::record_period(int num_seqs, int depth, double seconds) {
     p.next = (p.next + 1) % kPeriodSamples;
     p.num_seqs += ema_weight_ * (num_seqs - p.num_seqs);
   }
-  std::vector<double> sorted = p.recent;
-  const size_t mid = sorted.size() / 2;
-  std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(mid), sorted.end());
+  // A copy on the stack: this runs every step.
+  std::array<double, kPeriodSamples> sorted{};
+  const size_t n = p.recent.size(), mid = n / 2;
+  std::copy(p.recent.begin(), p.recent.end(), sorted.begin());
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(mid),
+                   sorted.begin() + static_cast<std::ptrdiff_t>(n));
   p.median = sorted[mid];
 }
 
