@@ -367,6 +367,11 @@ class Backend {
   // specula::Error when the work cannot be recorded (it allocated, synchronised or read the
   // device from the host).
   virtual std::unique_ptr<DeviceGraph> capture_graph(const std::function<void()>& work) { return nullptr; }
+  // The engine has started (the profile run, the graphs' warm-up runs and captures are done):
+  // from now on no step may stall on one-off tuning. CUDA: a GEMM shape first met later keeps
+  // cuBLASLt's heuristic algorithm instead of timing candidates (cuda_gemm.h), which speculation's
+  // catch-ups of ever new lengths met mid-run (~11 ms a shape). The default does nothing.
+  virtual void start_serving() {}
   // A sampler that turns logits rows into tokens on the device (backend/token_sampler.h), sized
   // for up to max_rows rows of vocab logits; nullptr where the backend has none (the engine then
   // samples on the host).

@@ -311,6 +311,7 @@ std::unique_ptr<LLMEngine> LLMEngine::create(const EngineConfig& config, const S
              std::chrono::duration<double>(std::chrono::steady_clock::now() - g0).count(), gib(taken), n,
              runner->num_verify_graphs(), n_draft);
   }
+  parts.backend->start_serving();
   parts.executor = std::move(runner);
   LOG_INFO("Engine ready: max_model_len={}, max_num_seqs={}, max_num_batched_tokens={}, prefix caching {}, "
            "tensor_parallel_size={}",

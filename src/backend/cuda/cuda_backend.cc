@@ -66,7 +66,8 @@ CudaBackend::CudaBackend(int device_index)
   if (prop.major >= 9) decode_cluster_splits_ = cuda::kMaxClusterSplits;  // clusters with DSMEM
   gemm_ = std::make_unique<CublasLtGemm>(stream_);
   ++live_backends;
-  gemm_->set_tuning_allowed([] { return live_backends.load() == 1; });  // not under tensor parallelism
+  // Not under tensor parallelism, nor once serving (start_serving).
+  gemm_->set_tuning_allowed([this] { return live_backends.load() == 1 && !serving_; });
   // SPECULA_FP8_GEMV_ROWS=N: FP8 weights take the GEMV up to N rows (benchmarks compare the paths).
   if (const char* rows = std::getenv("SPECULA_FP8_GEMV_ROWS")) set_gemv_max_rows(DType::kF8E4M3, std::atoi(rows));
   batched_gemm_ = std::make_unique<CublasLtBatchedGemm>(stream_);
@@ -125,6 +126,8 @@ std::unique_ptr<DeviceEvent> CudaBackend::record_event() {
 std::string CudaBackend::name() const {
   return fmt::format("cuda:{} ({}, {} SMs, bf16)", device_index_, device_name_, sm_count_);
 }
+
+int CudaBackend::tuned_gemm_plans() const { return gemm_->tuned_plans(); }
 
 Tensor CudaBackend::empty(Shape shape, DType dtype) { return Tensor::empty(std::move(shape), dtype, Device::kCUDA); }
 

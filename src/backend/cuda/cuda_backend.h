@@ -115,6 +115,7 @@ class CudaBackend final : public Backend {
   bool idle() override;
   int64_t matmul_rows_class(int64_t rows) const override;
   std::unique_ptr<DeviceGraph> capture_graph(const std::function<void()>& work) override;
+  void start_serving() override { serving_ = true; }
   std::unique_ptr<TokenSampler> make_token_sampler(int max_rows, int64_t vocab) override;
   void bind_thread() override;
   void wait_for(Backend& other) override;
@@ -126,6 +127,8 @@ class CudaBackend final : public Backend {
   // Whether p is device memory of this backend's GPU.
   bool on_this_device(const void* p) const;
   int sm_count() const { return sm_count_; }
+  // GEMM plans whose algorithm came from timing cuBLASLt's candidates (tests).
+  int tuned_gemm_plans() const;
   size_t scratch_capacity() const { return arena_.capacity(); }
   // The most rows the GEMV kernel (cuda_gemv.cu) takes for weights of this dtype (BF16 or
   // F8_E4M3; at most kGemvMaxRows); more go to cuBLASLt's tensor-core GEMMs. Benchmarks and tests
@@ -157,6 +160,7 @@ class CudaBackend final : public Backend {
   cudaEvent_t handoff_ = nullptr;  // recorded when another backend's stream waits for this one (wait_for)
   CudaScratchArena arena_;
   std::unique_ptr<CublasLtGemm> gemm_;
+  bool serving_ = false;  // start_serving() was called: GEMM candidates are no longer timed
   std::unique_ptr<CublasLtBatchedGemm> batched_gemm_;  // head_linear
   // decoder_greedy_chain: whether a cluster of (size, shared-memory bytes) fits the GPU, asked
   // once per shape (the launch is on every draft chain).

@@ -19,7 +19,9 @@
 // the H200; its second candidate 6.6 us). So a bucket plan's first call, when it runs eagerly
 // (the graphs' warm-up runs do) and its output fits kTuneMaxOutBytes, times the heuristic's
 // first kTuneCandidates algorithms on the call's operands, into a scratch output, and keeps the
-// fastest; SPECULA_GEMM_TUNE=0 keeps the first.
+// fastest; SPECULA_GEMM_TUNE=0 keeps the first. The CUDA backend allows it only while the engine
+// starts (set_tuning_allowed): a shape first met mid-run keeps the first, since timing stalls
+// that step (~11 ms a shape), and speculation's catch-ups meet new lengths all run long.
 #pragma once
 
 #include <cublasLt.h>
@@ -54,7 +56,8 @@ class CublasLtGemm {
   size_t cached_plans() const { return plans_.size(); }
   // Whether a plan's first eager call may time candidates now (unset: always). Timing waits for
   // the stream and may allocate, which a tensor-parallel rank must never do mid-step
-  // (docs/ARCHITECTURE.md); the CUDA backend allows it only while it is the process's one.
+  // (docs/ARCHITECTURE.md); the CUDA backend allows it only while it is the process's one and
+  // has not started serving.
   void set_tuning_allowed(std::function<bool()> allowed) { tuning_allowed_ = std::move(allowed); }
   // Plans whose algorithm came from timing candidates (tests).
   int tuned_plans() const { return tuned_plans_; }

@@ -171,6 +171,33 @@ TEST(CudaLinear, TuningTimesCandidatesAsideAndNotUnderCapture) {
   EXPECT_EQ(gemm.tuned_plans(), 1);
 }
 
+// Once the engine serves (Backend::start_serving), a shape first met keeps the heuristic's
+// algorithm: timing its candidates would stall that step (a speculative run's catch-ups meet new
+// lengths throughout it).
+TEST(CudaLinear, NoTuningOnceServing) {
+  SKIP_WITHOUT_GPU();
+  auto cpu = make_cpu_backend(2);
+  auto gpu = make_cuda_backend(0);
+  auto& cuda = dynamic_cast<CudaBackend&>(*gpu);
+  std::mt19937 rng(19);
+  const int64_t n = 4096, k = 1024;
+  Tensor w = random_bf16_values({n, k}, rng, 2.0f / std::sqrt(static_cast<float>(k)));
+  const Tensor wg = to_gpu(*gpu, w);
+  auto run = [&](int64_t m) {
+    Tensor x = random_bf16_values({m, k}, rng);
+    Tensor want = Tensor::zeros({m, n}, DType::kF32);
+    cpu->linear(x, w, nullptr, want);
+    Tensor out = gpu->empty({m, n}, DType::kF32);
+    gpu->linear(to_gpu(*gpu, x), wg, nullptr, out);
+    expect_close(to_host(*gpu, out), want.to_f32_vector(), 1e-4, 1e-4, fmt::format("linear M={}", m));
+  };
+  run(64);
+  EXPECT_EQ(cuda.tuned_gemm_plans(), 1) << "while starting, a new bucket's first eager call is tuned";
+  gpu->start_serving();
+  run(200);
+  EXPECT_EQ(cuda.tuned_gemm_plans(), 1) << "serving: bucket 256 keeps the heuristic's first";
+}
+
 TEST(CudaLinear, RowsFromALeadingShapeAndEmptyInput) {
   SKIP_WITHOUT_GPU();
   auto cpu = make_cpu_backend(1);
