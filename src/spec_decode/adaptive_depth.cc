@@ -19,6 +19,7 @@ AdaptiveDepth::AdaptiveDepth(const AdaptiveDepthConfig& config, std::unique_ptr<
   probe_every_.assign(static_cast<size_t>(OnlineCostModel::bucket_of(1 << 30)) + 1, config.probe_interval);
   since_probe_.assign(probe_every_.size(), 0);
   probes_while_on_.assign(probe_every_.size(), 0);
+  vetoed_.assign(probe_every_.size(), 0);
 }
 
 void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
@@ -39,6 +40,19 @@ void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
     accept_[i] += w * (x - accept_[i]);
     observed_[i] += 1;
   }
+  if (stretch_.bucket >= 0 && stretch_.steps > 0) {
+    stretch_.tokens += 1.0 + num_accepted;
+    ++stretch_.verifications;
+  }
+}
+
+void AdaptiveDepth::record_step_seconds(int num_seqs, double seconds) {
+  // choose() has counted the step that starts now: the one that ended is the stretch's when it
+  // was its first or later.
+  if (stretch_.bucket < 0 || stretch_.steps < 2 || OnlineCostModel::bucket_of(std::max(1, num_seqs)) != stretch_.bucket)
+    return;
+  stretch_.seconds += seconds;
+  ++stretch_.timed_steps;
 }
 
 std::vector<double> AdaptiveDepth::acceptance() const {
@@ -102,6 +116,36 @@ int AdaptiveDepth::best_depth(int num_seqs) const {
   return best;
 }
 
+int AdaptiveDepth::allowed_depth(int num_seqs) const {
+  return vetoed_[static_cast<size_t>(OnlineCostModel::bucket_of(num_seqs))] ? 0 : best_depth(num_seqs);
+}
+
+int AdaptiveDepth::backed_off(int every) const {
+  return std::min(2 * every, std::max(config_.probe_interval, config_.max_probe_interval));
+}
+
+bool AdaptiveDepth::stretch_paid() const {
+  const Stretch& s = stretch_;
+  // Not timed (a caller that does not report wall times): the estimate's own verdict.
+  if (s.timed_steps == 0) return s.steps >= config_.stretch_steps;
+  // Too short to measure (a few steps, or none verified): the estimate the probe left fell back
+  // at once, so the probe was wrong.
+  if (s.timed_steps < 4 || s.verifications == 0 || s.seconds <= 0.0) return false;
+  const int drafting_steps = s.steps - s.plain_steps;
+  const double tokens_per_step = (s.tokens / s.verifications * drafting_steps + s.plain_steps) / s.steps;
+  const double rate = tokens_per_step * s.timed_steps / s.seconds;
+  return rate >= config_.keep_gain * tokens_per_second(s.num_seqs, 0);
+}
+
+void AdaptiveDepth::judge_stretch(size_t bucket) {
+  if (!stretch_paid()) {
+    probe_every_[bucket] = backed_off(stretch_.every_before);
+    since_probe_[bucket] = 0;
+    vetoed_[bucket] = 1;
+  }
+  stretch_ = Stretch{};
+}
+
 int AdaptiveDepth::probe_depth(int num_seqs) const {
   num_seqs = std::max(1, num_seqs);
   // Every depth, not depth 1 alone: with a fused draft chain one draft may not pay where five do
@@ -133,7 +177,7 @@ int AdaptiveDepth::current(int num_seqs) const {
   // The best depth for a batch of this many requests, not the last choice: after the tail of a
   // batch (few requests left, speculation on), the last choice would make the draft mirror the
   // prompts of a whole new batch that will not speculate.
-  return best_depth(std::max(1, num_seqs));
+  return allowed_depth(std::max(1, num_seqs));
 }
 
 int AdaptiveDepth::choose(int num_seqs) {
@@ -143,21 +187,32 @@ int AdaptiveDepth::choose(int num_seqs) {
   // A probe from depth 0 goes on while it has steps left, the batch is of its bucket and its
   // verifications so far have not turned speculation on.
   if (probe_bucket_ >= 0 && --probe_steps_left_ > 0 && OnlineCostModel::bucket_of(num_seqs) == probe_bucket_ &&
-      best_depth(num_seqs) == 0) {
+      allowed_depth(num_seqs) == 0) {
     plain_probe_ = false;
     if (const int probe = probe_depth(num_seqs); probe > 0) return probe;
   }
   // The verdict on the previous step's probe from depth 0 (its drafts were verified since): still
-  // no speculation there means probe that bucket half as often; speculation means start afresh.
+  // no speculation there means probe that bucket half as often; speculation means start afresh,
+  // for a stretch that its measurements judge.
   if (probe_bucket_ >= 0) {
-    int& every = probe_every_[static_cast<size_t>(probe_bucket_)];
-    every = best_depth(probe_num_seqs_) == 0 ? std::min(2 * every, std::max(config_.probe_interval, config_.max_probe_interval))
-                                             : config_.probe_interval;
+    const size_t b = static_cast<size_t>(probe_bucket_);
+    int& every = probe_every_[b];
+    vetoed_[b] = 0;
+    if (best_depth(probe_num_seqs_) == 0) {
+      every = backed_off(every);
+    } else {
+      if (config_.stretch_steps > 0) stretch_ = Stretch{probe_bucket_, probe_num_seqs_, every};
+      every = config_.probe_interval;
+    }
     probe_bucket_ = -1;
   }
   plain_probe_ = false;
-  int depth = best_depth(num_seqs);
   const size_t bucket = static_cast<size_t>(OnlineCostModel::bucket_of(num_seqs));
+  // A stretch is judged once it has run its steps, or when the estimate ends it sooner.
+  if (stretch_.bucket == static_cast<int>(bucket) &&
+      (stretch_.steps >= config_.stretch_steps || best_depth(num_seqs) == 0))
+    judge_stretch(bucket);
+  int depth = allowed_depth(num_seqs);
   if (config_.probe_interval > 0 && ++since_probe_[bucket] >= probe_every_[bucket]) {
     since_probe_[bucket] = 0;
     if (depth > 0 && depth < config_.num_speculative_tokens && ++probes_while_on_[bucket] % 2 == 0) {
@@ -174,6 +229,10 @@ int AdaptiveDepth::choose(int num_seqs) {
       probe_steps_left_ = std::max(1, config_.probe_steps);
       std::fill(probe_observed_.begin(), probe_observed_.end(), 0);
     }
+  }
+  if (stretch_.bucket == static_cast<int>(bucket)) {
+    ++stretch_.steps;
+    stretch_.plain_steps += depth == 0 ? 1 : 0;
   }
   return depth;
 }

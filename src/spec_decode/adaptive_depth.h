@@ -20,6 +20,12 @@
 // batch size). A probe from depth 0 verifies drafts at every position it asks about, and its
 // verifications weigh at least `probe_weight`: they are the fresh evidence after a stretch that
 // verified nothing.
+//
+// A probe's few verifications can be lucky. So the stretch of speculation a probe from depth 0
+// starts is judged by what it measured, not by the estimate: after `stretch_steps` steps (or when
+// it ends sooner), its tokens per request per second of wall time (record_step_seconds) against a
+// plain step's rate. A stretch below `keep_gain` of it is a failed probe: depth 0 in that batch
+// bucket until the next probe, whose interval doubles, the proposer fed only before it.
 #pragma once
 
 #include <cstdint>
@@ -72,6 +78,13 @@ struct AdaptiveDepthConfig {
   // concurrency 1 ran depth 1 in 1329 of 1470 steps with a_2 at 0.64 after a handful of
   // verifications, where pinned k = 3 accepted 3.35 tokens a step and ran 1.16x faster.
   int explore_observations = 16;
+  // The stretch a probe from depth 0 started is judged after this many steps (0: never judged).
+  // At the EMA floor a stretch's own verifications take hundreds of steps to undo a lucky probe:
+  // on the H200, EAGLE-3 at temperature 1 and one request ran 0.92-0.99x of no speculation at a
+  // mean depth of 0.06-0.45, where no depth gains more than 4 %.
+  int stretch_steps = 32;
+  // A judged stretch must have measured at least this share of a plain step's tokens per second.
+  double keep_gain = 1.0;
 };
 
 class AdaptiveDepth {
@@ -80,6 +93,9 @@ class AdaptiveDepth {
 
   // One request's verification: num_drafts proposed, the first num_accepted accepted.
   void record_verification(int num_drafts, int num_accepted);
+  // The wall time of the previous decode step over num_seqs requests (from its start to the
+  // start of the step after it): what a stretch of speculation is judged by.
+  void record_step_seconds(int num_seqs, double seconds);
   // The depth for a step over num_seqs requests (advances the probe clock).
   int choose(int num_seqs);
   // The depth in force without choosing anew (a step with no decoding request, whose prompt
@@ -119,6 +135,12 @@ class AdaptiveDepth {
 
  private:
   int best_depth(int num_seqs) const;
+  // best_depth, or 0 where a stretch lost since the bucket's last probe.
+  int allowed_depth(int num_seqs) const;
+  int backed_off(int every) const;  // a failed probe's next interval
+  // The verdict on the running stretch: did it measure keep_gain of a plain step's rate?
+  bool stretch_paid() const;
+  void judge_stretch(size_t bucket);
 
   AdaptiveDepthConfig config_;
   std::unique_ptr<StepCostModel> cost_;
@@ -137,6 +159,19 @@ class AdaptiveDepth {
   // again once the choice fell below it, so never measured again.
   int deep_probe_from_ = -1;
   std::vector<int> probes_while_on_;  // per batch bucket: which kind of probe is next
+  // The stretch of speculation the last successful probe from depth 0 started, until judged.
+  struct Stretch {
+    int bucket = -1;  // -1: none running
+    int num_seqs = 0;
+    int every_before = 0;  // its bucket's probe interval before the probe
+    int steps = 0, plain_steps = 0;  // chosen in it, and of them at depth 0
+    int verifications = 0;
+    double tokens = 0.0;  // 1 + accepted, summed over its verifications
+    int timed_steps = 0;
+    double seconds = 0.0;  // their wall time
+  };
+  Stretch stretch_;
+  std::vector<char> vetoed_;  // per batch bucket
   bool plain_probe_ = false;
 };
 

@@ -88,7 +88,10 @@ void AdaptiveSpeculator::measure_host(const ProposeBatch& batch, int num_decodin
   last_proposer_seconds_ = 0.0;
 }
 
-void AdaptiveSpeculator::measure_period(int way, int num_seqs, double now) {
+void AdaptiveSpeculator::measure_period(int way, bool decode_only, int num_seqs, double now) {
+  if (period_decode_only_ && num_seqs == period_seqs_ && period_from_ >= 0.0)
+    depth_.record_step_seconds(num_seqs, now - period_from_);
+  period_decode_only_ = decode_only;
   if (way >= 0 && way == period_way_ && num_seqs == period_seqs_) {
     if (++period_run_ >= 2) depth_.cost().record_period(num_seqs, way / 2, now - period_from_);
   } else {
@@ -116,7 +119,7 @@ bool AdaptiveSpeculator::skip_step(int num_decoding, bool with_prompts) {
   if (!idle(chosen_depth_, num_decoding)) return false;
   chosen_depth_ = -1;
   // An idle step runs as a plain one (deferred under async scheduling): its period is depth 0's.
-  measure_period(with_prompts ? -1 : 0, num_decoding, clock_());
+  measure_period(with_prompts ? -1 : 0, !with_prompts, num_decoding, clock_());
   // No propose() this step, so the next one cannot tell this step's host work apart.
   last_entry_ = -1.0;
   LOG_DEBUG("adaptive depth: {} decoding, depth 0, step skipped", num_decoding);
@@ -137,9 +140,10 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
   chosen_depth_ = -1;
   // The period of speculative steps in a row that every request decodes in, none a probe's (a
   // launch-ahead's entry comes earlier in its step than a plain propose()'s: another way).
-  const bool steady_way = batch.depth > 0 && num_decoding == static_cast<int>(batch.requests.size()) &&
-                          !depth_.draft_probe() && !depth_.deep_probe();
-  if (config_.adaptive) measure_period(steady_way ? 2 * batch.depth + (batch.ahead ? 1 : 0) : -1, num_decoding, entry);
+  const bool decode_only = num_decoding > 0 && num_decoding == static_cast<int>(batch.requests.size());
+  const bool steady_way = batch.depth > 0 && decode_only && !depth_.draft_probe() && !depth_.deep_probe();
+  if (config_.adaptive)
+    measure_period(steady_way ? 2 * batch.depth + (batch.ahead ? 1 : 0) : -1, decode_only, num_decoding, entry);
   // Load shedding: a decode step that the adaptive depth runs without speculation (depth 0: the
   // batch is large enough that drafts cost more than they gain) does not call the proposer at
   // all, so that speculation then costs nothing. The draft model catches up when it drafts again;

@@ -85,7 +85,9 @@ class AdaptiveSpeculator final : public Speculator {
   // for an idle step, propose() for one at depth > 0) to the next's, learned where three steps in
   // a row ran the same way (`way`: depth and entry; -1 for a step that teaches no period: a probe,
   // a fed depth-0 step, prompt chunks) over the same requests, so that it is the steady period.
-  void measure_period(int way, int num_seqs, double now);
+  // Every step's wall time after a step that decoded only goes to the adaptive depth, whatever
+  // its way (AdaptiveDepth::record_step_seconds).
+  void measure_period(int way, bool decode_only, int num_seqs, double now);
 
   std::unique_ptr<Proposer> proposer_;
   AdaptiveSpeculatorConfig config_;
@@ -99,6 +101,7 @@ class AdaptiveSpeculator final : public Speculator {
   int period_way_ = -1;                 // how the previous step ran (measure_period)
   int period_seqs_ = 0;
   int period_run_ = 0;                  // steps before it that ran that way, in a row
+  bool period_decode_only_ = false;     // the previous step had no prompt chunk
   // A proposal that left its drafts on the device and that the cost model learns from once they
   // are collected: its drafting requests, most drafts and launch seconds.
   struct UncollectedDraftCost {
