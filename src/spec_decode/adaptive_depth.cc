@@ -121,7 +121,7 @@ int AdaptiveDepth::allowed_depth(int num_seqs) const {
 }
 
 int AdaptiveDepth::backed_off(int every) const {
-  return std::min(2 * every, std::max(config_.probe_interval, config_.max_probe_interval));
+  return std::min(config_.probe_backoff * every, std::max(config_.probe_interval, config_.max_probe_interval));
 }
 
 bool AdaptiveDepth::stretch_paid() const {
@@ -192,7 +192,7 @@ int AdaptiveDepth::choose(int num_seqs) {
     if (const int probe = probe_depth(num_seqs); probe > 0) return probe;
   }
   // The verdict on the previous step's probe from depth 0 (its drafts were verified since): still
-  // no speculation there means probe that bucket half as often; speculation means start afresh,
+  // no speculation there means probe that bucket probe_backoff times less often; speculation means start afresh,
   // for a stretch that its measurements judge.
   if (probe_bucket_ >= 0) {
     const size_t b = static_cast<size_t>(probe_bucket_);

@@ -25,7 +25,7 @@
 // starts is judged by what it measured, not by the estimate: after `stretch_steps` steps (or when
 // it ends sooner), its tokens per request per second of wall time (record_step_seconds) against a
 // plain step's rate. A stretch below `keep_gain` of it is a failed probe: depth 0 in that batch
-// bucket until the next probe, whose interval doubles, the proposer fed only before it.
+// bucket until the next probe, whose interval grows (probe_backoff), the proposer fed only before it.
 #pragma once
 
 #include <cstdint>
@@ -49,18 +49,22 @@ struct AdaptiveDepthConfig {
   // (3 % was too little: docs/PERFORMANCE.md).
   double min_gain = 1.10;
   // Steps between probes (a plain step while speculating, a depth-1 step while not), per batch
-  // bucket. A probe from depth 0 that does not turn speculation on doubles that bucket's interval
-  // up to max_probe_interval: under load a probe costs a verification and the draft's catch-up
-  // of every request, which every 32 steps cost 3-7 % of throughput on the H100.
+  // bucket. A probe from depth 0 that does not turn speculation on multiplies that bucket's
+  // interval by probe_backoff up to max_probe_interval: under load a probe costs a verification
+  // and the draft's catch-up of every request, which every 32 steps cost 3-7 % of throughput on
+  // the H100; and an every-step proposer's probe costs its fed steps too (feed_steps), each about
+  // 1.6 plain steps at one request (H200, EAGLE-3 at temperature 1: 284 fed and 46 probe steps
+  // of 5,248, 5 % of the run, at 2x to 1024).
   int probe_interval = 32;
-  int max_probe_interval = 1024;
+  int probe_backoff = 4;
+  int max_probe_interval = 4096;
   // Once a probe has failed, the depth-0 steps that feed an every-step proposer before the next
   // probe (feeds_proposer): as many as it needs to draft as well as if fed all along
   // (Proposer::steps_to_recover), at most probe_interval.
   int feed_steps = 32;
   // The least weight of the first verification of a probe from depth 0 at each position; the
   // n-th after it weighs at least 1 / (1 / probe_weight + n), so that a probe's verifications
-  // move the estimate to about their mean. At the EMA floor a probe every 32..1024 steps could
+  // move the estimate to about their mean. At the EMA floor a probe every 32..4096 steps could
   // never move an estimate learned from a bad start: on the H200 the embedded pair's first request
   // left a_1 at 0.65 (0.85 over the run) and adaptive k = 5 at depth 0 for the rest of the run,
   // where pinned k = 5 is 1.5x faster. At 0.25 for every verification, a probe of 4 steps of 4
