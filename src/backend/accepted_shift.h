@@ -24,6 +24,9 @@ struct AcceptedShift {
   int entries = 0, request_stride = 0, entry_stride = 0;
   // I32, += a_i: one per request at i * seq_lens_request_stride when seq_lens_entry_stride is 0,
   // else one per entry at i * seq_lens_request_stride + e * seq_lens_entry_stride.
+  // slots, seq_lens and block_tables may be left undefined: `positions` are then plain row
+  // indices moved by a_i (a hidden-state proposer's catch-up: the row its first draft and its
+  // chain start from).
   Tensor seq_lens;
   int seq_lens_request_stride = 0, seq_lens_entry_stride = 0;
   Tensor block_tables;

@@ -70,16 +70,18 @@ void Backend::feed_tokens(Tensor& token_ids, const Tensor& source) {
 void Backend::shift_by_accepted(const AcceptedShift& a) {
   const bool tokens = a.tokens.defined();
   for (const Tensor* t : {&a.inputs, &a.sampled, &a.positions, &a.slots, &a.seq_lens, &a.block_tables})
-    SPECULA_CHECK(t->is_cpu(), "shift_by_accepted is not implemented by the {} backend for device tensors", name());
+    SPECULA_CHECK(!t->defined() || t->is_cpu(), "shift_by_accepted is not implemented by the {} backend for device tensors",
+                  name());
+  SPECULA_CHECK(!a.slots.defined() || a.block_tables.defined(), "shift_by_accepted: slots without block tables");
   SPECULA_CHECK(!tokens || (a.tokens.is_cpu() && a.tokens.dtype() == DType::kI32 && a.entries == 2),
                 "shift_by_accepted: tokens {} must be I32 over two entries ({})", a.tokens.describe(), a.entries);
   const int32_t* inputs = a.inputs.data_as<int32_t>();
   const int32_t* sampled = a.sampled.data_as<int32_t>();
   int32_t* positions = a.positions.data_as<int32_t>();
-  int64_t* slots = a.slots.data_as<int64_t>();
-  int32_t* seq_lens = a.seq_lens.data_as<int32_t>();
-  const int32_t* tables = a.block_tables.data_as<int32_t>();
-  const int64_t width = a.block_tables.size(1);
+  int64_t* slots = a.slots.defined() ? a.slots.data_as<int64_t>() : nullptr;
+  int32_t* seq_lens = a.seq_lens.defined() ? a.seq_lens.data_as<int32_t>() : nullptr;
+  const int32_t* tables = a.block_tables.defined() ? a.block_tables.data_as<int32_t>() : nullptr;
+  const int64_t width = a.block_tables.defined() ? a.block_tables.size(1) : 0;
   for (int i = 0; i < a.num_requests; ++i) {
     const int64_t row = static_cast<int64_t>(i) * (a.k + 1);
     int accepted = 0;
@@ -87,13 +89,13 @@ void Backend::shift_by_accepted(const AcceptedShift& a) {
     for (int e = 0; e < a.entries; ++e) {
       const int64_t at = static_cast<int64_t>(i) * a.request_stride + static_cast<int64_t>(e) * a.entry_stride;
       const int32_t pos = positions[at] += accepted;
-      if (slots[at] >= 0) {
+      if (slots && slots[at] >= 0) {
         const int64_t block = pos / a.block_size;
         slots[at] = block < width ? static_cast<int64_t>(tables[i * width + block]) * a.block_size + pos % a.block_size
                                   : -1;
       }
       if (tokens) a.tokens.data_as<int32_t>()[at] = e == 0 ? inputs[row + accepted] : sampled[row + accepted];
-      if (e == 0 || a.seq_lens_entry_stride != 0)
+      if (seq_lens && (e == 0 || a.seq_lens_entry_stride != 0))
         seq_lens[static_cast<int64_t>(i) * a.seq_lens_request_stride + static_cast<int64_t>(e) * a.seq_lens_entry_stride] +=
             accepted;
     }

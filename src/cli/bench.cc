@@ -151,6 +151,7 @@ nlohmann::json spec_summary(const EngineMetrics& before, const EngineMetrics& af
   j["acceptance_rate"] = drafted > 0 ? accepted / drafted : 0.0;
   j["mean_acceptance_length"] = drafts > 0 ? 1.0 + accepted / drafts : 0.0;
   j["mean_depth"] = steps > 0 ? static_cast<double>(after.spec_depth_sum - before.spec_depth_sum) / steps : 0.0;
+  j["steps_launched_ahead"] = after.spec_steps_launched_ahead - before.spec_steps_launched_ahead;
   std::vector<double> per_pos;
   for (size_t i = 0; i < after.spec_accepted_per_pos.size(); ++i) {
     const int64_t b = i < before.spec_accepted_per_pos.size() ? before.spec_accepted_per_pos[i] : 0;

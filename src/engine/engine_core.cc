@@ -161,6 +161,7 @@ void EngineCore::process_result(const SchedulerOutput& scheduled, ModelRunnerOut
       spec_depth_steps_ += 1;
       spec_depth_sum_ += result.spec_depth;
     }
+    spec_steps_launched_ahead_ += result.drafts_launched_ahead ? 1 : 0;
   }
   if (on_step_counted_) on_step_counted_();
   std::vector<std::string> stopped = outputs_.process(outs);
@@ -223,6 +224,7 @@ bool EngineCore::step_async() {
         spec_depth_steps_ += 1;
         spec_depth_sum_ += counts.spec_depth;
       }
+      spec_steps_launched_ahead_ += counts.drafts_launched_ahead ? 1 : 0;
     } catch (const std::exception& e) {
       fail_step(*next, e);
       next.reset();
@@ -273,6 +275,7 @@ EngineMetrics EngineCore::metrics() const {
   m.iteration_tokens_buckets = iteration_tokens_buckets_;
   m.iteration_tokens_sum = iteration_tokens_sum_;
   m.spec_depth_sum = spec_depth_sum_;
+  m.spec_steps_launched_ahead = spec_steps_launched_ahead_;
   m.num_gpu_blocks = kv.num_blocks();
   m.block_size = config_.block_size;
   m.cache_dtype = config_.cache_dtype;

@@ -60,6 +60,7 @@ StepCounts ModelExecutor::counts_of(const ModelRunnerOutput& out) {
   for (const std::vector<int32_t>& t : out.sampled_token_ids) c.num_sampled.push_back(static_cast<int>(t.size()));
   c.draft_token_ids = out.draft_token_ids;
   c.spec_depth = out.spec_depth;
+  c.drafts_launched_ahead = out.drafts_launched_ahead;
   return c;
 }
 
@@ -581,7 +582,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
   bool started = false;
   std::vector<std::vector<int32_t>> ahead_drafts;
   const int ahead_depth = may_defer && plain.empty() && !verify.empty()
-                              ? launch_ahead(plans, input, fwd.logits, verify, started, ahead_drafts)
+                              ? launch_ahead(plans, input, fwd, verify, started, ahead_drafts)
                               : -1;
   std::vector<VerifyResult> verified;
   {
@@ -643,6 +644,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
       speculator_->settle_ahead(accepted);
       out.draft_token_ids = std::move(ahead_drafts);
       out.spec_depth = ahead_depth;
+      out.drafts_launched_ahead = true;
       adopt_drafts_on_device(plans);
     } else if (!skip_proposer) {
       propose_drafts(plans, fwd, target_seconds, may_defer, out);
@@ -658,7 +660,7 @@ int ModelRunner::max_drafts_at(const RequestState& st, int num_tokens) const {
   return std::max(0, most);
 }
 
-int ModelRunner::launch_ahead(std::vector<RequestPlan>& plans, const ForwardInput& input, const Tensor& logits,
+int ModelRunner::launch_ahead(std::vector<RequestPlan>& plans, const ForwardInput& input, const ForwardOutput& fwd,
                               std::span<const VerifyRequest> verify, bool& started,
                               std::vector<std::vector<int32_t>>& drafts) {
   started = false;
@@ -686,7 +688,7 @@ int ModelRunner::launch_ahead(std::vector<RequestPlan>& plans, const ForwardInpu
   const int rows = n * (k + 1);
   {
     phase_profile::Scope p("runner.verify (start)");
-    rejection_sampler_->start_verify(logits, speculator_->draft_probs(), verify);
+    rejection_sampler_->start_verify(fwd.logits, speculator_->draft_probs(), verify);
     started = true;
   }
   phase_profile::Scope phase("runner.propose (ahead)");
@@ -697,6 +699,8 @@ int ModelRunner::launch_ahead(std::vector<RequestPlan>& plans, const ForwardInpu
   batch.may_leave_drafts_on_device = true;
   batch.target_seconds = last_target_seconds_;
   batch.ahead = ProposeBatch::LaunchAhead{input.token_ids.slice(0, rows), sampled, k};
+  batch.target_hidden_states = fwd.hidden_states;  // a hidden-state proposer's catch-up reads them
+  batch.target_aux_hidden_states = fwd.aux_hidden_states;
   for (RequestPlan& plan : plans) {
     RequestState& st = *plan.state;
     const ScheduledRequest& r = *plan.sched;

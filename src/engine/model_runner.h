@@ -204,7 +204,7 @@ class ModelRunner : public ModelExecutor {
   // deterministic drafts, starts the verification and asks the speculator for the next drafts
   // from its result on the device before the host waits for it. Returns their depth, or -1 when
   // none were launched; `started` says whether the verification was started (finish_verify()).
-  int launch_ahead(std::vector<RequestPlan>& plans, const ForwardInput& input, const Tensor& logits,
+  int launch_ahead(std::vector<RequestPlan>& plans, const ForwardInput& input, const ForwardOutput& fwd,
                    std::span<const VerifyRequest> verify, bool& started, std::vector<std::vector<int32_t>>& drafts);
   // The drafts the speculator left on the device for the next step: where each request's are.
   void adopt_drafts_on_device(const std::vector<RequestPlan>& plans);

@@ -296,10 +296,12 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
     if (num_drafts_[i] > 0)
       state(batch.requests[i].req_id).deterministic_drafts = chain_kind == DraftChain::Kind::kArgmax;
   if (batch.ahead) {
-    // can_propose_ahead() said every request drafts a chain from a two-row piece.
-    bool two_rows = pieces_.size() == n;
-    for (const Piece& piece : pieces_) two_rows = two_rows && piece.drafts && piece.to - piece.from == 2;
-    SPECULA_CHECK(chain && rows.size() == n && two_rows,
+    // can_propose_ahead() said every request drafts a chain from a piece of two rows (tokens), or
+    // of one (hidden states: the verification's first position, as if nothing were accepted).
+    const int piece_rows = reads_target_hidden() ? 1 : 2;
+    bool uniform = pieces_.size() == n;
+    for (const Piece& piece : pieces_) uniform = uniform && piece.drafts && piece.to - piece.from == piece_rows;
+    SPECULA_CHECK(chain && rows.size() == n && uniform,
                   "internal error: a {} launch-ahead of {} requests planned {} drafting rows and {} pieces", method(), n,
                   rows.size(), pieces_.size());
   }
@@ -380,18 +382,26 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
 }
 
 bool ModelProposer::can_propose_ahead(const ProposeBatch& batch) const {
-  if (!batch.ahead || reads_target_hidden() || !config_.chain_drafts || !batch.may_leave_drafts_on_device ||
-      chain_.pending() || batch.requests.empty() || kv_.empty() ||
-      static_cast<int>(batch.requests.size()) > config_.max_num_seqs ||
-      2 * static_cast<int>(batch.requests.size()) > config_.max_num_batched_tokens ||
+  const bool hidden = reads_target_hidden();
+  const int rows = ahead_catch_up_rows(batch);
+  if (!batch.ahead || !config_.chain_drafts || !batch.may_leave_drafts_on_device || chain_.pending() ||
+      batch.requests.empty() || kv_.empty() || static_cast<int>(batch.requests.size()) > config_.max_num_seqs ||
+      rows * static_cast<int>(batch.requests.size()) > config_.max_num_batched_tokens ||
+      (hidden && !catch_up_graphs_.empty() && !catch_up_graphs_.count(rows)) ||
       DraftChain::kind_for(batch, config_.argmax_drafts, false) != DraftChain::Kind::kArgmax)
     return false;
   for (const ProposerRequest& r : batch.requests) {
     // Steady: it drafted last step, so its cache holds every position before the verification's
-    // first (r.tokens: ..., its last token, the placeholder).
+    // first, s (r.tokens: ..., its last token at s, the placeholder). A hidden-state proposer's
+    // row p reads token p + 1: it has run positions < s, and its catch-up's rows s .. s + k read
+    // the verification's rows, within the block table (the uniform layout's bounds).
     const RequestState* st = find_state(r.req_id);
+    const int s = static_cast<int>(r.tokens.size()) - 2;
     if (!r.sampled || !r.verified_drafts || r.shed || r.max_drafts <= 0 || st == nullptr ||
-        st->num_computed != static_cast<int>(r.tokens.size()) - 1 || !ahead_fits(r, batch.ahead->k))
+        st->num_computed != s + 1 - token_offset() || !ahead_fits(r, batch.ahead->k))
+      return false;
+    if (hidden && (r.first_position != s || r.num_rows != batch.ahead->k + 1 || s < 1 ||
+                   s + rows > max_blocks_per_seq_ * block_size_))
       return false;
   }
   return true;
@@ -675,7 +685,7 @@ bool ModelProposer::run_uniform_catch_up(const ProposeBatch& batch, const std::v
 }
 
 void ModelProposer::stage_uniform_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces, int rows,
-                                           int size) {
+                                           int size, int rows_past_last) {
   const bool hidden = reads_target_hidden();
   const int n = static_cast<int>(pieces.size());
   const int w = max_blocks_per_seq_;
@@ -717,8 +727,9 @@ void ModelProposer::stage_uniform_catch_up(const ProposeBatch& batch, const std:
       for (int j = 0; j < rows; ++j) {
         const int pos = first + j;
         positions[base + j] = pos;
-        if (pos <= last) {
-          tokens[base + j] = r.tokens[static_cast<size_t>(pos + token_offset())];
+        if (pos <= last + rows_past_last) {
+          // (a launch-ahead's rows past the piece get their tokens on the device)
+          tokens[base + j] = pos <= last ? r.tokens[static_cast<size_t>(pos + token_offset())] : 0;
           slots[base + j] = slot_of(r, pos);
           if (hidden) hidden_rows[base + j] = r.first_row + (pos - r.first_position);
         } else {
@@ -759,6 +770,10 @@ void ModelProposer::stage_uniform_catch_up(const ProposeBatch& batch, const std:
 
 void ModelProposer::run_ahead_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                                        std::vector<std::vector<int32_t>>& drafts) {
+  if (reads_target_hidden()) {
+    run_ahead_hidden_catch_up(batch, pieces, drafts);
+    return;
+  }
   // Staged as if no draft were accepted: positions s, s + 1 (s: the verification's first) with its
   // last token and the placeholder; the shift moves them to s + a, s + a + 1 and writes the last
   // accepted token and the target's next one, the catch-up of a steady drafting step.
@@ -795,6 +810,49 @@ void ModelProposer::run_ahead_catch_up(const ProposeBatch& batch, const std::vec
   const Tensor logits =
       run_uniform_catch_up_forward(graphs, size, rows, backend_.device() == Device::kCPU ? 0 : batch.ahead->k);
   sample_first_drafts(batch, pieces, logits, [](int s) { return s * rows + rows - 1; }, drafts);
+}
+
+int ModelProposer::ahead_catch_up_rows(const ProposeBatch& batch) const {
+  return !batch.ahead ? 0 : reads_target_hidden() ? batch.ahead->k + 1 : 2;
+}
+
+void ModelProposer::run_ahead_hidden_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
+                                              std::vector<std::vector<int32_t>>& drafts) {
+  // Every row the verification ran, s .. s + k: row j reads its hidden state and the target's
+  // token of row j (token s + j + 1 where drafts 1..j were accepted). Rows past s + a (a: the
+  // drafts accepted) write entries at positions the chain and the next catch-up write again
+  // before any row attends to them. The first draft and the chain start from row a: the staged
+  // row 0 moved by a on the device.
+  const int rows = ahead_catch_up_rows(batch);
+  const int n = static_cast<int>(pieces.size());
+  PaddedGraphs* graphs = nullptr;
+  int size = n;
+  if (auto it = catch_up_graphs_.find(rows); it != catch_up_graphs_.end()) {
+    graphs = it->second.get();
+    size = graphs->padded_size(n);
+    SPECULA_CHECK(size >= n, "internal error: no {} catch-up graph of {} x {} rows", method(), n, rows);
+  } else if (config_.pad_batch) {
+    size = std::min(config_.max_num_seqs, std::max(n, config_.pad_batch(n)));
+  }
+  stage_uniform_catch_up(batch, pieces, rows, size, /*rows_past_last=*/rows - 1);
+  const int64_t t = static_cast<int64_t>(n) * rows;
+  Tensor tokens = catch_up_.tokens.device.slice(0, t);
+  backend_.copy(batch.ahead->sampled.slice(0, t), tokens);
+  AcceptedShift shift;
+  shift.inputs = batch.ahead->inputs;
+  shift.sampled = batch.ahead->sampled;
+  shift.num_requests = n;
+  shift.k = batch.ahead->k;
+  shift.entries = 1;
+  shift.request_stride = 1;
+  shift.positions = catch_up_.logits_idx.device.slice(0, n);
+  backend_.shift_by_accepted(shift);
+  if (config_.num_speculative_tokens >= 2) {
+    shift.positions = step_rows_.device.slice(0, n);
+    backend_.shift_by_accepted(shift);
+  }
+  const Tensor logits = run_uniform_catch_up_forward(graphs, size, rows);
+  sample_first_drafts(batch, pieces, logits, [](int s) { return s; }, drafts);
 }
 
 Tensor ModelProposer::run_uniform_catch_up_forward(PaddedGraphs* graphs, int size, int rows, int lens_slack) {

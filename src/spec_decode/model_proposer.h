@@ -96,8 +96,9 @@ class ModelProposer : public Proposer {
   bool leaves_drafts_on_device() const override { return config_.chain_drafts; }
   const DraftsOnDevice* drafts_on_device() const override { return chain_.pending() ? &on_device_ : nullptr; }
   std::vector<std::vector<int32_t>> finish_drafts() override;
-  // Launch-ahead (README.md): a tokens-only proposer whose every request drafts a greedy chain
-  // from a steady state (its cache one position short of the verification's first).
+  // Launch-ahead (README.md): a proposer whose every request drafts a greedy chain from a steady
+  // state (its cache one position short of the verification's first; a hidden-state proposer's
+  // two short, since its row p reads token p + 1).
   bool can_propose_ahead(const ProposeBatch& batch) const override;
   void settle_ahead(std::span<const int> accepted) override;
   void drop_request(std::string_view req_id) override;
@@ -258,9 +259,17 @@ class ModelProposer : public Proposer {
   // it accepted, through one catch-up forward; samples the first drafts.
   void run_ahead_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                           std::vector<std::vector<int32_t>>& drafts);
+  // A hidden-state proposer's launch-ahead: the verification's k + 1 rows of every request, the
+  // first draft and the chain's start moved on the device to the last accepted one.
+  void run_ahead_hidden_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
+                                 std::vector<std::vector<int32_t>>& drafts);
+  // Rows per request of a launch-ahead's catch-up (0 without one).
+  int ahead_catch_up_rows(const ProposeBatch& batch) const;
   // Stages `pieces` as the uniform layout of `rows` rows a request at `size` requests and uploads
-  // it (waiting first for the last staging's uploads).
-  void stage_uniform_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces, int rows, int size);
+  // it (waiting first for the last staging's uploads). The rows_past_last rows after a piece's
+  // last one are staged as real (slots, hidden rows) with token 0, for a launch-ahead to fill.
+  void stage_uniform_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces, int rows, int size,
+                              int rows_past_last = 0);
   // Runs pieces through one catch-up forward and samples the first draft of those that draft.
   void run_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                     std::vector<std::vector<int32_t>>& drafts);

@@ -19,14 +19,14 @@ __global__ void shift_by_accepted_kernel(AcceptedShiftParams p) {
     const int64_t at = static_cast<int64_t>(i) * p.request_stride + static_cast<int64_t>(e) * p.entry_stride;
     const int32_t pos = p.positions[at] + accepted;
     p.positions[at] = pos;
-    if (p.slots[at] >= 0) {
+    if (p.slots && p.slots[at] >= 0) {
       const int64_t block = pos / p.block_size;
       p.slots[at] = block < p.width
                         ? static_cast<int64_t>(p.block_tables[i * p.width + block]) * p.block_size + pos % p.block_size
                         : -1;
     }
     if (p.tokens) p.tokens[at] = e == 0 ? p.inputs[row + accepted] : p.sampled[row + accepted];
-    if (e == 0 || p.seq_lens_entry_stride != 0)
+    if (p.seq_lens && (e == 0 || p.seq_lens_entry_stride != 0))
       p.seq_lens[static_cast<int64_t>(i) * p.seq_lens_request_stride +
                  static_cast<int64_t>(e) * p.seq_lens_entry_stride] += accepted;
   }

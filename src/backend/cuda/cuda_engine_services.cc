@@ -104,14 +104,17 @@ void CudaBackend::shift_by_accepted(const AcceptedShift& a) {
   cuda_check::index_vector(a.inputs, DType::kI32, op, "inputs");
   cuda_check::index_vector(a.sampled, DType::kI32, op, "sampled");
   cuda_check::index_vector(a.positions, DType::kI32, op, "positions");
-  cuda_check::index_vector(a.slots, DType::kI64, op, "slots");
-  cuda_check::index_vector(a.seq_lens, DType::kI32, op, "seq_lens");
-  cuda_check::dtype(a.block_tables, DType::kI32, op, "block_tables");
-  SPECULA_CHECK(a.block_tables.ndim() == 2 && a.block_tables.size(0) >= a.num_requests && a.block_size > 0 &&
-                    a.inputs.numel() >= static_cast<int64_t>(a.num_requests) * (a.k + 1) &&
+  if (a.slots.defined()) {
+    cuda_check::index_vector(a.slots, DType::kI64, op, "slots");
+    cuda_check::dtype(a.block_tables, DType::kI32, op, "block_tables");
+    SPECULA_CHECK(a.block_tables.ndim() == 2 && a.block_tables.size(0) >= a.num_requests && a.block_size > 0,
+                  "{}: block tables {} for {} requests", op, a.block_tables.describe(), a.num_requests);
+  }
+  if (a.seq_lens.defined()) cuda_check::index_vector(a.seq_lens, DType::kI32, op, "seq_lens");
+  SPECULA_CHECK(a.inputs.numel() >= static_cast<int64_t>(a.num_requests) * (a.k + 1) &&
                     a.sampled.numel() >= static_cast<int64_t>(a.num_requests) * (a.k + 1),
-                "{}: {} requests of {} drafts over inputs {}, sampled {}, block tables {}", op, a.num_requests, a.k,
-                a.inputs.describe(), a.sampled.describe(), a.block_tables.describe());
+                "{}: {} requests of {} drafts over inputs {}, sampled {}", op, a.num_requests, a.k,
+                a.inputs.describe(), a.sampled.describe());
   if (a.tokens.defined()) {
     cuda_check::index_vector(a.tokens, DType::kI32, op, "tokens");
     SPECULA_CHECK(a.entries == 2, "{}: tokens over {} entries (two)", op, a.entries);
@@ -122,15 +125,15 @@ void CudaBackend::shift_by_accepted(const AcceptedShift& a) {
   p.num_requests = a.num_requests;
   p.k = a.k;
   p.positions = a.positions.data_as<int32_t>();
-  p.slots = a.slots.data_as<int64_t>();
+  p.slots = a.slots.defined() ? a.slots.data_as<int64_t>() : nullptr;
   p.entries = a.entries;
   p.request_stride = a.request_stride;
   p.entry_stride = a.entry_stride;
-  p.seq_lens = a.seq_lens.data_as<int32_t>();
+  p.seq_lens = a.seq_lens.defined() ? a.seq_lens.data_as<int32_t>() : nullptr;
   p.seq_lens_request_stride = a.seq_lens_request_stride;
   p.seq_lens_entry_stride = a.seq_lens_entry_stride;
-  p.block_tables = a.block_tables.data_as<int32_t>();
-  p.width = a.block_tables.size(1);
+  p.block_tables = a.block_tables.defined() ? a.block_tables.data_as<int32_t>() : nullptr;
+  p.width = a.block_tables.defined() ? a.block_tables.size(1) : 0;
   p.block_size = a.block_size;
   p.tokens = a.tokens.defined() ? a.tokens.data_as<int32_t>() : nullptr;
   check_cuda(cuda::launch_shift_by_accepted(p, stream_), op);

@@ -24,7 +24,7 @@ TEST(AsyncScheduling, WithoutSpeculation) {
 TEST(AsyncScheduling, DraftModelAtConcurrency1And16) {
   for (bool sampled : {false, true}) {
     SCOPED_TRACE(sampled ? "temperature 1" : "greedy");
-    expect_same(tiny_config(draft_spec(3)), Workload{3, 1, sampled, 0, !sampled}, tiny_prompts());
+    expect_same(tiny_config(draft_spec(3)), Workload{3, 1, sampled, 0, !sampled, !sampled}, tiny_prompts());
     expect_same(tiny_config(draft_spec(3)), Workload{16, 16, sampled, 0, !sampled}, tiny_prompts());
   }
 }
@@ -49,17 +49,19 @@ TEST(AsyncScheduling, MtpAtConcurrency1And16) {
     SCOPED_TRACE(sampled ? "temperature 1" : "greedy");
     EngineConfig ec = testing::moe_engine_config(testing::mtp_spec(2));
     ec.max_num_batched_tokens = 384;  // see tiny_config
-    expect_same(ec, Workload{3, 1, sampled, 0, !sampled}, moe_prompts());
+    // Greedy drafts are launched ahead of the verification (spec_decode/README.md).
+    expect_same(ec, Workload{3, 1, sampled, 0, !sampled, !sampled}, moe_prompts());
     expect_same(ec, Workload{16, 16, sampled, 0, !sampled}, moe_prompts());
   }
 }
 
 // EAGLE-3 drafts from the target's features of the step before: the step in flight must hand the
-// head the rows it verified, not a placeholder's.
+// head the rows it verified, not a placeholder's; greedy drafts launch ahead of the
+// verification from its rows on the device (spec_decode/README.md).
 TEST(AsyncScheduling, Eagle3AtConcurrency1And16) {
   for (bool sampled : {false, true}) {
     SCOPED_TRACE(sampled ? "temperature 1" : "greedy");
-    expect_same(tiny_config(eagle3_spec(3)), Workload{3, 1, sampled, 0, !sampled}, tiny_prompts());
+    expect_same(tiny_config(eagle3_spec(3)), Workload{3, 1, sampled, 0, !sampled, !sampled}, tiny_prompts());
     expect_same(tiny_config(eagle3_spec(3)), Workload{16, 16, sampled, 0, !sampled}, tiny_prompts());
   }
 }

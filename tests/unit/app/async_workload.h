@@ -39,6 +39,8 @@ struct Workload {
   // 16 requests. Sampled drafts are compared on workloads of length stops; deterministic drafts
   // (greedy, n-gram) on everything.
   bool unpredictable_stops = true;
+  // Async: some steps' drafts were launched before the host read their verification.
+  bool expect_launched_ahead = false;
 };
 
 struct ChoiceResult {
@@ -158,6 +160,8 @@ inline void expect_same(const EngineConfig& ec, const Workload& w, const std::ve
   EXPECT_EQ(s.spec_num_draft_tokens, a.spec_num_draft_tokens);
   EXPECT_EQ(s.spec_num_accepted_tokens, a.spec_num_accepted_tokens);
   EXPECT_EQ(s.spec_accepted_per_pos, a.spec_accepted_per_pos);
+  EXPECT_EQ(s.spec_steps_launched_ahead, 0);
+  if (w.expect_launched_ahead) EXPECT_GT(a.spec_steps_launched_ahead, 0);
   EXPECT_EQ(s.generation_tokens_total, a.generation_tokens_total);
   EXPECT_EQ(s.prompt_tokens_total, a.prompt_tokens_total);
   EXPECT_EQ(s.request_success_total, a.request_success_total);

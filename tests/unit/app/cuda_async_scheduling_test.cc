@@ -12,6 +12,7 @@
 
 #include "unit/app/async_stress.h"
 #include "unit/app/async_workload.h"
+#include "unit/app/mtp_test_util.h"
 #include "unit/backend/cuda/cuda_test_util.h"
 
 namespace specula {
@@ -35,6 +36,23 @@ TEST(CudaAsyncScheduling, DraftModelAndNgram) {
     SCOPED_TRACE(sampled ? "temperature 1" : "greedy");
     expect_same(tiny_config(draft_spec(3), "cuda"), Workload{16, 32, sampled, 0, false}, tiny_prompts());
     expect_same(tiny_config(ngram_spec(4), "cuda"), Workload{16, 32, sampled, 0, false}, tiny_prompts());
+  }
+}
+
+// Hidden-state proposers launch their greedy drafts ahead of the verification (the catch-up of
+// every verified row, moved on the device by what was accepted): the same tokens and counts as
+// the synchronous engine, on the catch-up and chain graphs.
+TEST(CudaAsyncScheduling, Eagle3AndMtpLaunchedAhead) {
+  SKIP_WITHOUT_GPU();
+  for (int k : {1, 3, 5}) {
+    SCOPED_TRACE("k=" + std::to_string(k));
+    expect_same(tiny_config(eagle3_spec(k), "cuda"), Workload{4, 1, false, 0, false, true}, tiny_prompts());
+    if (!have_moe()) continue;
+    EngineConfig ec = moe_engine_config(mtp_spec(k));
+    ec.device = "cuda";
+    ec.num_gpu_blocks_override = 1024;
+    ec.enable_prefix_caching = false;
+    expect_same(ec, Workload{4, 1, false, 0, false, true}, moe_prompts());
   }
 }
 

@@ -232,6 +232,17 @@ TEST_P(CpuOps, ShiftByAcceptedMovesStagedRowsByTheAcceptedDrafts) {
   EXPECT_EQ(i32(c.positions), (std::vector<int32_t>{3, 2, 6, 0, 4, 3, 7, 0}));
   EXPECT_EQ(i64(c.slots), (std::vector<int64_t>{5 * 4 + 3, 1 * 4 + 2, -1, -1, 6 * 4 + 0, 1 * 4 + 3, 4 * 4 + 3, -1}));
   EXPECT_EQ(i32(c.seq_lens), (std::vector<int32_t>{4, 3, 7, 1, 5, 4, 8, 1}));
+  // Row indices alone (a hidden-state catch-up's first-draft rows): no slots, lengths or tables.
+  AcceptedShift r;
+  r.inputs = a.inputs;
+  r.sampled = a.sampled;
+  r.num_requests = 3;
+  r.k = 3;
+  r.positions = Tensor::from_i32({0, 4, 8, 12});  // the fourth: padding, untouched
+  r.entries = 1;
+  r.request_stride = 1;
+  be->shift_by_accepted(r);
+  EXPECT_EQ(i32(r.positions), (std::vector<int32_t>{2, 4, 11, 12}));
 }
 
 TEST_P(CpuOps, LinearWithAndWithoutBias) {

@@ -110,7 +110,7 @@ TEST_F(CudaRowwise, FeedTokensIsTheHostsFeed) {
 
 // Speculative decoding's launch-ahead: the device moves staged rows exactly as the host does,
 // over more requests than one block of threads, every accepted count 0..k, slots kept at -1 and
-// run past the block table, in a catch-up's layout (tokens written) and a chain's.
+// run past the block table, in a catch-up's layout (tokens written), a chain's, and row indices alone.
 TEST_F(CudaRowwise, ShiftByAcceptedIsTheHostsShift) {
   const int n = 150, k = 5, width = 6, bs = 16, steps = 4, padded = 160;
   std::uniform_int_distribution<int> token(0, 999), block(0, 500), pos(0, width * bs - 1);
@@ -165,6 +165,22 @@ TEST_F(CudaRowwise, ShiftByAcceptedIsTheHostsShift) {
     expect_equal(to_host(*gpu_, got.seq_lens), want.seq_lens.to_f32_vector(), "seq_lens");
     if (!chain) expect_equal(to_host(*gpu_, got.tokens), want.tokens.to_f32_vector(), "tokens");
   }
+  // Row indices alone (a hidden-state catch-up's rows): no slots, lengths or block tables.
+  AcceptedShift want;
+  want.k = k;
+  want.num_requests = n;
+  want.inputs = Tensor::from_i32(inputs);
+  want.sampled = Tensor::from_i32(sampled);
+  std::vector<int32_t> rows(n);
+  for (int i = 0; i < n; ++i) rows[i] = i * (k + 1);
+  want.positions = Tensor::from_i32(rows);
+  want.entries = 1;
+  want.request_stride = 1;
+  AcceptedShift got = want;
+  for (Tensor* t : {&got.inputs, &got.sampled, &got.positions}) *t = to_gpu(*gpu_, *t);
+  cpu_->shift_by_accepted(want);
+  gpu_->shift_by_accepted(got);
+  expect_equal(to_host(*gpu_, got.positions), want.positions.to_f32_vector(), "row indices");
 }
 
 // The greedy draft chain's argmax: exactly the host's first argmax, with repeated maxima (ties
