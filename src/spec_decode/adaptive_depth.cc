@@ -126,15 +126,18 @@ int AdaptiveDepth::backed_off(int every) const {
 
 bool AdaptiveDepth::stretch_paid() const {
   const Stretch& s = stretch_;
-  // Not timed (a caller that does not report wall times): the estimate's own verdict.
-  if (s.timed_steps == 0) return s.steps >= config_.stretch_steps;
+  // Judged against a plain step's measured period only: one priced by its parts (its target time
+  // and the host's) can be cheaper than plain decoding runs (on the H200, MTP at one request
+  // priced it at 123 us where plain decoding ran 135 us a token).
+  const std::optional<double> plain = cost_->period_seconds(s.num_seqs, 0);
+  if (!plain) return true;
   // Too short to measure (a few steps, or none verified): the estimate the probe left fell back
   // at once, so the probe was wrong.
   if (s.timed_steps < 4 || s.verifications == 0 || s.seconds <= 0.0) return false;
   const int drafting_steps = s.steps - s.plain_steps;
   const double tokens_per_step = (s.tokens / s.verifications * drafting_steps + s.plain_steps) / s.steps;
   const double rate = tokens_per_step * s.timed_steps / s.seconds;
-  return rate >= config_.keep_gain * tokens_per_second(s.num_seqs, 0);
+  return rate * *plain >= config_.keep_gain;
 }
 
 void AdaptiveDepth::judge_stretch(size_t bucket) {

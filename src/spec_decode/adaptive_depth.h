@@ -24,8 +24,9 @@
 // A probe's few verifications can be lucky. So the stretch of speculation a probe from depth 0
 // starts is judged by what it measured, not by the estimate: after `stretch_steps` steps (or when
 // it ends sooner), its tokens per request per second of wall time (record_step_seconds) against a
-// plain step's rate. A stretch below `keep_gain` of it is a failed probe: depth 0 in that batch
-// bucket until the next probe, whose interval grows (probe_backoff), the proposer fed only before it.
+// plain step's measured period (no verdict without one, or with fewer than 4 timed steps). A
+// stretch below `keep_gain` of it is a failed probe: depth 0 in that batch bucket until the next
+// probe, whose interval grows (probe_backoff), the proposer fed only before it.
 #pragma once
 
 #include <cstdint>
