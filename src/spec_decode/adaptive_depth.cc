@@ -195,8 +195,8 @@ int AdaptiveDepth::choose(int num_seqs) {
     if (const int probe = probe_depth(num_seqs); probe > 0) return probe;
   }
   // The verdict on the previous step's probe from depth 0 (its drafts were verified since): still
-  // no speculation there means probe that bucket probe_backoff times less often; speculation means start afresh,
-  // for a stretch that its measurements judge.
+  // no speculation there means probe that bucket probe_backoff times less often; speculation
+  // means start afresh, for a stretch that its measurements judge.
   if (probe_bucket_ >= 0) {
     const size_t b = static_cast<size_t>(probe_bucket_);
     int& every = probe_every_[b];
