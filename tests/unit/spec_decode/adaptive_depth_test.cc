@@ -526,6 +526,37 @@ TEST(AdaptiveDepth, AStretchThatPaysGoesOn) {
   }
 }
 
+// Without a measured plain period there is no verdict: a plain step priced by its parts can be
+// cheaper than plain decoding runs (on the H200 MTP at one request priced it at 123 us where it ran
+// 135 us a token), and against it stretches that paid 1.27x counted as losing. Here the parts
+// price a plain step at 100 us, and every stretch step really takes 400 us for about 3.5 tokens
+// (114 us a token, where plain decoding would take 135): judged against the parts it would lose.
+TEST(AdaptiveDepth, NoVerdictWithoutAMeasuredPlainPeriod) {
+  class PartsOnlyForPlain : public StepCostModel {
+   public:
+    double target_seconds(int, int rows) const override { return 1e-6 * (rows == 1 ? 100.0 : 150.0); }
+    double draft_seconds(int, int depth) const override { return depth == 0 ? 0.0 : 1e-6 * (60.0 + 20.0 * depth); }
+    std::optional<double> period_seconds(int, int depth) const override {
+      if (depth == 0) return std::nullopt;
+      return target_seconds(1, 1 + depth) + draft_seconds(1, depth);
+    }
+  };
+  AdaptiveDepthConfig c;
+  c.num_speculative_tokens = 3;
+  c.prior_acceptance = 0.2;  // off: the first probe starts a stretch
+  c.probe_interval = 8;
+  AdaptiveDepth d(c, std::make_unique<PartsOnlyForPlain>());
+  int drafting = 0;
+  for (int step = 0; step < 200; ++step) {
+    const int depth = d.choose(1);
+    if (step > 0) d.record_step_seconds(1, depth > 0 ? 400e-6 : 135e-6);
+    if (depth == 0) continue;
+    ++drafting;
+    d.record_verification(depth, std::min(depth, 2 + step % 2));  // 2-3 of 3 accepted
+  }
+  EXPECT_GT(drafting, 150);
+}
+
 // A period is the median of its last samples: a rare long one (the engine's thread descheduled)
 // moves it nowhere, a change that lasts moves it within half the window.
 TEST(OnlineCostModel, APeriodIsTheMedianOfItsLastSamples) {
