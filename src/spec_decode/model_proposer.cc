@@ -387,7 +387,7 @@ bool ModelProposer::can_propose_ahead(const ProposeBatch& batch) const {
   if (!batch.ahead || !config_.chain_drafts || !batch.may_leave_drafts_on_device || chain_.pending() ||
       batch.requests.empty() || kv_.empty() || static_cast<int>(batch.requests.size()) > config_.max_num_seqs ||
       rows * static_cast<int>(batch.requests.size()) > config_.max_num_batched_tokens ||
-      (hidden && !catch_up_graphs_.empty() && !catch_up_graphs_.count(rows)) ||
+      (hidden && ahead_catch_up_size(static_cast<int>(batch.requests.size()), rows) == 0) ||
       DraftChain::kind_for(batch, config_.argmax_drafts, false) != DraftChain::Kind::kArgmax)
     return false;
   for (const ProposerRequest& r : batch.requests) {
@@ -816,6 +816,18 @@ int ModelProposer::ahead_catch_up_rows(const ProposeBatch& batch) const {
   return !batch.ahead ? 0 : reads_target_hidden() ? batch.ahead->k + 1 : 2;
 }
 
+int ModelProposer::ahead_catch_up_size(int n, int rows) const {
+  int size = n;
+  if (auto it = catch_up_graphs_.find(rows); it != catch_up_graphs_.end()) {
+    size = it->second->padded_size(n);
+  } else if (!catch_up_graphs_.empty()) {
+    return 0;  // graphs of other shapes only: an eager catch-up would cost more than the host's wait
+  } else if (config_.pad_batch) {
+    size = std::min(config_.max_num_seqs, std::max(n, config_.pad_batch(n)));
+  }
+  return size >= n && size * rows <= config_.max_num_batched_tokens ? size : 0;
+}
+
 void ModelProposer::run_ahead_hidden_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                                               std::vector<std::vector<int32_t>>& drafts) {
   // Every row the verification ran, s .. s + k: row j reads its hidden state and the target's
@@ -825,15 +837,10 @@ void ModelProposer::run_ahead_hidden_catch_up(const ProposeBatch& batch, const s
   // row 0 moved by a on the device.
   const int rows = ahead_catch_up_rows(batch);
   const int n = static_cast<int>(pieces.size());
-  PaddedGraphs* graphs = nullptr;
-  int size = n;
-  if (auto it = catch_up_graphs_.find(rows); it != catch_up_graphs_.end()) {
-    graphs = it->second.get();
-    size = graphs->padded_size(n);
-    SPECULA_CHECK(size >= n, "internal error: no {} catch-up graph of {} x {} rows", method(), n, rows);
-  } else if (config_.pad_batch) {
-    size = std::min(config_.max_num_seqs, std::max(n, config_.pad_batch(n)));
-  }
+  const int size = ahead_catch_up_size(n, rows);
+  SPECULA_CHECK(size >= n, "internal error: no {} launch-ahead catch-up of {} x {} rows", method(), n, rows);
+  auto it = catch_up_graphs_.find(rows);
+  PaddedGraphs* graphs = it != catch_up_graphs_.end() ? it->second.get() : nullptr;
   stage_uniform_catch_up(batch, pieces, rows, size, /*rows_past_last=*/rows - 1);
   const int64_t t = static_cast<int64_t>(n) * rows;
   Tensor tokens = catch_up_.tokens.device.slice(0, t);

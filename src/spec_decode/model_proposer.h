@@ -263,8 +263,11 @@ class ModelProposer : public Proposer {
   // first draft and the chain's start moved on the device to the last accepted one.
   void run_ahead_hidden_catch_up(const ProposeBatch& batch, const std::vector<Piece>& pieces,
                                  std::vector<std::vector<int32_t>>& drafts);
-  // Rows per request of a launch-ahead's catch-up (0 without one).
+  // Rows per request of a launch-ahead's catch-up (0 without one), and the padded size a
+  // hidden-state one of n requests runs at: its graph's, else (no graphs) n or pad_batch's; 0
+  // where none fits the catch-up buffers.
   int ahead_catch_up_rows(const ProposeBatch& batch) const;
+  int ahead_catch_up_size(int n, int rows) const;
   // Stages `pieces` as the uniform layout of `rows` rows a request at `size` requests and uploads
   // it (waiting first for the last staging's uploads). The rows_past_last rows after a piece's
   // last one are staged as real (slots, hidden rows) with token 0, for a launch-ahead to fill.
