@@ -110,13 +110,12 @@ TEST(AsyncScheduling, WavesOfRequestsEachAfterTheLastFinished) {
 }
 
 // Random arrivals, lengths, sampling and client aborts with a step always in flight
-// (async_stress.h): without speculation, with a pinned draft model, and with the adaptive depth
-// (whose idle steps are deferred like plain ones).
+// (async_stress.h), without speculation and with every method.
 TEST(AsyncScheduling, StressRandomArrivalsAndAborts) {
-  for (const std::string& spec : {std::string(), draft_spec(3), adaptive_draft_spec(3)}) {
-    SCOPED_TRACE(spec.empty() ? "no speculation" : spec);
+  for (const StressConfig& c : stress_configs("cpu")) {
+    SCOPED_TRACE(c.name);
     const StressWorkload w{120, 12, 0.25, 7};
-    expect_stress_invariants(run_stress(tiny_config(spec), w, tiny_prompts()), w);
+    expect_stress_invariants(run_stress(c.engine, w, c.prompts), w);
   }
 }
 

@@ -129,6 +129,34 @@ inline StressOutcome run_stress(EngineConfig ec, const StressWorkload& w,
   return out;
 }
 
+// What the stress runs under: no speculation and every method, pinned and with the adaptive
+// depth (whose idle steps run as plain ones, and whose hidden-state proposers are fed and probed).
+// MTP runs specula-tiny-moe where its weights are present.
+struct StressConfig {
+  std::string name;
+  EngineConfig engine;
+  std::vector<std::vector<int32_t>> prompts;
+};
+
+inline std::vector<StressConfig> stress_configs(const std::string& device) {
+  std::vector<StressConfig> configs;
+  for (const auto& [name, spec] : std::vector<std::pair<std::string, std::string>>{
+           {"no speculation", ""},
+           {"draft_model k=3", draft_spec(3)},
+           {"draft_model adaptive k=3", adaptive_draft_spec(3)},
+           {"ngram k=4", ngram_spec(4)},
+           {"eagle3 k=3", eagle3_spec(3)},
+           {"eagle3 adaptive k=5", eagle3_spec(5, /*adaptive=*/true)}})
+    configs.push_back({name, tiny_config(spec, device), tiny_prompts()});
+  if (have_moe()) {
+    EngineConfig ec = moe_engine_config(mtp_spec(3, /*adaptive=*/true));
+    ec.device = device;
+    if (device != "cpu") ec.num_gpu_blocks_override = 1024;
+    configs.push_back({"mtp adaptive k=3", ec, moe_prompts()});
+  }
+  return configs;
+}
+
 // The checks every stress run shares, on its outcome.
 inline void expect_stress_invariants(const StressOutcome& o, const StressWorkload& w) {
   EXPECT_EQ(o.finished + o.aborted, w.num_requests);

@@ -202,9 +202,10 @@ inline std::string adaptive_draft_spec(int k) {
          std::to_string(k) + R"(, "adaptive": true})";
 }
 // The trained EAGLE-3 head of specula-tiny (models/specula-tiny-eagle3).
-inline std::string eagle3_spec(int k) {
+inline std::string eagle3_spec(int k, bool adaptive = false) {
   return R"({"method": "eagle3", "model": ")" + (models_dir() / "specula-tiny-eagle3").string() +
-         R"(", "num_speculative_tokens": )" + std::to_string(k) + R"(, "adaptive": false})";
+         R"(", "num_speculative_tokens": )" + std::to_string(k) + R"(, "adaptive": )" + (adaptive ? "true" : "false") +
+         "}";
 }
 // The draft model split over `ranks` tensor-parallel ranks, as the target must be.
 inline std::string split_draft_spec(int k, int ranks) {
