@@ -161,7 +161,7 @@ void EngineCore::process_result(const SchedulerOutput& scheduled, ModelRunnerOut
       spec_depth_steps_ += 1;
       spec_depth_sum_ += result.spec_depth;
     }
-    spec_steps_launched_ahead_ += result.drafts_launched_ahead ? 1 : 0;
+    spec_steps_launched_ahead_ += result.proposer_launched_ahead ? 1 : 0;
   }
   if (on_step_counted_) on_step_counted_();
   std::vector<std::string> stopped = outputs_.process(outs);
@@ -224,7 +224,7 @@ bool EngineCore::step_async() {
         spec_depth_steps_ += 1;
         spec_depth_sum_ += counts.spec_depth;
       }
-      spec_steps_launched_ahead_ += counts.drafts_launched_ahead ? 1 : 0;
+      spec_steps_launched_ahead_ += counts.proposer_launched_ahead ? 1 : 0;
     } catch (const std::exception& e) {
       fail_step(*next, e);
       next.reset();

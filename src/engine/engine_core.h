@@ -90,7 +90,7 @@ class EngineCore {
   int64_t iteration_tokens_sum_ = 0;
   int64_t spec_depth_steps_ = 0;  // steps whose result carried a speculative depth
   int64_t spec_depth_sum_ = 0;
-  int64_t spec_steps_launched_ahead_ = 0;  // steps whose drafts were launched ahead
+  int64_t spec_steps_launched_ahead_ = 0;  // steps whose proposer work was launched ahead
   std::optional<SchedulerOutput> in_flight_;  // async scheduling: submitted, result not processed
   // Compiles structured-output constraints; validate() (any thread) uses it too.
   std::unique_ptr<StructuredOutputManager> structured_outputs_;

@@ -81,8 +81,8 @@ struct EngineMetrics {
   bool spec_adaptive = false;              // the depth adapts per step (0..k)
   int64_t spec_depth_steps = 0;            // steps that chose a depth
   int64_t spec_depth_sum = 0;              // sum of the depths chosen (mean depth = sum / steps)
-  int64_t spec_steps_launched_ahead = 0;   // steps whose drafts were launched before the host read
-                                           // their verification (async scheduling's launch-ahead)
+  int64_t spec_steps_launched_ahead = 0;   // steps whose proposer work was launched before the host
+                                           // read their results (launch-ahead, catch-up ahead)
   // vllm:cache_config_info's labels
   int64_t num_gpu_blocks = 0;
   int64_t block_size = 0;

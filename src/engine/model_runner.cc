@@ -18,6 +18,12 @@ namespace specula {
 namespace {
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
+// SPECULA_LAUNCH_AHEAD=0 turns the launch-ahead and the catch-up ahead off (for comparing).
+bool launch_ahead_enabled() {
+  const char* v = std::getenv("SPECULA_LAUNCH_AHEAD");
+  return v == nullptr || std::string_view(v) != "0";
+}
+
 // Byte offsets of a step's input arrays in the packed upload: the 8-byte slots first, the block
 // table (whose width varies from step to step) last, so that the arrays a graph reads depend only
 // on its tokens, logits rows and sequences.
@@ -60,7 +66,7 @@ StepCounts ModelExecutor::counts_of(const ModelRunnerOutput& out) {
   for (const std::vector<int32_t>& t : out.sampled_token_ids) c.num_sampled.push_back(static_cast<int>(t.size()));
   c.draft_token_ids = out.draft_token_ids;
   c.spec_depth = out.spec_depth;
-  c.drafts_launched_ahead = out.drafts_launched_ahead;
+  c.proposer_launched_ahead = out.proposer_launched_ahead;
   return c;
 }
 
@@ -155,6 +161,7 @@ StepCounts ModelRunner::submit(const SchedulerOutput& scheduled) {
   for (const auto& [s, id] : pending_->samplers) counts.num_sampled[s] = 1;
   counts.draft_token_ids.resize(scheduled.scheduled.size());
   counts.spec_depth = out.spec_depth;
+  counts.proposer_launched_ahead = out.proposer_launched_ahead;
   pending_->out = std::move(out);
   return counts;
 }
@@ -552,30 +559,29 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
     }
   }
   if (skip_proposer) out.spec_depth = 0;
-  // Deferred: nothing after sampling needs the tokens on the host this step.
-  bool defer = may_defer && (!speculator_ || skip_proposer) && verify.empty() && !plain.empty() &&
-               sampler_.can_defer(plain);
+  // Deferred: nothing after sampling needs the tokens on the host this step. A step whose
+  // proposer only catches up may be too, where the sampler feeds its tokens on the device.
+  bool defer = may_defer && verify.empty() && !plain.empty() && sampler_.can_defer(plain);
   for (size_t s = 0; s < num_seqs && defer; ++s) defer = plans[s].num_prompt_rows == 0;
-  if (defer) {
+  const bool catch_up = defer && speculator_ && !skip_proposer;
+  std::vector<SampledToken> sampled;
+  if (defer && (!speculator_ || skip_proposer || catch_up)) {
     {
       phase_profile::Scope p("runner.sample (deferred)");
       sampler_.start_sample(fwd.logits, plain);
     }
-    pending_.emplace();
-    bool uniform = true;
-    for (const RequestPlan& plan : plans)
-      uniform = uniform && plan.first_sample_row >= 0 && plan.sched->num_scheduled_tokens == 1;
-    if (uniform) pending_->num_timed_seqs = static_cast<int>(num_seqs);
-    pending_->launched_at = std::chrono::duration<double>(t0.time_since_epoch()).count();
-    for (size_t s = 0; s < num_seqs; ++s) {
-      if (plans[s].first_sample_row < 0) continue;
-      plans[s].state->pending_row = static_cast<int>(pending_->samplers.size());
-      pending_->samplers.emplace_back(s, plans[s].sched->req_id);
+    // (whether the sampler feeds its tokens on the device is known once it started)
+    if (!catch_up || (sampler_.can_feed_started() && catch_up_ahead(plans, input, fwd))) {
+      // (the time of a step whose proposer caught up is not a plain step's)
+      defer_sampling(plans, std::chrono::duration<double>(t0.time_since_epoch()).count(), !catch_up);
+      if (catch_up) {
+        out.spec_depth = 0;
+        out.proposer_launched_ahead = true;
+      }
+      return out;
     }
-    return out;
-  }
-  std::vector<SampledToken> sampled;
-  if (!plain.empty()) {
+    sampled = sampler_.finish_sample();  // the speculator launched nothing: a synchronous step
+  } else if (!plain.empty()) {
     phase_profile::Scope p("runner.sample");
     sampled = sampler_.sample(fwd.logits, plain);
   }
@@ -644,13 +650,94 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
       speculator_->settle_ahead(accepted);
       out.draft_token_ids = std::move(ahead_drafts);
       out.spec_depth = ahead_depth;
-      out.drafts_launched_ahead = true;
+      out.proposer_launched_ahead = true;
       adopt_drafts_on_device(plans);
     } else if (!skip_proposer) {
       propose_drafts(plans, fwd, target_seconds, may_defer, out);
     }
   }
   return out;
+}
+
+void ModelRunner::defer_sampling(const std::vector<RequestPlan>& plans, double launched_at, bool timed) {
+  pending_.emplace();
+  bool uniform = timed;
+  for (const RequestPlan& plan : plans)
+    uniform = uniform && plan.first_sample_row >= 0 && plan.sched->num_scheduled_tokens == 1;
+  if (uniform) pending_->num_timed_seqs = static_cast<int>(plans.size());
+  pending_->launched_at = launched_at;
+  for (size_t s = 0; s < plans.size(); ++s) {
+    if (plans[s].first_sample_row < 0) continue;
+    plans[s].state->pending_row = static_cast<int>(pending_->samplers.size());
+    pending_->samplers.emplace_back(s, plans[s].sched->req_id);
+  }
+}
+
+bool ModelRunner::catch_up_ahead(std::vector<RequestPlan>& plans, const ForwardInput& input, const ForwardOutput& fwd) {
+  static const bool enabled = launch_ahead_enabled();
+  const int n = static_cast<int>(plans.size());
+  if (!enabled || ragged_rows_ > 0 || static_cast<int64_t>(n) > verified_tokens_.numel()) return false;
+  for (int s = 0; s < n; ++s) {
+    const RequestPlan& plan = plans[static_cast<size_t>(s)];
+    if (plan.first_sample_row != s || plan.sched->num_scheduled_tokens != 1 || plan.sched->grammar ||
+        plan.first_token_row != s)
+      return false;
+  }
+  phase_profile::Scope phase("runner.propose (catch-up ahead)");
+  // The sampled tokens on the device, row s the token of request s (a name -(1 + s) the
+  // sampler's feed replaces), for the catch-up rows that read them.
+  Tensor sampled = verified_tokens_.slice(0, n);
+  backend_.copy(verify_row_names_.slice(0, n), sampled);
+  sampler_.feed_started_tokens(sampled);
+  ProposeBatch batch;
+  batch.may_leave_drafts_on_device = true;
+  batch.target_seconds = last_target_seconds_;
+  batch.ahead = ProposeBatch::LaunchAhead{input.token_ids.slice(0, n), sampled, 0};
+  batch.target_hidden_states = fwd.hidden_states;
+  batch.target_aux_hidden_states = fwd.aux_hidden_states;
+  for (int s = 0; s < n; ++s) {
+    RequestPlan& plan = plans[static_cast<size_t>(s)];
+    RequestState& st = *plan.state;
+    // Its token of this step, named as in `sampled`, until the proposer has staged it.
+    st.tokens.push_back(-(1 + s));
+    ProposerRequest p = proposer_request(plan);
+    p.tokens = st.tokens;
+    p.sampled = true;
+    p.num_target_computed = plan.sched->num_computed_tokens + 1;
+    p.max_drafts = max_drafts_at(st, static_cast<int>(st.tokens.size()));
+    batch.requests.push_back(p);
+  }
+  std::vector<std::vector<int32_t>> drafts;
+  int depth = -1;
+  try {
+    depth = speculator_->propose_ahead(batch, drafts);
+  } catch (...) {
+    for (RequestPlan& plan : plans) plan.state->tokens.pop_back();
+    throw;
+  }
+  for (RequestPlan& plan : plans) plan.state->tokens.pop_back();
+  if (depth < 0) return false;
+  SPECULA_CHECK(depth == 0 && !speculator_->drafts_on_device(), "internal error: a catch-up ahead drafted (depth {})",
+                depth);
+  ++steps_launched_ahead_;
+  return true;
+}
+
+ProposerRequest ModelRunner::proposer_request(const RequestPlan& plan) const {
+  const RequestState& st = *plan.state;
+  const ScheduledRequest& r = *plan.sched;
+  ProposerRequest p;
+  p.req_id = r.req_id;
+  p.num_prompt_tokens = st.num_prompt_tokens;
+  p.num_cached_tokens = std::max(st.num_cached_tokens, 0);
+  p.block_ids = st.block_ids;
+  p.params = st.params.get();
+  p.seed = st.seed;
+  p.min_tokens_stop_ids = st.min_tokens_stop_ids;
+  p.first_row = plan.first_token_row;
+  p.num_rows = r.num_scheduled_tokens;
+  p.first_position = r.num_computed_tokens;
+  return p;
 }
 
 int ModelRunner::max_drafts_at(const RequestState& st, int num_tokens) const {
@@ -664,11 +751,7 @@ int ModelRunner::launch_ahead(std::vector<RequestPlan>& plans, const ForwardInpu
                               std::span<const VerifyRequest> verify, bool& started,
                               std::vector<std::vector<int32_t>>& drafts) {
   started = false;
-  // SPECULA_LAUNCH_AHEAD=0 turns it off (for comparing the two).
-  static const bool enabled = [] {
-    const char* v = std::getenv("SPECULA_LAUNCH_AHEAD");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
+  static const bool enabled = launch_ahead_enabled();
   if (!enabled || !speculator_ || !speculator_->leaves_drafts_on_device() || ragged_rows_ > 0) return -1;
   // Every request verifies k drafts in its k + 1 rows, in batch order.
   const int k = static_cast<int>(plans.front().drafts.size());
@@ -708,22 +791,12 @@ int ModelRunner::launch_ahead(std::vector<RequestPlan>& plans, const ForwardInpu
     // surely gains, in the first draft's place (the verification truncates the drafts).
     const size_t last = st.tokens.size() - static_cast<size_t>(k);
     st.tokens[last] = kPlaceholderToken;
-    ProposerRequest p;
-    p.req_id = r.req_id;
+    ProposerRequest p = proposer_request(plan);
     p.tokens = std::span<const int32_t>(st.tokens.data(), last + 1);
-    p.num_prompt_tokens = st.num_prompt_tokens;
-    p.num_cached_tokens = std::max(st.num_cached_tokens, 0);
     p.sampled = true;
     p.verified_drafts = true;
     p.num_target_computed = r.num_computed_tokens + r.num_scheduled_tokens - k;
     p.max_drafts = max_drafts_at(st, static_cast<int>(st.tokens.size()) + 1);  // all accepted
-    p.block_ids = st.block_ids;
-    p.params = st.params.get();
-    p.seed = st.seed;
-    p.min_tokens_stop_ids = st.min_tokens_stop_ids;
-    p.first_row = plan.first_token_row;
-    p.num_rows = r.num_scheduled_tokens;
-    p.first_position = r.num_computed_tokens;
     batch.requests.push_back(p);
   }
   int depth = -1;
@@ -792,28 +865,18 @@ void ModelRunner::propose_drafts(const std::vector<RequestPlan>& plans, const Fo
     const RequestPlan& plan = plans[s];
     const RequestState& st = *plan.state;
     const ScheduledRequest& r = *plan.sched;
-    ProposerRequest p;
-    p.req_id = r.req_id;
+    ProposerRequest p = proposer_request(plan);
     p.tokens = st.tokens;
-    p.num_prompt_tokens = st.num_prompt_tokens;
-    p.num_cached_tokens = std::max(st.num_cached_tokens, 0);
     p.sampled = plan.first_sample_row >= 0;
     p.verified_drafts = !r.spec_token_ids.empty();
     const int num_drafts = static_cast<int>(r.spec_token_ids.size());
     const int accepted_drafts = p.sampled ? static_cast<int>(out.sampled_token_ids[s].size()) - 1 : 0;
     p.num_target_computed = r.num_computed_tokens + r.num_scheduled_tokens - num_drafts + accepted_drafts;
     if (p.sampled) p.max_drafts = max_drafts_at(st, static_cast<int>(st.tokens.size()));
-    p.block_ids = st.block_ids;
-    p.params = st.params.get();
-    p.seed = st.seed;
-    p.min_tokens_stop_ids = st.min_tokens_stop_ids;
     if (p.sampled && r.grammar) {
       p.grammar = r.grammar;
       p.grammar_pending = out.sampled_token_ids[s];
     }
-    p.first_row = plan.first_token_row;
-    p.num_rows = r.num_scheduled_tokens;
-    p.first_position = r.num_computed_tokens;
     batch.requests.push_back(p);
   }
   out.spec_depth = speculator_->propose(batch, out.draft_token_ids);

@@ -31,6 +31,7 @@ namespace specula {
 class RejectionSampler;  // sampling/rejection_sampler.h
 struct VerifyRequest;
 class Speculator;        // engine/speculator.h
+struct ProposerRequest;
 
 // What the engine core drives each step: the ModelRunner, or a fake in tests.
 class ModelExecutor {
@@ -118,7 +119,8 @@ class ModelRunner : public ModelExecutor {
   int64_t num_fed_steps() const { return fed_steps_; }
   // Steps whose drafts stayed on the device until the next step was launched, for tests.
   int64_t num_steps_with_drafts_on_device() const { return steps_with_drafts_on_device_; }
-  // Steps whose next drafts were launched ahead of their verification's results (README.md).
+  // Steps whose proposer work was launched ahead of their results (README.md): the next drafts
+  // before the verification's, or a depth-0 catch-up before the sampled tokens.
   int64_t num_steps_launched_ahead() const { return steps_launched_ahead_; }
   static constexpr int kMaxVerifyGraphBatch = 256;
 
@@ -206,6 +208,15 @@ class ModelRunner : public ModelExecutor {
   // none were launched; `started` says whether the verification was started (finish_verify()).
   int launch_ahead(std::vector<RequestPlan>& plans, const ForwardInput& input, const ForwardOutput& fwd,
                    std::span<const VerifyRequest> verify, bool& started, std::vector<std::vector<int32_t>>& drafts);
+  // Catch-up ahead (async scheduling, README.md): a decode step whose proposer only catches up
+  // (adaptive depth 0 with a proposer that must see every step) leaves its sampling in flight like
+  // a plain step, the proposer's catch-up reading the sampled tokens on the device. false: the
+  // speculator launched nothing.
+  bool catch_up_ahead(std::vector<RequestPlan>& plans, const ForwardInput& input, const ForwardOutput& fwd);
+  // A step's sampling left in flight (pending_); timed: the cost model learns its time.
+  void defer_sampling(const std::vector<RequestPlan>& plans, double launched_at, bool timed);
+  // What every ProposerRequest of a plan holds whatever the step (its tokens and drafts aside).
+  ProposerRequest proposer_request(const RequestPlan& plan) const;
   // The drafts the speculator left on the device for the next step: where each request's are.
   void adopt_drafts_on_device(const std::vector<RequestPlan>& plans);
   // Drafts the next step could verify for a request that will hold `num_tokens` tokens.

@@ -80,8 +80,9 @@ struct ModelRunnerOutput {
   // (-1: speculation is off).
   std::vector<std::vector<int32_t>> draft_token_ids;
   int spec_depth = -1;
-  // Those drafts were launched before the host read this step's verification (launch-ahead).
-  bool drafts_launched_ahead = false;
+  // The proposer's work was launched before the host read this step's results (launch-ahead:
+  // those drafts before the verification's; catch-up ahead: a depth-0 catch-up before the tokens).
+  bool proposer_launched_ahead = false;
 };
 
 // A token id the host does not know yet (async scheduling): a draft the runner proposed and still
@@ -94,7 +95,7 @@ struct StepCounts {
   std::vector<int> num_sampled;                     // accepted drafts + 1; 0: a prefill chunk
   std::vector<std::vector<int32_t>> draft_token_ids; // the next step's drafts (values or placeholders)
   int spec_depth = -1;
-  bool drafts_launched_ahead = false;
+  bool proposer_launched_ahead = false;
 };
 
 // New tokens (and a possible finish) of one sequence, for the OutputProcessor.

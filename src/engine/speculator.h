@@ -103,7 +103,8 @@ struct ProposeBatch {
   // Every request verified k deterministic drafts; its `tokens` end with its last token before
   // them and then kPlaceholderToken, as if it had accepted none, and its max_drafts hold whatever
   // it accepts. `inputs` and `sampled` are the verification's rows on the device
-  // (backend/accepted_shift.h), from which the proposer's staged inputs move on there.
+  // (backend/accepted_shift.h), from which the proposer's staged inputs move on there. k = 0: a
+  // plain step's sampling is in flight (Speculator::propose_ahead).
   struct LaunchAhead {
     Tensor inputs, sampled;
     int k = 0;
@@ -166,7 +167,10 @@ class Speculator {
   // from the verification's result on the device and left there as propose() leaves them
   // (drafts: their placeholders); settle_ahead() follows, with each request's accepted drafts,
   // once the step's tokens are on the host, and propose() is not called for the step. -1:
-  // nothing was launched, and propose() follows as usual.
+  // nothing was launched, and propose() follows as usual. After a plain decode step (ahead's k
+  // = 0, the `sampled` rows its sampled tokens, each request's tokens ending with the name
+  // -(1 + s) of its row there): depth 0, the proposer's catch-up launched on those tokens and
+  // nothing else (no drafts, no settle_ahead()); -1: the runner samples and proposes as usual.
   virtual int propose_ahead(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) { return -1; }
   virtual void settle_ahead(std::span<const int> accepted) {}
 };

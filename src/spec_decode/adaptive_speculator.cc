@@ -229,6 +229,14 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
 }
 
 int AdaptiveSpeculator::propose_ahead(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
+  // A plain step's (k = 0): only the catch-up of a depth-0 step that feeds the proposer before a
+  // probe. Not a plain probe's: its entry, earlier in its step than the speculative steps' around
+  // it, would shift the wall times a stretch is judged by (on the H200 adaptive MTP at one request
+  // then ran at depth 2.1-2.2 in three of seven runs, 1.0 in one, where 3.8-4.8 is usual).
+  if (batch.ahead && batch.ahead->k == 0) {
+    if (chosen_depth_ != 0 || depth_.plain_probe() || !proposer_->can_propose_ahead(batch)) return -1;
+    return propose(batch, drafts);
+  }
   // A probe's verifications are in this step and weigh differently (AdaptiveDepth::
   // record_verification): its next depth is chosen after them, in the usual order.
   if (!proposer_->can_propose_ahead(batch) || depth_.draft_probe() || depth_.deep_probe()) return -1;

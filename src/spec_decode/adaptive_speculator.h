@@ -64,7 +64,8 @@ class AdaptiveSpeculator final : public Speculator {
   bool leaves_drafts_on_device() const override { return proposer_->leaves_drafts_on_device(); }
   const DraftsOnDevice* drafts_on_device() const override { return proposer_->drafts_on_device(); }
   std::vector<std::vector<int32_t>> finish_drafts() override;
-  // Launches ahead where the proposer can and the step's depth drafts for every request (no probe).
+  // Launches ahead where the proposer can and the step's depth drafts for every request (no probe);
+  // after a plain step (ahead k = 0) where skip_step() chose depth 0 to feed the proposer.
   int propose_ahead(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
   void settle_ahead(std::span<const int> accepted) override;
 

@@ -295,7 +295,13 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   for (size_t i = 0; i < n; ++i)
     if (num_drafts_[i] > 0)
       state(batch.requests[i].req_id).deterministic_drafts = chain_kind == DraftChain::Kind::kArgmax;
-  if (batch.ahead) {
+  if (batch.ahead && batch.ahead->k == 0) {
+    // A plain step's catch-up ahead: at depth 0, one row (its sampled token) of each request fed.
+    bool one_row = batch.depth == 0;
+    for (const Piece& piece : pieces_) one_row = one_row && !piece.drafts && piece.to - piece.from == 1;
+    SPECULA_CHECK(one_row, "internal error: a {} catch-up ahead at depth {} planned more than one row a request",
+                  method(), batch.depth);
+  } else if (batch.ahead) {
     // can_propose_ahead() said every request drafts a chain from a piece of two rows (tokens), or
     // of one (hidden states: the verification's first position, as if nothing were accepted).
     const int piece_rows = reads_target_hidden() ? 1 : 2;
@@ -332,7 +338,7 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
   // last piece of a drafting request samples its first draft.
   std::vector<Piece> chunk;
   int chunk_tokens = 0;
-  if (batch.ahead) run_ahead_catch_up(batch, pieces_, drafts);
+  if (batch.ahead && !pieces_.empty()) run_ahead_catch_up(batch, pieces_, drafts);
   for (size_t p = 0; p < pieces_.size() && !batch.ahead;) {
     Piece& piece = pieces_[p];
     const int room = config_.max_num_batched_tokens - chunk_tokens;
@@ -384,6 +390,23 @@ void ModelProposer::propose(const ProposeBatch& batch, std::vector<std::vector<i
 bool ModelProposer::can_propose_ahead(const ProposeBatch& batch) const {
   const bool hidden = reads_target_hidden();
   const int rows = ahead_catch_up_rows(batch);
+  if (batch.ahead && batch.ahead->k == 0) {
+    // A plain step's catch-up ahead (depth 0): a proposer of tokens alone runs nothing then; a
+    // hidden-state one runs each request's position s (its last token's, row s reading token s +
+    // 1, the one sampled) as the uniform layout.
+    if (!hidden) return true;
+    const int n = static_cast<int>(batch.requests.size());
+    if (kv_.empty() || chain_.pending() || n == 0 || n > config_.max_num_seqs || n > config_.max_num_batched_tokens ||
+        ahead_catch_up_size(n, 1) == 0)
+      return false;
+    for (const ProposerRequest& r : batch.requests) {
+      const int s = static_cast<int>(r.tokens.size()) - 2;
+      if (!r.sampled || r.verified_drafts || r.first_position != s || r.num_rows != 1 || s < 1 ||
+          s + 1 > max_blocks_per_seq_ * block_size_)
+        return false;
+    }
+    return true;
+  }
   if (!batch.ahead || !config_.chain_drafts || !batch.may_leave_drafts_on_device || chain_.pending() ||
       batch.requests.empty() || kv_.empty() || static_cast<int>(batch.requests.size()) > config_.max_num_seqs ||
       rows * static_cast<int>(batch.requests.size()) > config_.max_num_batched_tokens ||
@@ -844,6 +867,13 @@ void ModelProposer::run_ahead_hidden_catch_up(const ProposeBatch& batch, const s
   stage_uniform_catch_up(batch, pieces, rows, size, /*rows_past_last=*/rows - 1);
   const int64_t t = static_cast<int64_t>(n) * rows;
   Tensor tokens = catch_up_.tokens.device.slice(0, t);
+  if (batch.ahead->k == 0) {
+    // A plain step's: each row staged its request's name for the sampled token, which the feed
+    // replaces (the requests shed this step have no row); nothing to draft or to move.
+    backend_.feed_tokens(tokens, batch.ahead->sampled);
+    run_uniform_catch_up_forward(graphs, size, rows);
+    return;
+  }
   backend_.copy(batch.ahead->sampled.slice(0, t), tokens);
   AcceptedShift shift;
   shift.inputs = batch.ahead->inputs;

@@ -1,6 +1,6 @@
 // Async scheduling (--async-scheduling) against the synchronous engine, through LLMEngine::create
 // on the CPU: for draft_model, ngram, mtp and eagle3 at pinned depth (and a target and draft split
-// over tensor-parallel ranks), greedy and seeded temperature-1 workloads give the same tokens,
+// over tensor-parallel ranks; eagle3 and mtp's depth-0 catch-ups at an adaptive depth), greedy and seeded temperature-1 workloads give the same tokens,
 // finish reasons and speculative counts (drafts, draft tokens, accepted per position) with the
 // feature on and off. The workloads mix penalties, stop strings,
 // n > 1, prefix-cache hits, chunked prefill, max_tokens that end inside a draft and a KV cache
@@ -8,6 +8,11 @@
 // (seed 003): equal counts are what would catch that.
 #include <gtest/gtest.h>
 
+#include "model/config.h"
+#include "spec_decode/adaptive_speculator.h"
+#include "spec_decode/proposer_registry.h"
+#include "spec_decode/speculative_config.h"
+#include "spec_decode/step_cost_model.h"
 #include "unit/app/async_stress.h"
 #include "unit/app/async_workload.h"
 
@@ -64,6 +69,40 @@ TEST(AsyncScheduling, Eagle3AtConcurrency1And16) {
     expect_same(tiny_config(eagle3_spec(3)), Workload{3, 1, sampled, 0, !sampled, !sampled}, tiny_prompts());
     expect_same(tiny_config(eagle3_spec(3)), Workload{16, 16, sampled, 0, !sampled}, tiny_prompts());
   }
+}
+
+// The adaptive depth at fixed prices and without a clock: speculation does not pay at the prior
+// acceptance (0.7) but would were every draft accepted, so depth-0 steps feed the proposer before
+// each probe (AdaptiveDepth::feeds_proposer). Under async scheduling such a step's catch-up is
+// launched ahead of its sampled tokens (engine/README.md): the head's or MTP layer's cache must
+// be the synchronous engine's, or the probes' sampled drafts and so the tokens would differ.
+class FeedingCost : public StepCostModel {
+ public:
+  double target_seconds(int, int rows) const override { return 1e-3 * (1.0 + 0.2 * (rows - 1)); }
+  double draft_seconds(int, int depth) const override { return 0.4e-3 * depth; }
+};
+
+SpeculatorFactory feeding_speculator(const std::string& spec_json, const fs::path& target) {
+  return [=](const SpeculatorContext& engine) -> std::unique_ptr<Speculator> {
+    SpeculativeConfig spec = parse_speculative_config(spec_json);
+    resolve_speculative_config(spec, load_model_config(target), target.string());
+    AdaptiveSpeculatorConfig config;
+    config.num_speculative_tokens = spec.num_speculative_tokens;
+    config.adaptive = true;
+    return std::make_unique<AdaptiveSpeculator>(create_proposer(ProposerContext{spec, engine}), config,
+                                                std::make_unique<FeedingCost>(), [] { return 0.0; });
+  };
+}
+
+TEST(AsyncScheduling, DepthZeroCatchUpsLaunchedAhead) {
+  // Temperature 1: greedy verifications would launch their drafts ahead too, choosing the depth
+  // before the step's verifications are recorded (an adaptive depth may then differ from sync).
+  const Workload w{4, 1, /*sampled=*/true, 0, /*unpredictable_stops=*/false, /*expect_launched_ahead=*/true};
+  expect_same(tiny_config(eagle3_spec(3, true)), w, tiny_prompts(), true, feeding_speculator(eagle3_spec(3, true), tiny()));
+  ASSERT_TRUE(have_moe()) << "committed specula-tiny-moe or its reference missing";
+  EngineConfig ec = moe_engine_config(mtp_spec(3, true));
+  ec.max_num_batched_tokens = 384;  // see tiny_config
+  expect_same(ec, w, moe_prompts(), true, feeding_speculator(mtp_spec(3, true), moe_dir()));
 }
 
 // The target and its draft model split over 2 ranks (threads on the CPU), async against sync.

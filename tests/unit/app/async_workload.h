@@ -118,12 +118,14 @@ inline void collect(RequestStream& stream, std::map<int, ChoiceResult>& choices)
   ASSERT_TRUE(finished) << "the request did not finish";
 }
 
-inline Outcome run(EngineConfig ec, bool async, const Workload& w, const std::vector<std::vector<int32_t>>& prompts) {
+// make_speculator: the engine's speculator instead of the one ec.speculative_config describes.
+inline Outcome run(EngineConfig ec, bool async, const Workload& w, const std::vector<std::vector<int32_t>>& prompts,
+                   const SpeculatorFactory& make_speculator = {}) {
   ec.async_scheduling = async;
   ec.max_num_seqs = w.concurrency;
   ec.max_model_len = 256;
   if (w.num_blocks > 0) ec.num_gpu_blocks_override = w.num_blocks;
-  auto engine = create_engine(ec);
+  auto engine = make_speculator ? LLMEngine::create(ec, make_speculator) : create_engine(ec);
   std::vector<std::shared_ptr<RequestStream>> streams;
   for (int i = 0; i < w.num_requests; ++i)
     streams.push_back(engine->add_request(NewRequest{"r" + std::to_string(i), prompt_for(i, prompts), params_for(i, w)}));
@@ -137,9 +139,9 @@ inline Outcome run(EngineConfig ec, bool async, const Workload& w, const std::ve
 }
 
 inline void expect_same(const EngineConfig& ec, const Workload& w, const std::vector<std::vector<int32_t>>& prompts,
-                 bool expect_drafts = true) {
-  const Outcome sync = run(ec, false, w, prompts);
-  const Outcome async = run(ec, true, w, prompts);
+                        bool expect_drafts = true, const SpeculatorFactory& make_speculator = {}) {
+  const Outcome sync = run(ec, false, w, prompts, make_speculator);
+  const Outcome async = run(ec, true, w, prompts, make_speculator);
   ASSERT_EQ(sync.requests.size(), async.requests.size());
   for (const auto& [id, choices] : sync.requests) {
     const auto& other = async.requests.at(id);
