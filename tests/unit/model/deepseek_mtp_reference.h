@@ -29,8 +29,13 @@ class MtpReference {
   // MTP layer 0 over positions [0, n) of `tokens` (row i reads h_i and tokens[i + 1], so n <
   // tokens.size()); returns the logits (host F32 rows) at `wanted` positions and keeps y.
   std::vector<std::vector<float>> mtp_logits(const std::vector<int32_t>& tokens, int n, const std::vector<int>& wanted) {
-    Tensor h = target_hidden(tokens, n);
-    return run_mtp(0, std::vector<int32_t>(tokens.begin() + 1, tokens.begin() + n + 1), 0, h, wanted, n);
+    return mtp_logits_of(target_hidden(tokens, n), std::vector<int32_t>(tokens.begin() + 1, tokens.begin() + n + 1),
+                         wanted);
+  }
+  // The same over given hidden states h (rows 0 .. next.size() - 1), row i reading next[i].
+  std::vector<std::vector<float>> mtp_logits_of(const Tensor& h, const std::vector<int32_t>& next,
+                                                const std::vector<int>& wanted) {
+    return run_mtp(0, next, 0, h, wanted, static_cast<int>(next.size()));
   }
 
   // The logits the proposer should draft from: draft 1 from the MTP layer at the last known
