@@ -490,7 +490,9 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
         num_plain += plan.drafts.empty() ? 1 : 0;
       }
       cut = cut || plan.sched->num_grammar_cut_drafts > 0;
-      prompts = prompts || plan.sched->num_scheduled_tokens != 1;  // a prompt chunk
+      // a prompt chunk, or a prompt's last token alone (the rest from the prefix cache)
+      prompts = prompts || plan.sched->num_scheduled_tokens != 1 ||
+                plan.sched->num_computed_tokens < plan.state->num_prompt_tokens;
     }
     skip_proposer = !verifies && !cut && num_plain > 0 && speculator_->skip_step(num_plain, prompts);
   }

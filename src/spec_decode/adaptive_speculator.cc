@@ -72,13 +72,17 @@ AdaptiveSpeculator::~AdaptiveSpeculator() {
     std::fputs(text.c_str(), stderr);
 }
 
+void AdaptiveSpeculator::record_verification(int num_drafts, int num_accepted) {
+  LOG_DEBUG("adaptive depth: verified {} drafts, accepted {}", num_drafts, num_accepted);
+  depth_.record_verification(num_drafts, num_accepted);
+}
+
 void AdaptiveSpeculator::record_target_step(int num_seqs, int rows, double seconds) {
   LOG_DEBUG("adaptive depth: target step of {} x {} rows {:.1f} us", num_seqs, rows, 1e6 * seconds);
   depth_.cost().record_target(num_seqs, rows, seconds);
 }
 
-void AdaptiveSpeculator::measure_host(const ProposeBatch& batch, int num_decoding, double now) {
-  const bool decode_step = num_decoding > 0 && num_decoding == static_cast<int>(batch.requests.size());
+void AdaptiveSpeculator::measure_host(const ProposeBatch& batch, int num_decoding, bool decode_step, double now) {
   if (decode_step && last_entry_ >= 0.0 && num_decoding == last_num_decoding_) {
     const double host = now - last_entry_ - last_proposer_seconds_ - batch.target_seconds;
     depth_.cost().record_host(num_decoding, std::max(0.0, host));
@@ -89,7 +93,7 @@ void AdaptiveSpeculator::measure_host(const ProposeBatch& batch, int num_decodin
 }
 
 void AdaptiveSpeculator::measure_period(int way, bool decode_only, int num_seqs, double now) {
-  if (period_decode_only_ && num_seqs == period_seqs_ && period_from_ >= 0.0)
+  if (period_decode_only_ && decode_only && num_seqs == period_seqs_ && period_from_ >= 0.0)
     depth_.record_step_seconds(num_seqs, now - period_from_);
   period_decode_only_ = decode_only;
   if (way >= 0 && way == period_way_ && num_seqs == period_seqs_) {
@@ -128,9 +132,13 @@ bool AdaptiveSpeculator::skip_step(int num_decoding, bool with_prompts) {
 
 int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) {
   int num_decoding = 0;
-  for (const ProposerRequest& r : batch.requests) num_decoding += r.sampled ? 1 : 0;
+  bool decode_only = !batch.requests.empty();
+  for (const ProposerRequest& r : batch.requests) {
+    num_decoding += r.sampled ? 1 : 0;
+    decode_only = decode_only && decodes(r);
+  }
   const double entry = clock_();
-  if (config_.adaptive) measure_host(batch, num_decoding, entry);
+  if (config_.adaptive) measure_host(batch, num_decoding, decode_only, entry);
   // Only decoding requests can draft; a step of prompt chunks alone takes the best depth for its
   // batch (no probe), so that the draft mirrors the chunks where speculation will run and stays
   // idle where it will not.
@@ -138,10 +146,15 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
                 : num_decoding > 0 ? depth_.choose(num_decoding)
                                    : depth_.current(static_cast<int>(batch.requests.size()));
   chosen_depth_ = -1;
-  // The period of speculative steps in a row that every request decodes in, none a probe's (a
-  // launch-ahead's entry comes earlier in its step than a plain propose()'s: another way).
-  const bool decode_only = num_decoding > 0 && num_decoding == static_cast<int>(batch.requests.size());
-  const bool steady_way = batch.depth > 0 && decode_only && !depth_.draft_probe() && !depth_.deep_probe();
+  // The period of speculative steps in a row that every request decodes in at the step's depth,
+  // none a probe's (a launch-ahead's entry comes earlier in its step than a plain propose()'s:
+  // another way). Not a request's last steps, where max_tokens leaves fewer drafts: with the
+  // first step of the next request (its prompt sampled) they made a period of the wait between
+  // the two (MTP at one request on the H200: depth 4 priced at 31.5 ms, then depth ~1 all run).
+  bool full_depth = true;
+  for (const ProposerRequest& r : batch.requests) full_depth = full_depth && r.max_drafts >= batch.depth;
+  const bool steady_way =
+      batch.depth > 0 && decode_only && full_depth && !depth_.draft_probe() && !depth_.deep_probe();
   if (config_.adaptive)
     measure_period(steady_way ? 2 * batch.depth + (batch.ahead ? 1 : 0) : -1, decode_only, num_decoding, entry);
   // Load shedding: a decode step that the adaptive depth runs without speculation (depth 0: the
@@ -219,9 +232,9 @@ int AdaptiveSpeculator::propose(ProposeBatch& batch, std::vector<std::vector<int
                                   1e6 * cost.draft_seconds(n, d), 1e6 * depth_.step_seconds(n, d),
                                   cost.period_seconds(n, d) ? "p" : "",
                                   depth_.tokens_per_second(n, d) / std::max(1e-12, depth_.tokens_per_second(n, 0))));
-    LOG_DEBUG("adaptive depth: {} decoding, depth {}{}, drafted {} x {}, proposer {:.1f} us{}, acceptance {:.2f}; "
+    LOG_DEBUG("adaptive depth: {} decoding, depth {}{}{}, drafted {} x {}, proposer {:.1f} us{}, acceptance {:.2f}; "
               "host {:.0f} us, depth:target+draft=price(p: period)/gain {}",
-              num_decoding, batch.depth, depth_.plain_probe() ? " (plain probe)" : depth_.draft_probe() ? " (draft probe)" : depth_.deep_probe() ? " (deep probe)" : "",
+              num_decoding, batch.depth, batch.ahead ? " ahead" : "", depth_.plain_probe() ? " (plain probe)" : depth_.draft_probe() ? " (draft probe)" : depth_.deep_probe() ? " (deep probe)" : "",
               drafting, most, 1e6 * seconds, recorded ? " (recorded)" : "", fmt::join(depth_.acceptance(), " "),
               1e6 * cost.host_seconds(n), fmt::join(model, " "));
   }

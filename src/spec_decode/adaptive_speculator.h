@@ -52,9 +52,7 @@ class AdaptiveSpeculator final : public Speculator {
   const Tensor* draft_probs() const override { return proposer_->draft_probs(); }
   int draft_probs_row(std::string_view req_id) const override { return proposer_->draft_probs_row(req_id); }
 
-  void record_verification(int num_drafts, int num_accepted) override {
-    depth_.record_verification(num_drafts, num_accepted);
-  }
+  void record_verification(int num_drafts, int num_accepted) override;
   void record_target_step(int num_seqs, int rows, double seconds) override;
   bool skip_step(int num_decoding, bool with_prompts) override;
   int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
@@ -79,15 +77,20 @@ class AdaptiveSpeculator final : public Speculator {
   // next, less this step's target time and the previous step's proposer time, measured between
   // consecutive decode steps of the same batch size (a prompt's step, or an idle engine waiting
   // for requests, is not a step's host work).
-  void measure_host(const ProposeBatch& batch, int num_decoding, double now);
+  void measure_host(const ProposeBatch& batch, int num_decoding, bool decode_step, double now);
+  // Whether a request decodes this step: it sampled past its prompt. A request's first step samples
+  // too, at the end of its prompt, and it comes after the engine waited for the request.
+  static bool decodes(const ProposerRequest& r) { return r.sampled && r.first_position >= r.num_prompt_tokens; }
   // Depth 0 with nothing for the proposer to see: no draft, no probe, no feeding.
   bool idle(int depth, int num_decoding) const;
   // A step's period (StepCostModel::record_period): the time from one step's entry (skip_step()
   // for an idle step, propose() for one at depth > 0) to the next's, learned where three steps in
   // a row ran the same way (`way`: depth and entry; -1 for a step that teaches no period: a probe,
   // a fed depth-0 step, prompt chunks) over the same requests, so that it is the steady period.
-  // Every step's wall time after a step that decoded only goes to the adaptive depth, whatever
-  // its way (AdaptiveDepth::record_step_seconds).
+  // The wall time of every step that decoded only, up to a next step that decoded only too, goes
+  // to the adaptive depth, whatever its way (AdaptiveDepth::record_step_seconds). Not up to a
+  // prompt's step: at one request that time held the wait for the next request (~45 ms where a
+  // step took 0.37), and a stretch of 32 steps that spanned it was judged lost (MTP, H200).
   void measure_period(int way, bool decode_only, int num_seqs, double now);
 
   std::unique_ptr<Proposer> proposer_;

@@ -73,7 +73,8 @@ void OnlineCostModel::record_period(int num_seqs, int depth, double seconds) {
   }
   // A copy on the stack: this runs every step.
   std::array<double, kPeriodSamples> sorted{};
-  const size_t n = p.recent.size(), mid = n / 2;
+  // (the lower median: the rare sample off the steady period is a long one)
+  const size_t n = p.recent.size(), mid = (n - 1) / 2;
   std::copy(p.recent.begin(), p.recent.end(), sorted.begin());
   std::nth_element(sorted.begin(), sorted.begin() + static_cast<std::ptrdiff_t>(mid),
                    sorted.begin() + static_cast<std::ptrdiff_t>(n));

@@ -20,10 +20,11 @@
 // the engine runs the same depth step after step. Async scheduling hides a plain step's host work
 // behind the device, and a speculative step's draft and host work overlap in ways the parts do
 // not say, so where a depth's period was measured it is what that depth costs (AdaptiveDepth).
-// It is the median of the last kPeriodSamples: a period spans everything the engine did, so it
-// catches the rare long one (the thread descheduled, a log write): as an EMA (MTP, one request,
-// H200, traced) depth 5's stood at 440-630 us where its steps took ~380, while a depth run rarely
-// kept the minimum of its first samples, and the choice drifted to the depths measured least.
+// It is the lower median of the last kPeriodSamples: a period spans everything the engine did,
+// so it catches the rare long one (the thread descheduled, a log write): as an EMA (MTP, one
+// request, H200, traced) depth 5's stood at 440-630 us where its steps took ~380, while a depth
+// run rarely kept the minimum of its first samples, and the choice drifted to the depths measured
+// least.
 #pragma once
 
 #include <cstdint>

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <set>
 #include <string>
 #include <unordered_set>
 
@@ -71,12 +72,18 @@ std::vector<std::string> request_ids(int n) {
   return ids;
 }
 
+// A ProposerRequest holds a view of its id: the ids the tests use live as long as the binary.
+std::string_view interned(const std::string& id) {
+  static std::set<std::string, std::less<>> ids;
+  return *ids.insert(id).first;
+}
+
 // Decoding requests; verified: each verified drafts this step (it drafted in the previous one).
 ProposeBatch decode_batch(const std::vector<std::string>& ids, bool verified = false) {
   ProposeBatch b;
   for (const std::string& id : ids) {
     ProposerRequest r;
-    r.req_id = id;
+    r.req_id = interned(id);
     r.sampled = true;
     r.verified_drafts = verified;
     r.max_drafts = 3;
@@ -361,6 +368,100 @@ TEST(AdaptiveSpeculator, LearnsASpeculativeDepthsPeriodFromProposeToPropose) {
   ASSERT_TRUE(cost.period_seconds(1, depth));
   EXPECT_NEAR(*cost.period_seconds(1, depth), 0.0031, 1e-9);
   EXPECT_FALSE(cost.period_seconds(1, 0));
+}
+
+// Only steps that decode at the depth teach its period. A request's first step samples at the end
+// of its prompt, after the engine waited for the request: with the steps before it, that wait
+// became depth 4's period at one request on the H200 (31.5 ms, where its steps took ~0.37), and
+// the depth fell to ~1 for the rest of the run. A request's last steps, where max_tokens leaves no
+// drafts, are plain steps whatever the depth.
+TEST(AdaptiveSpeculator, NoPeriodFromPromptStepsOrStepsWithoutDrafts) {
+  std::vector<std::vector<int32_t>> drafts;
+  {
+    auto proposer = std::make_unique<CatchUpProposer>();
+    CatchUpProposer* p = proposer.get();
+    AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+    StepCostModel& cost = spec.depth().cost();
+    ProposeBatch first = decode_batch({"a"});
+    const int depth = spec.propose(first, drafts);
+    ASSERT_GT(depth, 0);
+    p->now += 0.003;
+    ProposeBatch second = decode_batch({"a"}, true);
+    ASSERT_EQ(spec.propose(second, drafts), depth);
+    p->now += 0.003 + 0.030;  // its last step, then the wait for the next request
+    ProposeBatch prompt = decode_batch({"b"});
+    prompt.requests[0].num_prompt_tokens = 128;  // its prompt's step, which samples its first token
+    prompt.requests[0].num_rows = 128;
+    ASSERT_EQ(spec.propose(prompt, drafts), depth);
+    EXPECT_FALSE(cost.period_seconds(1, depth)) << *cost.period_seconds(1, depth);
+    p->now += 0.003;
+    for (int step = 0; step < 3; ++step) {
+      ProposeBatch b = decode_batch({"b"}, step > 0);
+      b.requests[0].first_position = 128 + step;
+      b.requests[0].num_prompt_tokens = 128;
+      ASSERT_EQ(spec.propose(b, drafts), depth);
+      p->now += 0.003;
+    }
+    ASSERT_TRUE(cost.period_seconds(1, depth));
+    EXPECT_NEAR(*cost.period_seconds(1, depth), 0.0031, 1e-9);
+  }
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  int depth = -1;
+  for (int step = 0; step < 4; ++step) {
+    ProposeBatch b = decode_batch({"a"}, step > 0);
+    b.requests[0].max_drafts = 0;
+    depth = spec.propose(b, drafts);
+    ASSERT_GT(depth, 0);
+    p->now += 0.001;
+  }
+  EXPECT_FALSE(spec.depth().cost().period_seconds(1, depth));
+}
+
+// The stretch of speculation a probe from depth 0 starts is judged by its steps' wall times: not
+// by the wait for the next request between two of them (at one request on the H200, ~45 ms where
+// 30 steps took 11: such stretches were judged lost, and MTP ran at depth 0-1 for the rest of the
+// run), nor by the next request's prompt step (here its 30 ms catch-up).
+TEST(AdaptiveSpeculator, AStretchIsNotChargedTheWaitForTheNextRequest) {
+  auto proposer = std::make_unique<CatchUpProposer>();
+  CatchUpProposer* p = proposer.get();
+  AdaptiveSpeculator spec = speculator_for(std::move(proposer), AdaptiveSpeculatorConfig{3, true});
+  never_accepted(spec, 1, 0.0002);
+  std::vector<std::vector<int32_t>> drafts;
+  int depth = 0, position = 128;
+  std::string id = "a";
+  // One step of request `id`: a plain step takes 1 ms, a speculative one 1.2 ms, and every draft
+  // is accepted (verified at once: the next step's choice sees it).
+  const auto step = [&](bool prompt) {
+    if (depth == 0 && !prompt && spec.skip_step(1, false)) {
+      p->now += 0.001;
+      ++position;
+      return;
+    }
+    ProposeBatch b = decode_batch({id}, depth > 0);
+    b.requests[0].num_prompt_tokens = 128;
+    b.requests[0].first_position = prompt ? 0 : position;
+    b.requests[0].num_rows = prompt ? 128 : 1 + depth;
+    b.target_seconds = 0.001;
+    depth = spec.propose(b, drafts);
+    p->now += depth > 0 ? 0.0012 : 0.001;
+    if (depth > 0) spec.record_verification(depth, depth);
+    position = prompt ? 128 : position + 1 + depth;
+  };
+  step(true);
+  int steps = 0;
+  while (depth == 0 && steps++ < 1000) step(false);
+  ASSERT_GT(depth, 0) << "a probe from depth 0";
+  for (int i = 0; i < 40; ++i) {
+    if (i == 10) {  // request a ends; the engine waits for b, whose prompt runs
+      p->now += 0.200;
+      id = "b";
+      step(true);
+    }
+    step(false);
+  }
+  EXPECT_GT(depth, 0) << "the stretch was charged the wait";
 }
 
 // Where the choice is not idle (a probe, a proposer to feed, speculation on) skip_step says no, and
