@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "core/error.h"
+#include "core/logging.h"
 
 namespace specula {
 
@@ -141,7 +142,11 @@ bool AdaptiveDepth::stretch_paid() const {
 }
 
 void AdaptiveDepth::judge_stretch(size_t bucket) {
-  if (!stretch_paid()) {
+  const bool paid = stretch_paid();
+  LOG_DEBUG("adaptive depth: stretch of {} steps ({} plain, {} timed, {:.1f} us) over {} requests {}", stretch_.steps,
+            stretch_.plain_steps, stretch_.timed_steps, 1e6 * stretch_.seconds, stretch_.num_seqs,
+            paid ? "paid" : "lost: depth 0 until the next probe");
+  if (!paid) {
     probe_every_[bucket] = backed_off(stretch_.every_before);
     since_probe_[bucket] = 0;
     vetoed_[bucket] = 1;
@@ -201,6 +206,8 @@ int AdaptiveDepth::choose(int num_seqs) {
     const size_t b = static_cast<size_t>(probe_bucket_);
     int& every = probe_every_[b];
     vetoed_[b] = 0;
+    LOG_DEBUG("adaptive depth: probe over {} requests {}", probe_num_seqs_,
+              best_depth(probe_num_seqs_) == 0 ? "found no gain" : "turned speculation on");
     if (best_depth(probe_num_seqs_) == 0) {
       every = backed_off(every);
     } else {
@@ -216,7 +223,14 @@ int AdaptiveDepth::choose(int num_seqs) {
       (stretch_.steps >= config_.stretch_steps || best_depth(num_seqs) == 0))
     judge_stretch(bucket);
   int depth = allowed_depth(num_seqs);
-  if (config_.probe_interval > 0 && ++since_probe_[bucket] >= probe_every_[bucket]) {
+  // Speculating, the bucket probes (plain and deep) every probe_interval steps: a backed-off
+  // interval is for probes from depth 0, and stays for them. Where speculation came back by its
+  // estimate alone (MTP at one request, H200), the backed-off interval left deep probes ~250 steps
+  // apart, and the depth at 1 for ~750 steps after a stretch of text had pulled a_2 down. Reset
+  // for good, the probes from depth 0 lost their backoff too: EAGLE-3 at temperature 1 then fed
+  // 1.5-3.4x as many depth-0 steps (1 and 8 requests, H200), where speculation does not pay.
+  const int every = depth > 0 ? std::min(probe_every_[bucket], config_.probe_interval) : probe_every_[bucket];
+  if (config_.probe_interval > 0 && ++since_probe_[bucket] >= every) {
     since_probe_[bucket] = 0;
     if (depth > 0 && depth < config_.num_speculative_tokens && ++probes_while_on_[bucket] % 2 == 0) {
       deep_probe_from_ = depth;  // re-measure the positions past the chosen depth

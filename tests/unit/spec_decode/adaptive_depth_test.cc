@@ -281,6 +281,46 @@ class ChainedHeadCost : public StepCostModel {
   }
 };
 
+// MTP at one request on the H200 (microseconds): a plain step 136, a verification of 2 rows 150
+// and 20 more a row after it; drafting d tokens 60 + 50 (d - 1). One draft pays.
+class MtpAtOneCost : public StepCostModel {
+ public:
+  double target_seconds(int, int rows) const override { return 1e-6 * (rows == 1 ? 136.0 : 150.0 + 20.0 * (rows - 2)); }
+  double draft_seconds(int, int depth) const override { return depth == 0 ? 0.0 : 1e-6 * (60.0 + 50.0 * (depth - 1)); }
+};
+
+// A probe from depth 0 that fails backs its bucket's probes off; speculation that then comes back
+// by its estimate alone (later verifications, new prices) probes every probe_interval steps again,
+// as after a probe that turned it on. On the H200 adaptive MTP at one request kept the backed-off
+// interval at depth 1: deep probes every ~250 steps, ~750 steps at depth 1 with a_2 estimated at
+// 0.33-0.52 after a bad stretch of text, where it accepts 0.85.
+TEST(AdaptiveDepth, SpeculationBackOnItsEstimateProbesAtTheBaseInterval) {
+  AdaptiveDepthConfig c;
+  c.num_speculative_tokens = 5;
+  AdaptiveDepth d(c, std::make_unique<MtpAtOneCost>());
+  for (int i = 0; i < 20; ++i) d.record_verification(5, 0);
+  ASSERT_EQ(d.choose(1), 0);
+  int step = 0;
+  while (!d.draft_probe() && step++ < 100) d.choose(1);
+  ASSERT_TRUE(d.draft_probe());
+  for (int i = 0; i < c.probe_steps && d.draft_probe(); ++i) {
+    d.record_verification(5, 0);
+    d.choose(1);
+  }
+  ASSERT_FALSE(d.draft_probe());
+  // The drafts accept at position 1 again, not at 2: depth 1 pays.
+  for (int i = 0; i < 300; ++i) d.record_verification(2, 1);
+  int probes = 0, speculating = 0;
+  for (step = 0; step < 200; ++step) {
+    const int depth = d.choose(1);
+    probes += d.plain_probe() || d.deep_probe() ? 1 : 0;
+    speculating += depth > 0 ? 1 : 0;
+    if (depth > 0) d.record_verification(depth, 1);
+  }
+  EXPECT_GT(speculating, 180);
+  EXPECT_GE(probes, 200 / c.probe_interval - 1);
+}
+
 // A few verifications that went badly at deep positions (probes into a cold cache) do not keep the
 // choice at depth 1 for good: positions seen fewer than explore_observations times count as good
 // as the one before them until they have been measured; where they really are poor, the choice
