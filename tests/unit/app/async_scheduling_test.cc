@@ -15,6 +15,7 @@
 #include "spec_decode/step_cost_model.h"
 #include "unit/app/async_stress.h"
 #include "unit/app/async_workload.h"
+#include "unit/app/scheduled_speculator.h"
 
 namespace specula {
 namespace {
@@ -103,6 +104,18 @@ TEST(AsyncScheduling, DepthZeroCatchUpsLaunchedAhead) {
   EngineConfig ec = moe_engine_config(mtp_spec(3, true));
   ec.max_num_batched_tokens = 384;  // see tiny_config
   expect_same(ec, w, moe_prompts(), true, feeding_speculator(mtp_spec(3, true), moe_dir()));
+}
+
+// A depth that changes every step, launched ahead where it can (scheduled_speculator.h).
+TEST(AsyncScheduling, DepthsThatChangeEveryStepLaunchedAhead) {
+  // Greedy, one request at a time, no stops: each request's steps are the same in both engines.
+  const Workload w{12, 1, /*sampled=*/false, 0, /*unpredictable_stops=*/false, /*expect_launched_ahead=*/true};
+  expect_same(tiny_config(eagle3_spec(5)), w, tiny_prompts(), true, scheduled_speculator(eagle3_spec(5), tiny()));
+  expect_same(tiny_config(draft_spec(5)), w, tiny_prompts(), true, scheduled_speculator(draft_spec(5), tiny()));
+  ASSERT_TRUE(have_moe()) << "committed specula-tiny-moe or its reference missing";
+  EngineConfig ec = moe_engine_config(mtp_spec(5));
+  ec.max_num_batched_tokens = 384;  // see tiny_config
+  expect_same(ec, w, moe_prompts(), true, scheduled_speculator(mtp_spec(5), moe_dir()));
 }
 
 // The target and its draft model split over 2 ranks (threads on the CPU), async against sync.

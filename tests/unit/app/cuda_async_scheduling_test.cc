@@ -14,6 +14,7 @@
 #include "unit/app/async_stress.h"
 #include "unit/app/async_workload.h"
 #include "unit/app/mtp_test_util.h"
+#include "unit/app/scheduled_speculator.h"
 #include "unit/backend/cuda/cuda_test_util.h"
 
 namespace specula {
@@ -55,6 +56,21 @@ TEST(CudaAsyncScheduling, Eagle3AndMtpLaunchedAhead) {
     ec.enable_prefix_caching = false;
     expect_same(ec, Workload{4, 1, false, 0, false, true}, moe_prompts());
   }
+}
+
+// A depth that changes every step, launched ahead where it can (scheduled_speculator.h), on the
+// catch-up and chain graphs.
+TEST(CudaAsyncScheduling, DepthsThatChangeEveryStepLaunchedAhead) {
+  SKIP_WITHOUT_GPU();
+  const Workload w{12, 1, false, 0, false, true};
+  expect_same(tiny_config(eagle3_spec(5), "cuda"), w, tiny_prompts(), true, scheduled_speculator(eagle3_spec(5), tiny()));
+  expect_same(tiny_config(draft_spec(5), "cuda"), w, tiny_prompts(), true, scheduled_speculator(draft_spec(5), tiny()));
+  if (!have_moe()) return;
+  EngineConfig ec = moe_engine_config(mtp_spec(5));
+  ec.device = "cuda";
+  ec.num_gpu_blocks_override = 1024;
+  ec.enable_prefix_caching = false;
+  expect_same(ec, w, moe_prompts(), true, scheduled_speculator(mtp_spec(5), moe_dir()));
 }
 
 TEST(CudaAsyncScheduling, PreemptionWithASmallCache) {
