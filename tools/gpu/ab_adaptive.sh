@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Adaptive depth of two builds (or env variants of one) in ONE call on the GPU machine: for each
 # configuration "METHOD CONCURRENCY TEMPERATURE" of AB_CONFIGS, no speculation, then adaptive
-# k = AB_K with specula-baseline (PACK_BASELINE=... tools/gpu/pack.sh) and with specula, then once
-# per AB_VARIANTS entry (an env assignment such as SPECULA_FEATURELESS_GRAPHS=0, applied to
-# specula), alternated inside each of AB_REPS repetitions. Embedded models (MTP on specula-tiny-moe),
+# k = AB_K with specula-baseline (PACK_BASELINE=... tools/gpu/pack.sh) and with specula (each first
+# in turn), then once per AB_VARIANTS entry (an env assignment such as
+# SPECULA_FEATURELESS_GRAPHS=0, applied to specula), alternated inside each of AB_REPS
+# repetitions. Embedded models (MTP on specula-tiny-moe),
 # Python prompts cut from this repository, 128 in / 128 out, async scheduling (the default), 40
 # requests a concurrency-1 run and 20 batches otherwise. Prints, per row, each repetition's TPOT
 # median [p10-p90], output tok/s and mean depth; $OUT gets ab_adaptive.txt and ab_adaptive_logs.tar.gz.
@@ -41,8 +42,10 @@ for rep in $(seq 1 "${AB_REPS:-2}"); do
     read -r m c t <<< "$cfg"
     row="${m}_c${c}_t${t}"
     run "${row}_nospec_r$rep" "$(target "$m")" "$c" "$t"
+    # (the two builds' order swapped every repetition: what drifts in a call hits both alike)
+    [ $((rep % 2)) = 0 ] && run "${row}_candidate_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m")"
     SPECULA_BIN=specula-baseline run "${row}_baseline_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m")"
-    run "${row}_candidate_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m")"
+    [ $((rep % 2)) = 1 ] && run "${row}_candidate_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m")"
     for v in "${variants[@]}"; do
       (export "${v?}"; run "${row}_${v//[^A-Za-z0-9.]/_}_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m")")
     done
