@@ -10,13 +10,6 @@ namespace specula {
 
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 void normalise(std::span<float> probs) {
@@ -53,12 +46,6 @@ void apply_top_p(std::span<float> probs, float top_p) {
 }
 
 }  // namespace
-
-double uniform_draw(uint64_t seed, int64_t position, uint32_t stream) {
-  uint64_t h = splitmix64(seed ^ splitmix64(static_cast<uint64_t>(position) * 0x2545f4914f6cdd1dull +
-                                            (static_cast<uint64_t>(stream) << 48)));
-  return static_cast<double>(h >> 11) * 0x1.0p-53;
-}
 
 int32_t argmax(std::span<const float> values) {
   SPECULA_ASSERT(!values.empty());

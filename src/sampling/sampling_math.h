@@ -7,14 +7,11 @@
 #include <span>
 #include <vector>
 
+#include "core/counter_draw.h"  // uniform_draw
 #include "sampling/logprobs.h"
 #include "sampling/sampler.h"
 
 namespace specula {
-
-// Counter-based uniform in [0, 1): a pure function of (seed, position, stream). `stream` separates
-// independent draws at one position (0: sampling; the rejection sampler uses others).
-double uniform_draw(uint64_t seed, int64_t position, uint32_t stream = 0);
 
 // In vLLM's order: logit_bias, min_tokens masking, then repetition (prompt + output), frequency
 // and presence (output) penalties. In place on raw logits.
