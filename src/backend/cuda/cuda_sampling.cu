@@ -31,7 +31,6 @@ constexpr int kThreads = 512;
 constexpr int kPlainCluster = 16;  // blocks per row in sample_plain_rows_kernel (Hopper's largest cluster)
 constexpr int kWarps = kThreads / 32;
 constexpr unsigned kFull = 0xffffffffu;
-constexpr float kFixedScale = 1099511627776.0f;  // 2^40
 
 struct Shared {
   u64 hist[kWarps][256];  // 32 KB
@@ -46,8 +45,6 @@ struct Shared {
 
 __device__ __forceinline__ int lane_id() { return threadIdx.x & 31; }
 __device__ __forceinline__ int warp_id() { return threadIdx.x >> 5; }
-
-__device__ __forceinline__ u64 to_fixed(float p) { return __float2ull_rz(p * kFixedScale); }
 
 // Raw logits of any sign -> keys whose unsigned order is the float order.
 __device__ __forceinline__ uint32_t ordered_key(float f) {
@@ -110,24 +107,8 @@ __device__ void block_argmax(float& v, int& idx, Shared& s) {
 }
 
 // Exclusive prefix of v over the threads in order; *total gets the sum over all threads.
-__device__ u64 block_exclusive_scan(u64 v, u64* total, Shared& s) {
-  u64 inc = v;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const u64 n = __shfl_up_sync(kFull, inc, off);
-    if (lane_id() >= off) inc += n;
-  }
-  __syncthreads();
-  if (lane_id() == 31) s.part[warp_id()] = inc;
-  __syncthreads();
-  u64 base = 0, all = 0;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp_id()) base += s.part[w];
-    all += s.part[w];
-  }
-  *total = all;
-  return base + inc - v;
+__device__ __forceinline__ u64 block_exclusive_scan(u64 v, u64* total, Shared& s) {
+  return block_exclusive_scan_u64<kWarps>(v, total, s.part);
 }
 
 struct Selection {
@@ -272,7 +253,7 @@ struct Filter {
   bool partial_ties = false;
 
   __device__ __forceinline__ float prob(int64_t i) const {
-    return expf(__fmul_rn(__fsub_rn(row->processed(i), m), inv_t));
+    return softmax_numerator(row->processed(i), m, inv_t);
   }
   __device__ __forceinline__ bool minp_ok(float p) const { return !(row->d.min_p > 0.0f) || p >= row->d.min_p; }
   __device__ __forceinline__ bool kept1(float p) const { return minp_ok(p) && __float_as_uint(p) >= kth; }
@@ -286,7 +267,7 @@ struct Filter {
       if (k < tau) return 0;
       if (k == tau && partial_ties && rank++ >= keep_ties) return 0;
     }
-    return to_fixed(p);
+    return fixed_mass(p);
   }
 };
 
@@ -329,7 +310,7 @@ __device__ void build_filter(Filter& f, int64_t vocab, Shared& s) {
     u64 local = 0;
     for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
       const float p = f.prob(i);
-      if (f.kept1(p)) local += to_fixed(p);
+      if (f.kept1(p)) local += fixed_mass(p);
     }
     const u64 total = block_sum_u64(local, s);
     u64 target = static_cast<u64>(ceil(static_cast<double>(d.top_p) * static_cast<double>(total)));
@@ -338,11 +319,11 @@ __device__ void build_filter(Filter& f, int64_t vocab, Shared& s) {
       const float p = f.prob(i);
       if (!f.kept1(p)) return false;
       key = __float_as_uint(p);
-      w = to_fixed(p);
+      w = fixed_mass(p);
       return true;
     }, s);
     f.tau = sel.key;
-    const u64 tau_mass = to_fixed(__uint_as_float(f.tau));
+    const u64 tau_mass = fixed_mass(__uint_as_float(f.tau));
     if (tau_mass > 0) {
       const u64 ties = sel.equal / tau_mass;
       const u64 need = (target - sel.above + tau_mass - 1) / tau_mass;

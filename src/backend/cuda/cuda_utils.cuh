@@ -139,6 +139,41 @@ __device__ __forceinline__ void warp_argmax(float& best, int& best_i, int from =
   }
 }
 
+// ---- fixed-point probability masses (the token samplers, the fused chain's draws) ----
+// A probability p <= 1 as p * 2^40, truncated: sums of masses are exact integers, the same in any
+// order, so a draw's token does not depend on how a vocabulary is split between threads or blocks.
+constexpr float kFixedMassScale = 1099511627776.0f;  // 2^40
+__device__ __forceinline__ unsigned long long fixed_mass(float p) { return __float2ull_rz(p * kFixedMassScale); }
+// A token's unnormalised probability exp((l - max) / T), with inv_t = 1 / T rounded as the host's.
+__device__ __forceinline__ float softmax_numerator(float l, float max_l, float inv_t) {
+  return expf(__fmul_rn(__fsub_rn(l, max_l), inv_t));
+}
+
+// Exclusive prefix sum of v over a block of kWarps warps (every thread calls); `part`: kWarps
+// entries of shared memory; *total gets the block's sum.
+template <int kWarps>
+__device__ __forceinline__ unsigned long long block_exclusive_scan_u64(unsigned long long v, unsigned long long* total,
+                                                                       unsigned long long* part) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  unsigned long long inc = v;
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const unsigned long long n = __shfl_up_sync(0xffffffffu, inc, off);
+    if (lane >= off) inc += n;
+  }
+  __syncthreads();
+  part[warp] = __shfl_sync(0xffffffffu, inc, 31);  // every lane stores the warp's sum: no branch
+  __syncthreads();
+  unsigned long long base = 0, all = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) {
+    if (w < warp) base += part[w];
+    all += part[w];
+  }
+  *total = all;
+  return base + inc - v;
+}
+
 // 2^x on the SFU (MUFU.EX2, ~2 ulp); softmax is computed in the log2 domain so that each
 // exponential is a single instruction. ex2.approx(-inf) = +0, which masked scores rely on.
 __device__ __forceinline__ float fast_exp2(float x) {
