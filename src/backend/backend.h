@@ -348,7 +348,7 @@ class Backend {
   // Runs `chain` (backend/decoder_chain.h) as one op and returns true, or returns false without
   // touching anything when this backend has no fused form for its shapes or dtypes; the caller
   // then runs the chain layer by layer. The default returns false.
-  virtual bool decoder_greedy_chain(const DecoderChain& chain) { return false; }
+  virtual bool decoder_chain(const DecoderChain& chain) { return false; }
   // Runs `forward` (backend/decoder_forward.h) as one op, writing its logits, hidden states and
   // K/V, and returns true; or returns false without touching anything when this backend has no
   // fused form for its shapes or dtypes (the caller then runs the layers one by one). The

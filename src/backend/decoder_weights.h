@@ -1,5 +1,5 @@
 // A Llama-family decoder's weights and dims as the fused backend ops take them
-// (Backend::decoder_greedy_chain, Backend::decoder_forward): pointers to the model's own tensors,
+// (Backend::decoder_chain, Backend::decoder_forward): pointers to the model's own tensors,
 // so that a backend can run the whole decoder in one launch.
 #pragma once
 

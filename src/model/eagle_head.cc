@@ -229,7 +229,7 @@ void EagleHead::check_input(const EagleForwardInput& in, const KVCacheLayer& cac
   SPECULA_CHECK(cache.k.defined() && cache.k.ndim() == 4, "EAGLE forward: no KV cache, got {}", cache.k.describe());
 }
 
-bool EagleHead::greedy_chain(DecoderChain& c) {
+bool EagleHead::decoder_chain(DecoderChain& c) {
   if (config_.version != EagleVersion::kEagle3 || config_.norm_before_residual) return false;
   c.layers = {decoder_layer_weights(w_)};
   c.embed_tokens = &embed_tokens_;
@@ -244,7 +244,7 @@ bool EagleHead::greedy_chain(DecoderChain& c) {
   c.attn_scale = layer_.attn_scale();
   c.hidden_norm = &hidden_norm_;
   c.draft_to_target = target_of_.defined() ? &target_of_ : nullptr;
-  return backend_.decoder_greedy_chain(c);
+  return backend_.decoder_chain(c);
 }
 
 EagleForwardOutput EagleHead::forward(const EagleForwardInput& in, KVCacheLayer& cache) {

@@ -79,11 +79,11 @@ class EagleHead {
   // The head over a varlen batch; writes the rows' K/V into `cache` (slot -1 skips a row) first.
   // Does not reset the scratch arena.
   EagleForwardOutput forward(const EagleForwardInput& in, KVCacheLayer& cache);
-  // A greedy chain of head steps from chain.first_hidden (each step's prenorm the next one's
-  // hidden input, its argmax the next one's token) as one backend op (Backend::decoder_greedy_chain:
+  // A chain of head steps from chain.first_hidden (each step's prenorm the next one's hidden
+  // input, the token it draws the next one's) as one backend op (Backend::decoder_chain:
   // one cluster kernel on CUDA), where the backend takes the head (EAGLE-3 without
   // norm_before_residual); false: the caller runs the steps.
-  bool greedy_chain(DecoderChain& chain);
+  bool decoder_chain(DecoderChain& chain);
 
  private:
   void load_maps(WeightSource& weights, bool dummy);

@@ -41,7 +41,7 @@ class LlamaModel final : public Model {
   ForwardOutput forward(const ForwardInput& input, std::vector<KVCacheLayer>& kv) override;
   Tensor shared_weight(const std::string& name) const override;
   void set_aux_hidden_state_layers(const std::vector<int>& layers) override;
-  bool greedy_chain(DecoderChain& chain) override;
+  bool decoder_chain(DecoderChain& chain) override;
 
  private:
   void check_input(const ForwardInput& input, const std::vector<KVCacheLayer>& kv) const;
@@ -235,10 +235,10 @@ void LlamaModel::fill_decoder_weights(DecoderWeights& c) {
   c.attn_scale = layer_.attn_scale();
 }
 
-bool LlamaModel::greedy_chain(DecoderChain& c) {
+bool LlamaModel::decoder_chain(DecoderChain& c) {
   if (tp_.size > 1) return false;  // the fused chain has no collectives
   fill_decoder_weights(c);
-  return backend_.decoder_greedy_chain(c);
+  return backend_.decoder_chain(c);
 }
 
 }  // namespace

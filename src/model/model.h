@@ -78,11 +78,11 @@ class Model {
     throw Error(fmt::format("{}: this architecture cannot return auxiliary hidden states (EAGLE-3 features)",
                             architecture_name(config().arch)));
   }
-  // A greedy decode chain as one backend op (backend/decoder_chain.h): the caller fills the
+  // A decode chain (argmax or sampled drafts) as one backend op (backend/decoder_chain.h): the caller fills the
   // chain's inputs (rows, steps, tokens, positions, slots, block tables, kv, block_size, out), the
   // model its weights and dims. False when the model or its backend has no fused form for it (the
   // caller then runs forward() step by step); nothing has run then.
-  virtual bool greedy_chain(DecoderChain& chain) { return false; }
+  virtual bool decoder_chain(DecoderChain& chain) { return false; }
   // Records the device work `work` enqueues on `backend` (this model's forwards among it) as one
   // graph for replay (Backend::capture_graph, whose rules apply). A model spread over several
   // devices records each device's share and replays them together. nullptr where the backend has

@@ -110,7 +110,7 @@ DraftChain::FusedChain DraftModelProposer::fused_chain() {
   if (!draft_config_.fused_chain) return nullptr;
   return [this](DecoderChain& chain) {
     chain.kv = &kv_;
-    return draft_->greedy_chain(chain);
+    return draft_->decoder_chain(chain);
   };
 }
 

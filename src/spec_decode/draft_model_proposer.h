@@ -37,7 +37,7 @@ struct DraftModelProposerConfig : ModelProposerConfig {
   DraftModelProposerConfig() { relative_step_cost = 0.2; }
   int draft_max_model_len = 2048;  // no draft input position at or past it
   // Run a greedy chain's drafts 2..k as one fused op where the draft model and backend have one
-  // (Model::greedy_chain: one cluster kernel on CUDA); false: a draft step per draft (tests
+  // (Model::decoder_chain: one cluster kernel on CUDA); false: a draft step per draft (tests
   // compare the two).
   bool fused_chain = true;
 };

@@ -31,7 +31,7 @@ DraftChain::FusedChain EagleProposer::fused_chain() {
   return [this](DecoderChain& chain) {
     chain.kv = &kv_;
     chain.first_hidden = chained_hidden(chain.rows);
-    return head_->greedy_chain(chain);
+    return head_->decoder_chain(chain);
   };
 }
 

@@ -208,7 +208,7 @@ class ModelProposer : public Proposer {
   // The longest sequence a forward can see (launch shapes of graph captures).
   virtual int longest_sequence() const { return max_blocks_per_seq_ * block_size_; }
   virtual std::unique_ptr<RequestState> new_request_state() const { return std::make_unique<RequestState>(); }
-  // Drafts 2..k of a greedy chain as one op, where the model has one (Model::greedy_chain); empty
+  // Drafts 2..k of a greedy chain as one op, where the model has one (Model::decoder_chain); empty
   // when none.
   virtual DraftChain::FusedChain fused_chain() { return nullptr; }
   // Records one catch-up or draft step (`work`) as a graph; a proposer whose model spans several

@@ -107,7 +107,7 @@ class CudaBackend final : public Backend {
   void eagle3_layer_input(const Tensor& token_ids, const Tensor& g, const Eagle3LayerInput& params, Tensor& x,
                           Tensor& residual) override;
   // One persistent kernel for a small decoder's greedy chain (cuda_decoder_chain.cc).
-  bool decoder_greedy_chain(const DecoderChain& chain) override;
+  bool decoder_chain(const DecoderChain& chain) override;
   // One persistent kernel for a small decoder's whole forward (cuda_decoder_forward.cc).
   bool decoder_forward(DecoderForward& forward) override;
   Tensor empty_host(Shape shape, DType dtype) override;
@@ -162,7 +162,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<CublasLtGemm> gemm_;
   bool serving_ = false;  // start_serving() was called: GEMM candidates are no longer timed
   std::unique_ptr<CublasLtBatchedGemm> batched_gemm_;  // head_linear
-  // decoder_greedy_chain: whether a cluster of (size, shared-memory bytes) fits the GPU, asked
+  // decoder_chain: whether a cluster of (size, shared-memory bytes) fits the GPU, asked
   // once per shape (the launch is on every draft chain).
   std::map<std::pair<int, int64_t>, bool> chain_cluster_fits_;
   int64_t smem_budget_ = 0;  // dynamic shared memory a block may ask for, less the kernel's static share

@@ -1,8 +1,10 @@
-// CUDA backend: Backend::decoder_greedy_chain as one persistent kernel (cuda_decoder_chain.cu).
+// CUDA backend: Backend::decoder_chain as one persistent kernel (cuda_decoder_chain.cu), argmax
+// or sampled rows.
 // The kernel takes bf16 Llama-family decoders and EAGLE-3 heads small enough for its fixed limits
 // (rows, layers, weights that fit one thread-block cluster's shared memory); anything else
 // returns false and the caller runs the chain layer by layer.
 // SPECULA_FUSED_DECODER_CHAIN=0 turns the fused form off (for comparing the two).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -31,7 +33,7 @@ bool fused_chain_enabled() {
 
 }  // namespace
 
-bool CudaBackend::decoder_greedy_chain(const DecoderChain& c) {
+bool CudaBackend::decoder_chain(const DecoderChain& c) {
   FusedDecoderDims dims;
   if (!fused_chain_enabled() || c.steps <= 0 || c.rows <= 0 || c.rows > cuda::kMaxChainRows ||
       c.layers.size() > static_cast<size_t>(cuda::kMaxChainLayers) || !c.kv || !fused_decoder_dims(c, dims) ||
@@ -44,7 +46,7 @@ bool CudaBackend::decoder_greedy_chain(const DecoderChain& c) {
                     c.block_tables.dtype() == DType::kI32 && c.block_tables.ndim() == 2 &&
                     c.block_tables.size(0) >= c.rows && c.out_tokens.dtype() == DType::kI32 &&
                     c.out_tokens.numel() >= c.steps * c.rows,
-                "decoder_greedy_chain: inputs of {} rows x {} steps: first_tokens {}, positions {}, slots {}, "
+                "decoder_chain: inputs of {} rows x {} steps: first_tokens {}, positions {}, slots {}, "
                 "block_tables {}, out_tokens {}",
                 c.rows, c.steps, c.first_tokens.describe(), c.positions.describe(), c.slots.describe(),
                 c.block_tables.describe(), c.out_tokens.describe());
@@ -52,7 +54,7 @@ bool CudaBackend::decoder_greedy_chain(const DecoderChain& c) {
   SPECULA_CHECK(!eagle3 || (c.first_hidden.dtype() == DType::kBF16 && c.first_hidden.device() == Device::kCUDA &&
                             c.first_hidden.ndim() == 2 && c.first_hidden.size(0) >= c.rows &&
                             c.first_hidden.size(1) == h),
-                "decoder_greedy_chain: an EAGLE-3 head's first hidden states must be bf16 [{}, {}] on the GPU, got {}",
+                "decoder_chain: an EAGLE-3 head's first hidden states must be bf16 [{}, {}] on the GPU, got {}",
                 c.rows, h, c.first_hidden.describe());
 
   cuda::DecoderChainParams p;
@@ -84,6 +86,30 @@ bool CudaBackend::decoder_greedy_chain(const DecoderChain& c) {
   p.slots = c.slots.data_as<int64_t>();
   p.block_tables = c.block_tables.data_as<int32_t>();
   p.out_tokens = const_cast<int32_t*>(c.out_tokens.data_as<int32_t>());
+  if (c.samples()) {
+    const size_t rows = static_cast<size_t>(c.rows);
+    SPECULA_CHECK(c.temperatures.size() == rows && c.seeds.size() == rows && c.q_first_rows.size() == rows &&
+                      c.q_steps.size() == rows && c.q_store.dtype() == DType::kF32 &&
+                      c.q_store.device() == Device::kCUDA && c.q_store.ndim() == 2 && c.q_store.size(1) == vocab,
+                  "decoder_chain: a sampled chain of {} rows needs per-row temperatures, seeds and q rows ({}, {}, "
+                  "{}, {}) and an F32 [R, {}] q store on the GPU, got {}",
+                  rows, c.temperatures.size(), c.seeds.size(), c.q_first_rows.size(), c.q_steps.size(), vocab,
+                  c.q_store.describe());
+    p.samples = 1;
+    for (size_t r = 0; r < rows; ++r) {
+      if (!(c.temperatures[r] > 0.0f)) continue;
+      SPECULA_CHECK(c.q_first_rows[r] >= 0 && c.q_first_rows[r] + std::min(c.q_steps[r], c.steps) <= c.q_store.size(0),
+                    "decoder_chain: row {}'s q rows {}..+{} outside the store of {}", r, c.q_first_rows[r],
+                    c.q_steps[r], c.q_store.size(0));
+      p.inv_temperature[r] = 1.0f / c.temperatures[r];  // the token sampler's __fdiv_rn(1, T)
+      p.seeds[r] = c.seeds[r];
+      p.q_first_rows[r] = c.q_first_rows[r];
+      p.q_steps[r] = c.q_steps[r];
+    }
+    p.draw_offset = c.draw_offset;
+    p.draw_stream = c.draw_stream;
+    p.q_store = const_cast<float*>(c.q_store.data_as<float>());
+  }
   if (eagle3) {
     p.hidden_norm = static_cast<const __nv_bfloat16*>(c.hidden_norm->data());
     p.first_hidden = static_cast<const __nv_bfloat16*>(c.first_hidden.data());
@@ -102,11 +128,11 @@ bool CudaBackend::decoder_greedy_chain(const DecoderChain& c) {
     if ((planned = it->second)) break;
   }
   if (!planned) return false;  // a larger model or context than the kernel is for
-  check_cuda(cuda::launch_decoder_chain(p, smem, stream_), "decoder_greedy_chain");
+  check_cuda(cuda::launch_decoder_chain(p, smem, stream_), "decoder_chain");
   if (!chain_logged_) {
-    LOG_INFO("Fused decoder chain{}: {} layers, {} rows, a cluster of {} blocks ({} per kv group's attention), {} KiB "
+    LOG_INFO("Fused decoder chain{}{}: {} layers, {} rows, a cluster of {} blocks ({} per kv group's attention), {} KiB "
              "shared memory per block, lm_head in {}",
-             eagle3 ? " (EAGLE-3 head)" : "", p.num_layers, c.rows, p.cluster, p.q_split, smem / 1024,
+             eagle3 ? " (EAGLE-3 head)" : "", p.samples ? ", sampled drafts" : "", p.num_layers, c.rows, p.cluster, p.q_split, smem / 1024,
              p.lm_head_in_smem ? "shared memory" : "L2");
     chain_logged_ = true;
   }

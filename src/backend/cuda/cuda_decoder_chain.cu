@@ -1,6 +1,6 @@
-// A greedy decode chain of a small Llama-family decoder in ONE kernel launch
-// (Backend::decoder_greedy_chain): `steps` decode steps of a few rows each, every step's argmax
-// feeding the next step's input, for the draft model's drafts 2..k.
+// A decode chain of a small Llama-family decoder in ONE kernel launch (Backend::decoder_chain):
+// `steps` decode steps of a few rows each, every step's token (its argmax, or a sample whose
+// distribution q is kept for verification) feeding the next step's input, for drafts 2..k.
 //
 // Why this shape: a small draft (2 layers, hidden 128) decodes a step in ~24 kernels of a few
 // microseconds each, and at such sizes a kernel's cost is its launch and its wait for the
@@ -24,6 +24,10 @@
 //     per row                                                                  -> barrier
 //     and every block reduces the candidates to the step's tokens and looks up their embeddings
 //     (tied embeddings: in the lm_head rows of the block that holds them).
+// A sampled row's logits go to its q row (global memory, the block's own entries); the blocks
+// sum their slices' fixed-point masses (the token sampler's, over the step's max) and exchange
+// them (a barrier), the block whose slice holds the draw finds the token while every block turns
+// its logits into q, and a last barrier hands the token to all: two barriers a step more.
 // A kv group's attention may be split over q_split blocks by q heads (each computes the group's
 // k and v too, the first writes them), when one block's shared memory cannot hold the group.
 // An EAGLE-3 head is the same loop over its one layer: stage A's input is [input_layernorm(
@@ -51,6 +55,7 @@
 #include "backend/cuda/cuda_kernel_attributes.h"
 #include "backend/cuda/cuda_decoder_chain.h"
 #include "backend/cuda/cuda_utils.cuh"
+#include "core/counter_draw.h"
 
 namespace specula::cuda {
 namespace {
@@ -68,7 +73,7 @@ __host__ __device__ inline int64_t align16(int64_t bytes) { return (bytes + 15) 
 // its kv group's attention weights (blocks below num_kv_heads), its MLP slice, its lm_head rows.
 struct ChainLayout {
   int64_t x, e, pa, pb, xs, att, act, gu, qkv, scores, part, red, norms, cos_sin, tables, pos, slots, cand_v, cand_i,
-      tok, best_v, best_i;
+      tok, best_v, best_i, row_max, mass, scan, drawn;
   int64_t area;         // bytes of the work area
   int64_t attn_layer;   // bf16 elements of a layer's attention weights in a unit's block
   int64_t mlp_layer;    // bf16 elements of a layer's MLP slice
@@ -85,6 +90,18 @@ __host__ __device__ inline int unit_heads(const DecoderChainParams& p) {
   return p.num_q_heads / p.num_kv_heads / p.q_split;
 }
 __host__ __device__ inline int attention_units(const DecoderChainParams& p) { return p.num_kv_heads * p.q_split; }
+
+// Whether row r draws (rather than takes the argmax) at `step`, and the q row it then writes.
+__device__ __forceinline__ bool draws(const DecoderChainParams& p, int r, int step) {
+  return p.samples && p.inv_temperature[r] > 0.0f && step < p.q_steps[r];
+}
+__device__ __forceinline__ float* q_row(const DecoderChainParams& p, int r, int step) {
+  return p.q_store + static_cast<int64_t>(p.q_first_rows[r] + step) * p.vocab;
+}
+// The token id of lm_head row `id` (an EAGLE-3 head's draft vocabulary maps to the target's).
+__device__ __forceinline__ int target_id(const DecoderChainParams& p, int id) {
+  return p.draft_to_target ? p.draft_to_target[id] : id;
+}
 
 __host__ __device__ inline ChainLayout chain_layout(const DecoderChainParams& p) {
   ChainLayout l{};
@@ -122,6 +139,10 @@ __host__ __device__ inline ChainLayout chain_layout(const DecoderChainParams& p)
   l.tok = take(rows * 4);
   l.best_v = take(kWarps * rows * 4);
   l.best_i = take(kWarps * rows * 4);
+  l.row_max = take(rows * 4);
+  l.mass = take(rows * 8);
+  l.scan = take(kWarps * 8);
+  l.drawn = take(rows * 4);
   l.area = at;
   l.attn_layer = (g + 2) * d * in + h * g * d;
   l.mlp_layer = 2 * n * h + h * n;
@@ -138,9 +159,10 @@ __host__ __device__ inline int64_t lm_offset(const DecoderChainParams& p, const 
 
 // This block's pointers into its shared memory, and other blocks' (DSMEM) where it reads them.
 struct ChainSmem {
-  float *x, *e, *pa, *pb, *gu, *qkv, *scores, *part, *red, *cos_sin, *cand_v, *best_v;
+  float *x, *e, *pa, *pb, *gu, *qkv, *scores, *part, *red, *cos_sin, *cand_v, *best_v, *row_max;
   bf16 *xs, *att, *act, *norms;
-  int32_t *tables, *pos, *cand_i, *tok, *best_i;
+  int32_t *tables, *pos, *cand_i, *tok, *best_i, *drawn;
+  unsigned long long *mass, *scan;
   int64_t* slots;
   const bf16* attn_w;  // blocks < attention_units: their unit's attention weights (see RemoteSmem)
   bf16* mlp_w;        // [layers][gate n | up n rows of H, then down H rows of n]
@@ -154,6 +176,8 @@ struct RemoteSmem {
   const float* pb[kMaxChainCluster];
   const float* cand_v[kMaxChainCluster];
   const int32_t* cand_i[kMaxChainCluster];
+  const unsigned long long* mass[kMaxChainCluster];  // sampled rows' slice masses
+  const int32_t* drawn[kMaxChainCluster];             // sampled rows' tokens (lm ids), where found
   // blocks < attention_units: [layers][the unit's q heads' then its group's k, v rows ((g + 2) D
   // of attention_input), o's H rows of its g D columns], g = unit_heads
   const bf16* attn_w[kMaxChainCluster];
@@ -550,8 +574,9 @@ __device__ void mlp_stage(const DecoderChainParams& p, const ChainLayout& l, con
 // GEMV, which at this size is what the stage's time is. The rows are stored with their 16-byte
 // chunks XOR-swizzled by row (copy_rows_async), since ldmatrix reads one chunk of 8 rows at a
 // time and rows 256 bytes apart would otherwise all hit the same 4 banks. Each lane keeps the best
-// (value, index) of the x rows 2 (lane % 4) and +1; s.best_v/best_i get each warp's.
-__device__ void lm_head_mma(const DecoderChainParams& p, const ChainSmem& s, int n, int v0) {
+// (value, index) of the x rows 2 (lane % 4) and +1; s.best_v/best_i get each warp's. keep[r]
+// (null: none) receives row r's logits at their token ids.
+__device__ void lm_head_mma(const DecoderChainParams& p, const ChainSmem& s, int n, int v0, float* const* keep) {
   const int h = p.hidden, rows = p.rows, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int g = lane >> 2, t4 = lane & 3;
   uint32_t b[kMmaMaxHidden / 16][2];
@@ -568,6 +593,7 @@ __device__ void lm_head_mma(const DecoderChainParams& p, const ChainSmem& s, int
   }
   float bv[2] = {-INFINITY, -INFINITY};
   int bi[2] = {INT_MAX, INT_MAX};
+  float* kept[2] = {2 * t4 < rows ? keep[2 * t4] : nullptr, 2 * t4 + 1 < rows ? keep[2 * t4 + 1] : nullptr};
   for (int tile = warp; tile * 16 < n; tile += kWarps) {
     const int ar = min(tile * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, n - 1);
     const bf16* arow = s.lm_w + ar * h;
@@ -582,6 +608,7 @@ __device__ void lm_head_mma(const DecoderChainParams& p, const ChainSmem& s, int
 #pragma unroll
     for (int j = 0; j < 4; ++j) {  // d[j]: vocab row g (+8 for j >= 2), x row 2 t4 + (j & 1)
       const int v = tile * 16 + g + (j >= 2 ? 8 : 0);
+      if (v < n && kept[j & 1]) kept[j & 1][target_id(p, v0 + v)] = d[j];
       if (v < n && argmax_better(d[j], v0 + v, bv[j & 1], bi[j & 1])) {
         bv[j & 1] = d[j];
         bi[j & 1] = v0 + v;
@@ -600,9 +627,9 @@ __device__ void lm_head_mma(const DecoderChainParams& p, const ChainSmem& s, int
 }
 
 // The block's lm_head rows as a scalar GEMV (rows in L2, or a hidden size lm_head_mma does not
-// take): each warp's best (value, index) per row into s.best_v/best_i.
+// take): each warp's best (value, index) per row into s.best_v/best_i; keep as lm_head_mma's.
 template <int R>
-__device__ void lm_head_scalar(const DecoderChainParams& p, const ChainSmem& s, int v0, int v1) {
+__device__ void lm_head_scalar(const DecoderChainParams& p, const ChainSmem& s, int v0, int v1, float* const* keep) {
   const int h = p.hidden, rows = p.rows;
   float best[R];
   int best_i[R];
@@ -612,6 +639,7 @@ __device__ void lm_head_scalar(const DecoderChainParams& p, const ChainSmem& s, 
     best_i[r] = INT_MAX;
   }
   block_gemv<R, 4>(s.lm_w, h, h, s.xs, h, rows, 0, v1 - v0, [&](int r, int c, float v) {
+    if (keep[r]) keep[r][target_id(p, v0 + c)] = v;
 #pragma unroll
     for (int i = 0; i < R; ++i)  // registers, not a dynamically indexed array
       if (i == r && argmax_better(v, v0 + c, best[i], best_i[i])) {
@@ -633,15 +661,19 @@ __device__ void lm_head_scalar(const DecoderChainParams& p, const ChainSmem& s, 
   }
 }
 
-// Final RMSNorm and the block's lm_head rows: its best (value, index) per row into cand.
+// Final RMSNorm and the block's lm_head rows: its best (value, index) per row into cand, and the
+// logits of the rows that draw at `step` into their q rows.
 template <int R>
-__device__ void lm_head_stage(const DecoderChainParams& p, const ChainLayout& l, const ChainSmem& s) {
+__device__ void lm_head_stage(const DecoderChainParams& p, const ChainLayout& l, const ChainSmem& s, int step) {
   const int h = p.hidden, rows = p.rows;
   cp_async_wait<0>();  // lm_head rows (no-op after the first step)
   norm_rows(s.x, rows, h, s.norms + p.num_layers * l.norms_layer, p.eps, s.xs);  // its barrier publishes them
   const int v0 = p.vocab_begin[s.rank], v1 = p.vocab_begin[s.rank + 1];
-  if (lm_head_mma_applies(p) && v1 > v0) lm_head_mma(p, s, v1 - v0, v0);
-  else lm_head_scalar<R>(p, s, v0, v1);
+  float* keep[kMaxChainRows];
+#pragma unroll
+  for (int r = 0; r < kMaxChainRows; ++r) keep[r] = r < rows && draws(p, r, step) ? q_row(p, r, step) : nullptr;
+  if (lm_head_mma_applies(p) && v1 > v0) lm_head_mma(p, s, v1 - v0, v0, keep);
+  else lm_head_scalar<R>(p, s, v0, v1, keep);
   __syncthreads();
   if (threadIdx.x < rows) {
     const int r = threadIdx.x;
@@ -657,8 +689,9 @@ __device__ void lm_head_stage(const DecoderChainParams& p, const ChainLayout& l,
   }
 }
 
-// The step's tokens: the best of every block's candidates (the same in every block); block 0
-// stores them as the step's output.
+// The step's argmaxes: the best of every block's candidates (the same in every block), each
+// row's largest logit into row_max; block 0 stores them as the step's output (draw_tokens then
+// replaces the sampled rows').
 __device__ void reduce_tokens(const DecoderChainParams& p, const ChainSmem& s, const RemoteSmem& rm, int step) {
   if (threadIdx.x < p.rows) {
     const int r = threadIdx.x;
@@ -677,8 +710,112 @@ __device__ void reduce_tokens(const DecoderChainParams& p, const ChainSmem& s, c
     if (tok < 0 || tok >= p.vocab) tok = 0;
     if (s.rank == 0) p.out_tokens[static_cast<int64_t>(step) * p.rows + r] = tok;
     s.tok[r] = tok;
+    s.row_max[r] = bv;
   }
   __syncthreads();
+}
+
+// Row r's draw at `step` (it draws): the token sampler's plain draw over the logits that
+// lm_head_stage left in its q row, max row_max[r]. Its fixed-point masses' total over every
+// block's slice, and the target u * total.
+struct DrawTarget {
+  unsigned long long total = 0, before = 0, target = 0;  // before: the masses of the blocks before this one
+};
+__device__ __forceinline__ DrawTarget draw_target(const DecoderChainParams& p, const ChainSmem& s,
+                                                  const RemoteSmem& rm, int r, int step) {
+  DrawTarget d;
+  for (int b = 0; b < p.cluster; ++b) {
+    const unsigned long long m = rm.mass[b][r];
+    d.total += m;
+    if (b < s.rank) d.before += m;
+  }
+  const double u = uniform_draw(p.seeds[r], s.pos[step * p.rows + r] + p.draw_offset, p.draw_stream);
+  d.target = static_cast<unsigned long long>(u * static_cast<double>(d.total));
+  if (d.target >= d.total && d.total > 0) d.target = d.total - 1;
+  return d;
+}
+
+// The sampled rows' tokens at `step` (after reduce_tokens): every block sums its slice's masses
+// (each thread a contiguous run of ids, in id order); after an exchange the block whose slice
+// holds the target finds the token (the first id whose cumulative mass passes it) and every block
+// writes q = mass / total over its slice; after a second exchange every block takes the token.
+// A row whose logits are not finite keeps its argmax, and q is zero (the verification then
+// rejects the draft and draws from p: still lossless).
+template <int R>
+__device__ void draw_tokens(const DecoderChainParams& p, const ChainSmem& s, const RemoteSmem& rm,
+                            cg::cluster_group& cluster, int step) {
+  const int v0 = p.vocab_begin[s.rank], n = p.vocab_begin[s.rank + 1] - v0;
+  const int per = (n + kThreads - 1) / kThreads;
+  const int b0 = min(n, per * static_cast<int>(threadIdx.x)), b1 = min(n, b0 + per);
+  unsigned long long local[R], start[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    local[r] = start[r] = 0;
+    if (r >= p.rows || !draws(p, r, step)) continue;  // block-uniform
+    const float* q = q_row(p, r, step);
+    const float m = s.row_max[r], inv_t = p.inv_temperature[r];
+    if (isfinite(m))
+      for (int i = b0; i < b1; ++i) local[r] += fixed_mass(softmax_numerator(q[target_id(p, v0 + i)], m, inv_t));
+    unsigned long long block_total = 0;
+    start[r] = block_exclusive_scan_u64<kWarps>(local[r], &block_total, s.scan);
+    if (threadIdx.x == 0) s.mass[r] = block_total;
+  }
+  cluster.sync();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (r >= p.rows || !draws(p, r, step)) continue;
+    float* q = q_row(p, r, step);
+    const float m = s.row_max[r], inv_t = p.inv_temperature[r];
+    const DrawTarget d = draw_target(p, s, rm, r, step);
+    const unsigned long long from = d.before + start[r];
+    if (d.total > 0 && from <= d.target && d.target < from + local[r]) {
+      unsigned long long cum = from;
+      for (int i = b0; i < b1; ++i) {
+        cum += fixed_mass(softmax_numerator(q[target_id(p, v0 + i)], m, inv_t));
+        if (cum > d.target) {
+          s.drawn[r] = v0 + i;
+          break;
+        }
+      }
+    }
+    __syncthreads();  // the search above read the logits that q replaces
+    const double inv_total = d.total > 0 ? 1.0 / static_cast<double>(d.total) : 0.0;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      float& e = q[target_id(p, v0 + i)];
+      e = d.total > 0 ? static_cast<float>(static_cast<double>(fixed_mass(softmax_numerator(e, m, inv_t))) * inv_total)
+                      : 0.0f;
+    }
+  }
+  cluster.sync();
+  if (threadIdx.x < p.rows && draws(p, threadIdx.x, step)) {
+    const int r = threadIdx.x;
+    const DrawTarget d = draw_target(p, s, rm, r, step);
+    unsigned long long cum = 0;
+    for (int b = 0; b < p.cluster && d.total > 0; ++b) {
+      const unsigned long long m = rm.mass[b][r];
+      if (d.target < cum + m) {
+        int32_t tok = target_id(p, rm.drawn[b][r]);
+        if (tok < 0 || tok >= p.vocab) tok = 0;
+        if (s.rank == 0) p.out_tokens[static_cast<int64_t>(step) * p.rows + r] = tok;
+        s.tok[r] = tok;
+        break;
+      }
+      cum += m;
+    }
+  }
+  __syncthreads();
+}
+
+// The q rows a reduced draft vocabulary leaves partly unwritten (target ids outside it), zeroed
+// before any draw: a slice of each per block.
+__device__ void zero_q_rows(const DecoderChainParams& p, int rank) {
+  const int per = (p.vocab + p.cluster - 1) / p.cluster, lo = min(p.vocab, rank * per), hi = min(p.vocab, lo + per);
+  for (int r = 0; r < p.rows; ++r)
+    for (int step = 0; step < p.steps; ++step) {
+      if (!draws(p, r, step)) continue;
+      float* q = q_row(p, r, step);
+      for (int i = lo + static_cast<int>(threadIdx.x); i < hi; i += kThreads) q[i] = 0.0f;
+    }
 }
 
 // R: the rows the kernel is compiled for (>= p.rows): unrolled per-row accumulators stay small.
@@ -702,6 +839,10 @@ __global__ void __launch_bounds__(kThreads, 1) decoder_chain_kernel(const __grid
   s.cos_sin = reinterpret_cast<float*>(smem + l.cos_sin);
   s.cand_v = reinterpret_cast<float*>(smem + l.cand_v);
   s.best_v = reinterpret_cast<float*>(smem + l.best_v);
+  s.row_max = reinterpret_cast<float*>(smem + l.row_max);
+  s.mass = reinterpret_cast<unsigned long long*>(smem + l.mass);
+  s.scan = reinterpret_cast<unsigned long long*>(smem + l.scan);
+  s.drawn = reinterpret_cast<int32_t*>(smem + l.drawn);
   s.xs = reinterpret_cast<bf16*>(smem + l.xs);
   s.att = reinterpret_cast<bf16*>(smem + l.att);
   s.act = reinterpret_cast<bf16*>(smem + l.act);
@@ -724,14 +865,19 @@ __global__ void __launch_bounds__(kThreads, 1) decoder_chain_kernel(const __grid
     rm.pb[b] = cluster.map_shared_rank(s.pb, b);
     rm.cand_v[b] = cluster.map_shared_rank(s.cand_v, b);
     rm.cand_i[b] = cluster.map_shared_rank(s.cand_i, b);
+    rm.mass[b] = cluster.map_shared_rank(s.mass, b);
+    rm.drawn[b] = cluster.map_shared_rank(s.drawn, b);
     rm.attn_w[b] =
         b < attention_units(p) ? cluster.map_shared_rank(reinterpret_cast<bf16*>(smem + l.area), b) : nullptr;
     rm.lm_w[b] = cluster.map_shared_rank(reinterpret_cast<bf16*>(smem + lm_offset(p, l, b)), b);
   }
   load_inputs(p, s);
+  if (p.samples && p.lm_vocab < p.vocab) zero_q_rows(p, s.rank);
   cp_async_wait<2>();
   __syncthreads();
-  cluster.sync();  // every block's layer-0 attention weights are in place before any block reads them
+  // Every block's layer-0 attention weights are in place before any block reads them, and the
+  // zeroed q rows before any block writes a logit into them.
+  cluster.sync();
   embed_rows(p, s, rm, true);
 
   const int units = attention_units(p), tasks = p.rows * units;
@@ -748,15 +894,19 @@ __global__ void __launch_bounds__(kThreads, 1) decoder_chain_kernel(const __grid
       cluster.sync();
       add_shares(p, s, L.down_bias, p.mlp_blocks, [&](int, int b) { return rm.pb[b]; });
     }
-    lm_head_stage<R>(p, l, s);
+    lm_head_stage<R>(p, l, s, step);
     cluster.sync();
     reduce_tokens(p, s, rm, step);
+    if (p.samples) draw_tokens<R>(p, s, rm, cluster, step);
     if (step + 1 < p.steps) embed_rows(p, s, rm, false);
   }
   cluster.sync();  // no block leaves while another may still read its shared memory
 }
 
 }  // namespace
+
+// The parameters travel by value (__grid_constant__), within the classic 4 KB limit.
+static_assert(sizeof(DecoderChainParams) <= 4096, "decoder chain parameters over 4 KB");
 
 int64_t plan_decoder_chain(DecoderChainParams& p, int cluster, int64_t smem_budget, bool lm_head_in_l2) {
   const int hk = p.num_kv_heads;

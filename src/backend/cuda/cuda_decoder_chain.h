@@ -1,5 +1,5 @@
-// The persistent greedy decode-chain kernel's parameters, plan and launcher
-// (cuda_decoder_chain.cu): a small Llama-family decoder's `steps` decode steps of `rows` rows in
+// The persistent decode-chain kernel's parameters, plan and launcher (cuda_decoder_chain.cu): a
+// small Llama-family decoder's `steps` decode steps of `rows` rows in
 // one launch of one thread-block cluster whose shared memory holds the model's weights; or an
 // EAGLE-3 head's (model/eagle_head.h), whose layer reads [input_layernorm(embedding),
 // hidden_norm(g)] and chains g.
@@ -58,7 +58,19 @@ struct DecoderChainParams {
   const int32_t* positions = nullptr;     // [steps * rows]: step s, row r at s * rows + r
   const int64_t* slots = nullptr;         // [steps * rows]: K/V slot, -1 for none
   const int32_t* block_tables = nullptr;  // [rows, table_width]
-  int32_t* out_tokens = nullptr;          // [steps * rows]: each step's argmax (the next step's input)
+  int32_t* out_tokens = nullptr;          // [steps * rows]: each step's token (the next step's input)
+
+  // Sampled rows (backend/decoder_chain.h): row r draws at step s < q_steps[r] where
+  // inv_temperature[r] > 0, from uniform_draw(seeds[r], positions[s * rows + r] + draw_offset,
+  // draw_stream), writing q into q_store row q_first_rows[r] + s; the rest take the argmax.
+  int samples = 0;  // any row draws
+  float inv_temperature[kMaxChainRows] = {};
+  uint64_t seeds[kMaxChainRows] = {};
+  int32_t q_first_rows[kMaxChainRows] = {};
+  int32_t q_steps[kMaxChainRows] = {};
+  int draw_offset = 1;
+  uint32_t draw_stream = 0;
+  float* q_store = nullptr;  // [R, vocab]
 
   // An EAGLE-3 head (hidden_norm set; one layer): step s's layer reads x = [input_layernorm(
   // embed(token)), hidden_norm(g)] (qkv [.., 2 H]) with g as its residual; g starts at

@@ -1,9 +1,10 @@
-// The fused greedy decode chain (Model::greedy_chain -> CudaBackend::decoder_greedy_chain, one
-// persistent kernel) against the layer-by-layer forward on the embedded draft model's real
-// weights: from the same prefilled caches, every step's token is the argmax of the forward's
-// logits for the same input (teacher-forced with the chain's own tokens; a different token only
-// where two logits are within rounding), and the K/V the chain writes equals what the forward
-// writes, padding rows writing nothing.
+// The fused decode chain (Model::decoder_chain -> CudaBackend::decoder_chain, one persistent
+// kernel) against the layer-by-layer forward on the embedded draft model's real weights: from the
+// same prefilled caches, every step's token is the argmax of the forward's logits for the same
+// input (teacher-forced with the chain's own tokens; a different token only where two logits are
+// within rounding), or for a sampled row the draw from the q it keeps, q being the forward's
+// softmax; and the K/V the chain writes equals what the forward writes, padding rows writing
+// nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <numeric>
 #include <random>
 
+#include "core/counter_draw.h"
 #include "model/config.h"
 #include "model/eagle_head.h"
 #include "model/model.h"
@@ -46,7 +48,82 @@ struct TokenTally {
   }
 };
 
-void expect_chain_matches_forward(int real_rows, int padding_rows, int steps, unsigned seed) {
+// A sampled step against its reference logits (F32 over the token vocabulary, -inf where a
+// reduced draft vocabulary has no entry): the q the chain kept is softmax(logits / T) up to the
+// two paths' rounding (total variation <= 0.05: the logits differ by up to a few hundredths after
+// some steps, which the argmax tally allows too, divided by T = 0.7) and exactly zero where the logits are -inf; the
+// token is q's own inverse-CDF draw at u, in id order (the chain draws from the q it keeps, which
+// is what lossless verification needs); and it is the reference's draw at u but where u is
+// within rounding of a boundary (at least 90 % exact, checked by expect_mostly_exact).
+struct DrawTally {
+  int exact = 0, total = 0;
+  void expect(int32_t got, const std::vector<float>& logits, const float* q, int64_t vocab, float temperature,
+              double u, const std::string& what) {
+    ASSERT_GE(got, 0) << what;
+    ASSERT_LT(got, vocab) << what;
+    float max_l = -INFINITY;
+    for (int64_t i = 0; i < vocab; ++i) max_l = std::max(max_l, logits[i]);
+    std::vector<double> ref(static_cast<size_t>(vocab));
+    double ref_sum = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) ref_sum += ref[i] = std::exp((double{logits[i]} - max_l) / temperature);
+    double tv = 0.0, q_sum = 0.0, q_before = 0.0, ref_before = 0.0;
+    for (int64_t i = 0; i < vocab; ++i) {
+      ref[i] /= ref_sum;
+      if (logits[i] == -INFINITY) EXPECT_EQ(q[i], 0.0f) << what << ": q of token " << i << " outside the draft vocabulary";
+      tv += std::abs(q[i] - ref[i]);
+      q_sum += q[i];
+      if (i < got) {
+        q_before += q[i];
+        ref_before += ref[i];
+      }
+    }
+    EXPECT_LE(tv, 0.05) << what << ": q against softmax(logits / " << temperature << ")";
+    EXPECT_NEAR(q_sum, 1.0, 1e-4) << what;
+    EXPECT_LE(q_before, u * q_sum + 1e-6) << what << ": token " << got << " is not q's draw at " << u;
+    EXPECT_GE(q_before + q[got], u * q_sum - 1e-6) << what << ": token " << got << " is not q's draw at " << u;
+    ++total;
+    if (ref_before <= u && u < ref_before + ref[got]) {
+      ++exact;
+      return;
+    }
+    EXPECT_TRUE(ref_before - 0.01 <= u && u <= ref_before + ref[got] + 0.01)
+        << what << ": token " << got << " far from the reference's draw at " << u;
+  }
+  void expect_mostly_exact(const std::string& what) const {
+    EXPECT_GE(exact, total - std::max(1, total / 10)) << exact << " of " << total << " " << what << " equal";
+  }
+};
+
+// How the sampled chains of the tests draw: row r at temperature kTemperatures[r % 4] (0: the
+// argmax), seed 100 + r, q rows r * steps + s in a store that starts at -1 (rows that keep no q
+// must leave theirs untouched).
+constexpr float kTemperatures[] = {1.0f, 0.7f, 0.0f, 1.3f};
+constexpr uint32_t kDrawStream = 3;
+void set_draws(DecoderChain& chain, Backend& gpu, int real_rows, int steps, int64_t vocab,
+               const std::vector<int>& row_of) {
+  chain.temperatures.assign(static_cast<size_t>(chain.rows), 0.0f);
+  chain.seeds.assign(static_cast<size_t>(chain.rows), 0);
+  chain.q_first_rows.assign(static_cast<size_t>(chain.rows), 0);
+  chain.q_steps.assign(static_cast<size_t>(chain.rows), 0);
+  for (int i = 0; i < real_rows; ++i) {
+    const int r = row_of[static_cast<size_t>(i)];
+    chain.temperatures[i] = kTemperatures[r % 4];
+    chain.seeds[i] = 100 + r;
+    chain.q_first_rows[i] = r * steps;
+    chain.q_steps[i] = r == 3 ? steps - 1 : steps;  // row 3's last step has no draft left: the argmax
+  }
+  chain.draw_offset = 1;
+  chain.draw_stream = kDrawStream;
+  const int64_t rows = static_cast<int64_t>(*std::max_element(row_of.begin(), row_of.end()) + 1) * steps;
+  chain.q_store = testing::to_gpu(gpu, Tensor::from_f32(std::vector<float>(static_cast<size_t>(rows * vocab), -1.0f),
+                                                        {rows, vocab}),
+                                  DType::kF32);
+}
+// Whether row r of a sampled chain draws at step s (set_draws), and its draw.
+bool row_draws(int r, int s, int steps) { return kTemperatures[r % 4] > 0.0f && s < (r == 3 ? steps - 1 : steps); }
+double row_uniform(int r, int position) { return uniform_draw(100 + r, position + 1, kDrawStream); }
+
+void expect_chain_matches_forward(int real_rows, int padding_rows, int steps, unsigned seed, bool sampled = false) {
   SCOPED_TRACE("rows " + std::to_string(real_rows) + " + " + std::to_string(padding_rows) + " padding, steps " +
                std::to_string(steps));
   auto gpu = make_cuda_backend(0);
@@ -102,14 +179,19 @@ void expect_chain_matches_forward(int real_rows, int padding_rows, int steps, un
   chain.out_tokens = gpu->empty({static_cast<int64_t>(steps) * rows}, DType::kI32);
   chain.kv = &fused.kv();
   chain.block_size = kBlockSize;
-  ASSERT_TRUE(model->greedy_chain(chain)) << "the CUDA backend has no fused chain for the embedded draft";
+  std::vector<int> row_of(static_cast<size_t>(real_rows));
+  std::iota(row_of.begin(), row_of.end(), 0);
+  if (sampled) set_draws(chain, *gpu, real_rows, steps, vocab, row_of);
+  ASSERT_TRUE(model->decoder_chain(chain)) << "the CUDA backend has no fused chain for the embedded draft";
   Tensor out_host = Tensor::empty({static_cast<int64_t>(steps) * rows}, DType::kI32);
   gpu->copy(chain.out_tokens, out_host);
   gpu->synchronize();
   const int32_t* out = out_host.data_as<int32_t>();
+  const std::vector<float> q = sampled ? testing::to_host(*gpu, chain.q_store) : std::vector<float>();
 
   // Layer by layer, fed the chain's tokens.
   TokenTally tokens;
+  DrawTally draws;
   for (int s = 0; s < steps; ++s) {
     std::vector<testing::PagedRunner::Work> work;
     for (int r = 0; r < real_rows; ++r) {
@@ -117,10 +199,20 @@ void expect_chain_matches_forward(int real_rows, int padding_rows, int steps, un
       work.push_back({r, 1, false});
     }
     const auto step_logits = ref.step(work);
-    for (int r = 0; r < real_rows; ++r)
-      tokens.expect(out[s * rows + r], step_logits[r], vocab, "step " + std::to_string(s) + " row " + std::to_string(r));
+    for (int r = 0; r < real_rows; ++r) {
+      const std::string what = "step " + std::to_string(s) + " row " + std::to_string(r);
+      const float* q_row = q.data() + static_cast<int64_t>(r * steps + s) * vocab;
+      if (sampled && row_draws(r, s, steps)) {
+        draws.expect(out[s * rows + r], step_logits[r], q_row, vocab, kTemperatures[r % 4],
+                     row_uniform(r, positions[s * rows + r]), what);
+        continue;
+      }
+      tokens.expect(out[s * rows + r], step_logits[r], vocab, what);
+      if (sampled) EXPECT_EQ(*std::min_element(q_row, q_row + vocab), -1.0f) << what << " wrote q without drawing";
+    }
   }
   tokens.expect_mostly_exact("tokens");
+  draws.expect_mostly_exact("draws");
 
   // The K/V written: the same entries (padding rows wrote nothing: block contents equal too).
   for (size_t l = 0; l < fused.kv().size(); ++l) {
@@ -141,6 +233,15 @@ TEST(DecoderChain, FusedChainIsTheLayerByLayerForwardsArgmax) {
 
 // The kernel's other lm_head path (rows read from L2 by the scalar GEMV, where the tensor-core path
 // reads them from shared memory) gives the same tokens.
+// Sampled rows (temperatures 1, 0.7 and 1.3, one argmax row, one row out of drafts at its last
+// step) among argmax and padding rows: draws from the q each keeps, q the forward's softmax.
+TEST(DecoderChain, SampledRowsDrawFromTheQTheyKeep) {
+  SKIP_WITHOUT_GPU();
+  expect_chain_matches_forward(1, 0, 4, 21, true);
+  expect_chain_matches_forward(4, 1, 5, 22, true);
+  expect_chain_matches_forward(8, 0, 3, 23, true);
+}
+
 TEST(DecoderChain, LmHeadFromL2IsTheForwardsArgmaxToo) {
   SKIP_WITHOUT_GPU();
   struct LmHeadInL2 {  // the backend reads it on every chain; unset however the test ends
@@ -149,6 +250,7 @@ TEST(DecoderChain, LmHeadFromL2IsTheForwardsArgmaxToo) {
   } l2;
   expect_chain_matches_forward(1, 0, 4, 5);
   expect_chain_matches_forward(3, 1, 3, 6);
+  expect_chain_matches_forward(4, 0, 3, 24, true);
 }
 
 // Shapes the kernel is not for are declined without running anything.
@@ -164,7 +266,7 @@ TEST(DecoderChain, DeclinesMoreRowsThanTheKernelTakes) {
   chain.steps = 1;
   chain.kv = &runner.kv();
   chain.block_size = kBlockSize;
-  EXPECT_FALSE(model->greedy_chain(chain));
+  EXPECT_FALSE(model->decoder_chain(chain));
 }
 
 // Sequences' rows for an EAGLE head's forward: sequence i's tokens at positions first[i].. in its
@@ -215,17 +317,20 @@ HeadRows head_rows(Backend& gpu, const std::vector<std::vector<int32_t>>& tokens
   return r;
 }
 
-// The trained EAGLE-3 head's chain (EagleHead::greedy_chain: the same kernel reading
+// The trained EAGLE-3 head's chain (EagleHead::decoder_chain: the same kernel reading
 // [input_layernorm(embedding), hidden_norm(g)] and carrying g from step to step) on the embedded
 // target's features of random prompts, from the same prefilled head caches and first hidden states:
 // - every row's tokens and K/V are those of the same row chained alone, bit for bit (rows never
 //   mix, whatever the tasks a block runs);
+// - `sampled`: rows draw as set_draws says, each draw from the q it keeps, q the head step's
+//   softmax over the draft vocabulary (zero at the other target ids);
 // - against the head's own steps (EagleHead::forward fed the previous step's prenorm output, a row
 //   at a time): the same tokens but where two logits are within rounding, the same K/V; padding
 //   rows write nothing;
 // - each step again as a chain of one step from that head step's own inputs and cache: the same
 //   token (or one within rounding) and K/V entry, step by step, with no drift carried in.
-void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int steps, unsigned seed) {
+void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int steps, unsigned seed,
+                                            bool sampled = false) {
   SCOPED_TRACE("rows " + std::to_string(real_rows) + " + " + std::to_string(padding_rows) + " padding, steps " +
                std::to_string(steps));
   auto gpu = make_cuda_backend(0);
@@ -302,7 +407,7 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
   // A chain of `chain_steps` steps over the listed rows (plus `padding` rows at position 0 without
   // writing, over the first row's blocks) from the cache state k0 / v0: row i is prompt r's, its
   // first step reads token `token` and hidden state `hidden` (H values) at position `pos`. Returns
-  // its tokens [steps][rows].
+  // its tokens [steps][rows]; with q_out its rows draw (set_draws) and q_out gets the q store.
   struct ChainRow {
     int r;
     int32_t token;
@@ -310,7 +415,8 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
     int pos;
   };
   auto run_chain = [&](const std::vector<ChainRow>& real, int padding, int chain_steps, const std::vector<float>& k0,
-                       const std::vector<float>& v0, std::vector<KVCacheLayer>& kv) {
+                       const std::vector<float>& v0, std::vector<KVCacheLayer>& kv,
+                       std::vector<float>* q_out = nullptr) {
     const int n = static_cast<int>(real.size()) + padding;
     std::vector<int32_t> first_tokens(static_cast<size_t>(n), 0), positions(static_cast<size_t>(chain_steps) * n, 0);
     std::vector<int32_t> tables(static_cast<size_t>(n) * kWidth, 0);
@@ -341,8 +447,14 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
     chain.out_tokens = gpu->empty({static_cast<int64_t>(chain_steps) * n}, DType::kI32);
     chain.kv = &kv;
     chain.block_size = kBlockSize;
-    EXPECT_TRUE(head.greedy_chain(chain)) << "the CUDA backend has no fused chain for the embedded EAGLE-3 head";
+    if (q_out) {
+      std::vector<int> row_of;
+      for (const ChainRow& c : real) row_of.push_back(c.r);
+      set_draws(chain, *gpu, static_cast<int>(real.size()), chain_steps, vocab, row_of);
+    }
+    EXPECT_TRUE(head.decoder_chain(chain)) << "the CUDA backend has no fused chain for the embedded EAGLE-3 head";
     const std::vector<float> got = testing::to_host(*gpu, chain.out_tokens);
+    if (q_out) *q_out = testing::to_host(*gpu, chain.q_store);
     std::vector<std::vector<int32_t>> tokens(static_cast<size_t>(chain_steps));
     for (int s = 0; s < chain_steps; ++s)
       for (int i = 0; i < n; ++i) tokens[s].push_back(static_cast<int32_t>(got[s * n + i]));
@@ -357,14 +469,17 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
   std::vector<int> all(static_cast<size_t>(real_rows));
   std::iota(all.begin(), all.end(), 0);
   std::vector<KVCacheLayer> fused = cache(head.kv_cache_spec()), alone = cache(head.kv_cache_spec());
+  std::vector<float> q;
   const std::vector<std::vector<int32_t>> chain_out =
-      run_chain(from_prefill(all), padding_rows, steps, prefilled_k, prefilled_v, fused);
+      run_chain(from_prefill(all), padding_rows, steps, prefilled_k, prefilled_v, fused, sampled ? &q : nullptr);
   const std::vector<float> fused_k = testing::to_host(*gpu, fused[0].k), fused_v = testing::to_host(*gpu, fused[0].v);
 
   // Each row chained alone: the same tokens and K/V entries, bit for bit.
   const int64_t entry = head.kv_cache_spec().num_kv_heads * head.kv_cache_spec().head_dim;
   for (int r = 0; r < real_rows; ++r) {
-    const std::vector<std::vector<int32_t>> own = run_chain(from_prefill({r}), 0, steps, prefilled_k, prefilled_v, alone);
+    std::vector<float> own_q;
+    const std::vector<std::vector<int32_t>> own =
+        run_chain(from_prefill({r}), 0, steps, prefilled_k, prefilled_v, alone, sampled ? &own_q : nullptr);
     const std::vector<float> k = testing::to_host(*gpu, alone[0].k), v = testing::to_host(*gpu, alone[0].v);
     for (int s = 0; s < steps; ++s) {
       EXPECT_EQ(own[s][0], chain_out[s][r]) << "row " << r << " step " << s << ": alone and in the batch";
@@ -384,6 +499,7 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
   };
   std::vector<std::vector<HeadStep>> head_steps(static_cast<size_t>(real_rows));
   TokenTally tokens;
+  DrawTally draws;
   for (int r = 0; r < real_rows; ++r) {
     Tensor g = testing::to_gpu(*gpu, Tensor::from_f32(std::vector<float>(first_hidden.begin() + r * h,
                                                                          first_hidden.begin() + (r + 1) * h),
@@ -401,11 +517,17 @@ void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int
       Tensor next_g = gpu->empty({1, h}, DType::kBF16);
       gpu->copy(o.prenorm, next_g);
       g = next_g;
-      tokens.expect(chain_out[s][r], head_steps[r].back().logits, vocab,
-                    "step " + std::to_string(s) + " row " + std::to_string(r));
+      const std::string what = "step " + std::to_string(s) + " row " + std::to_string(r);
+      if (sampled && row_draws(r, s, steps)) {
+        draws.expect(chain_out[s][r], head_steps[r].back().logits, q.data() + static_cast<int64_t>(r * steps + s) * vocab,
+                     vocab, kTemperatures[r % 4], row_uniform(r, lens[r] + s), what);
+      } else {
+        tokens.expect(chain_out[s][r], head_steps[r].back().logits, vocab, what);
+      }
     }
   }
   tokens.expect_mostly_exact("tokens");
+  draws.expect_mostly_exact("draws");
   const std::vector<float> ref_k = testing::to_host(*gpu, ref[0].k), ref_v = testing::to_host(*gpu, ref[0].v);
   testing::expect_close(fused_k, ref_k, 1.0 / 64, 1e-2, "K");
   testing::expect_close(fused_v, ref_v, 1.0 / 64, 1e-2, "V");
@@ -446,6 +568,17 @@ TEST(DecoderChain, Eagle3HeadChainIsTheHeadStepsArgmax) {
   expect_eagle3_chain_matches_head_steps(1, 0, 9, 11);
   expect_eagle3_chain_matches_head_steps(2, 1, 5, 9);  // (4 rows do not fit its shared memory)
   expect_eagle3_chain_matches_head_steps(3, 0, 3, 10);
+}
+
+// The head's chain with sampled rows (set_draws: temperatures 1, 0.7, the argmax, 1.3) over its
+// reduced draft vocabulary.
+TEST(DecoderChain, Eagle3HeadChainDrawsFromTheQItKeeps) {
+  SKIP_WITHOUT_GPU();
+  if (!std::filesystem::exists(testing::models_dir() / "specula-tiny-eagle3" / "model.safetensors"))
+    GTEST_SKIP() << "no trained EAGLE-3 head";
+  expect_eagle3_chain_matches_head_steps(1, 0, 4, 7, true);
+  expect_eagle3_chain_matches_head_steps(2, 1, 5, 9, true);
+  expect_eagle3_chain_matches_head_steps(3, 0, 3, 10, true);
 }
 
 }  // namespace
