@@ -1,8 +1,12 @@
 #include "spec_decode/draft_chain.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "core/error.h"
 #include "core/phase_profile.h"
 #include "engine/scheduler_output.h"
+#include "sampling/rejection_math.h"
 
 namespace specula {
 
@@ -11,6 +15,8 @@ void DraftChain::allocate(Backend& backend, int max_num_seqs, int num_speculativ
   backend_ = &backend;
   sampler_ = sampler;
   q_store_ = q_store;
+  const char* fuse = std::getenv("SPECULA_FUSED_SAMPLED_CHAIN");
+  fuse_sampled_ = !(fuse && std::strcmp(fuse, "0") == 0);
   out_ = backend.empty({static_cast<int64_t>(max_num_seqs) * num_speculative_tokens}, DType::kI32);
   host_ = backend.empty_host({out_.numel()}, DType::kI32);
   idx_.allocate(backend, max_num_seqs, DType::kI32);
@@ -106,7 +112,7 @@ void DraftChain::run(DraftStepBuffers& step, int max_drafts, const std::vector<i
   const int64_t padded = padded_;
   bool ran = false;
   if (max_drafts >= 2) ++multi_step_chains_;
-  if (max_drafts >= 2 && fused && kind_ == Kind::kArgmax) {
+  if (max_drafts >= 2 && fused && (kind_ == Kind::kArgmax || fuse_sampled_)) {
     DecoderChain chain;
     step.fill_chain(chain);
     SPECULA_CHECK(chain.rows == padded_ && chain.steps == max_drafts - 1,
@@ -114,7 +120,7 @@ void DraftChain::run(DraftStepBuffers& step, int max_drafts, const std::vector<i
                   chain.rows, max_drafts, padded_);
     chain.first_tokens = out_.slice(0, padded);
     chain.out_tokens = out_.slice(padded, static_cast<int64_t>(max_drafts) * padded);
-    ran = fused(chain);
+    ran = (kind_ == Kind::kArgmax || fill_draws(chain)) && fused(chain);
     if (ran) ++fused_chains_;
   }
   // Everything is enqueued behind the catch-up without waiting: step j reads draft j-1 (the
@@ -149,6 +155,28 @@ void DraftChain::run(DraftStepBuffers& step, int max_drafts, const std::vector<i
   }
   backend_->synchronize();
   read_drafts(num_drafts, drafts);
+}
+
+bool DraftChain::fill_draws(DecoderChain& chain) const {
+  const int64_t vocab = q_store_->size(1);
+  chain.temperatures.assign(static_cast<size_t>(padded_), 0.0f);  // padding rows: the argmax
+  chain.seeds.assign(static_cast<size_t>(padded_), 0);
+  chain.q_first_rows.assign(static_cast<size_t>(padded_), 0);
+  chain.q_steps.assign(static_cast<size_t>(padded_), 0);
+  for (size_t r = 0; r < rows_.size(); ++r) {
+    const DraftSampleRow& d = first_rows_[r];
+    const SamplingParams& p = *d.row.params;
+    if (p.greedy()) continue;
+    if ((p.top_k > 0 && p.top_k < vocab) || p.top_p < 1.0f || p.min_p > 0.0f || d.q_row < 0) return false;
+    chain.temperatures[r] = p.temperature;
+    chain.seeds[r] = d.row.seed;
+    // Draft j (2..) keeps q in row q_row + j - 1, while j <= the row's drafts.
+    chain.q_first_rows[r] = d.q_row + 1;
+    chain.q_steps[r] = row_drafts_[r] - 1;
+  }
+  chain.draw_stream = kSpecDraftStream;
+  chain.q_store = *q_store_;
+  return true;
 }
 
 void DraftChain::finish(std::vector<std::vector<int32_t>>& drafts) {

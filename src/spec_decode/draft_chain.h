@@ -11,10 +11,13 @@
 // steps. Two kinds:
 //   - argmax: every drafting request drafts the plain argmax (greedy, or argmax_drafts: its
 //     drafts are then deterministic, q one-hot). Backend::argmax_rows draws, and a model with a
-//     fused chain (Model::greedy_chain) runs drafts 2..k as one op;
+//     fused chain (Model::decoder_chain) runs drafts 2..k as one op;
 //   - sampled: some request samples its drafts. The DraftSampler draws every row on the device
 //     (draw_on_device) from the request's (seed, position) draw, keeping q in the q store for the
 //     rejection sampler: the tokens and q of the step-by-step path, without the round trips.
+//     Where every sampled row draws from its temperature alone (no top-k, top-p or min-p), a
+//     fused chain draws drafts 2..k itself, the same draw over its own logits
+//     (backend/decoder_chain.h; SPECULA_FUSED_SAMPLED_CHAIN=0 keeps them on the draft steps).
 // Other batches take the proposer's per-step path through its DraftSampler.
 //
 // Rows: the drafting requests (batch indices, batch order), padded to a step batch size; draft j
@@ -68,9 +71,9 @@ class DraftChain {
   int num_first_drafts() const { return firsts_; }
 
   // Drafts 2..max_drafts, then every draft to the host: drafts[rows[r]] gets its
-  // num_drafts[rows[r]] drafts. Every first draft must have been added. `fused` (may be empty;
-  // argmax chains only) gets the whole chain as one op (the staged inputs, the first drafts as step 0's tokens,
-  // drafts 2.. as its outputs) and returns false when it cannot run it; otherwise, or then, each
+  // num_drafts[rows[r]] drafts. Every first draft must have been added. `fused` (may be empty)
+  // gets the whole chain as one op (the staged inputs, the first drafts as step 0's tokens, drafts
+  // 2.. as its outputs, a sampled chain's draws) and returns false when it cannot run it; otherwise, or then, each
   // step j moves its staged inputs and tokens into `step` and forward(j) runs the draft step and
   // returns its F32 logits [padded, vocab].
   // With leave_on_device the copy to the host stays in flight: drafts[rows[r]] gets its
@@ -93,6 +96,9 @@ class DraftChain {
 
  private:
   void read_drafts(const std::vector<int>& num_drafts, std::vector<std::vector<int32_t>>& drafts) const;
+  // A sampled chain's draws as a fused chain's (DecoderChain::temperatures ...); false when some
+  // row's draw is more than a temperature (top-k, top-p, min-p) or keeps no q.
+  bool fill_draws(DecoderChain& chain) const;
   // A sampled chain's draws of draft j (1-based) for chain rows [first, first + n) from `logits`
   // rows logits_rows (n of them) into `out`.
   void draw(const Tensor& logits, int j, int first, const std::vector<int32_t>& logits_rows, Tensor out);
@@ -100,6 +106,7 @@ class DraftChain {
   Backend* backend_ = nullptr;
   DraftSampler* sampler_ = nullptr;
   Tensor* q_store_ = nullptr;
+  bool fuse_sampled_ = true;  // SPECULA_FUSED_SAMPLED_CHAIN, read at allocate()
   Kind kind_ = Kind::kArgmax;
   std::vector<DraftSampleRow> first_rows_;  // sampled chains: per chain row, draft 1's sampling row
   std::vector<int> row_drafts_;             // sampled chains: per chain row, its drafts

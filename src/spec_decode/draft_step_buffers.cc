@@ -149,6 +149,7 @@ void DraftStepBuffers::prepare_chain(const ProposeBatch& batch, const std::vecto
   chain_steps_ = steps;
   chain_padded_ = padded;
   chain_lens_slack_ = 0;
+  chain_first_back_ = first_back;
 }
 
 void DraftStepBuffers::shift_chain(const Tensor& inputs, const Tensor& sampled, int k, int num_requests) {
@@ -202,6 +203,8 @@ void DraftStepBuffers::fill_chain(DecoderChain& chain) const {
   chain.slots = chain_slots_.device.slice(0, n);
   chain.block_tables = tables_.device.slice(0, chain_padded_ * w).reshape({chain_padded_, w});
   chain.block_size = block_size_;
+  // Step j's row sits at tokens.size() - first_back + j - 1 and draws draft j, at tokens.size() + j - 1.
+  chain.draw_offset = chain_first_back_;
 }
 
 ForwardInput DraftStepBuffers::input_shell(int padded) const {

@@ -61,8 +61,8 @@ class DraftStepBuffers {
   // Launch-ahead: moves the staged chain (rows: the first num_requests requests of the batch) by
   // the drafts each accepted (backend/accepted_shift.h), on the device.
   void shift_chain(const Tensor& inputs, const Tensor& sampled, int k, int num_requests);
-  // The staged chain as a fused chain's inputs (Model::greedy_chain): rows, steps, positions,
-  // slots and block tables, every step's rows at once.
+  // The staged chain as a fused chain's inputs (Model::decoder_chain): rows, steps, positions,
+  // slots and block tables, every step's rows at once, and where each step's draft sits.
   void fill_chain(DecoderChain& chain) const;
   // The static token input of the first `padded` rows.
   Tensor tokens(int padded) const { return tokens_.device.slice(0, padded); }
@@ -103,6 +103,7 @@ class DraftStepBuffers {
   std::unique_ptr<DeviceEvent> chain_uploaded_;  // after the last chain's uploads
   int max_chain_steps_ = 0, chain_steps_ = 0, chain_padded_ = 0;
   int chain_lens_slack_ = 0;  // the staged lengths are this much short of the true ones at most
+  int chain_first_back_ = 1;  // prepare_chain's first_back: a step's draft sits this far past its row
 };
 
 }  // namespace specula
