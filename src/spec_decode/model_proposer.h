@@ -91,7 +91,7 @@ class ModelProposer : public Proposer {
   // Catch-up graphs (r rows per request, batch sizes up to kMaxCatchUpGraphBatch) and draft-step
   // graphs (per step variant and batch size); after allocate_kv_cache.
   size_t capture_graphs(const std::vector<int>& batch_sizes) override;
-  // A greedy chain leaves its drafts on the device where batch.may_leave_drafts_on_device.
+  // A chain leaves its drafts on the device where batch.may_leave_drafts_on_device.
   void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;
   bool leaves_drafts_on_device() const override { return config_.chain_drafts; }
   const DraftsOnDevice* drafts_on_device() const override { return chain_.pending() ? &on_device_ : nullptr; }
@@ -208,8 +208,8 @@ class ModelProposer : public Proposer {
   // The longest sequence a forward can see (launch shapes of graph captures).
   virtual int longest_sequence() const { return max_blocks_per_seq_ * block_size_; }
   virtual std::unique_ptr<RequestState> new_request_state() const { return std::make_unique<RequestState>(); }
-  // Drafts 2..k of a greedy chain as one op, where the model has one (Model::decoder_chain); empty
-  // when none.
+  // Drafts 2..k of a chain (argmax, or sampled rows that draw from a temperature alone) as one op,
+  // where the model has one (Model::decoder_chain); empty when none.
   virtual DraftChain::FusedChain fused_chain() { return nullptr; }
   // Records one catch-up or draft step (`work`) as a graph; a proposer whose model spans several
   // devices records through it (Model::capture_graph). Default: the backend's capture.
