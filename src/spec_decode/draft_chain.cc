@@ -158,6 +158,13 @@ void DraftChain::run(DraftStepBuffers& step, int max_drafts, const std::vector<i
 }
 
 bool DraftChain::fill_draws(DecoderChain& chain) const {
+  // One sampled row only: the kernel draws its rows one after another on one cluster (a mass
+  // pass, a block scan and an exchange each), where the token sampler's draws run a cluster per
+  // row. On the H200 at temperature 1, k = 3 (docs/PERFORMANCE.md), one request gained 4-8 % TPOT
+  // over the draft steps as graphs, while 4 and 8 requests lost up to 12 % of throughput.
+  int sampled_rows = 0;
+  for (const DraftSampleRow& d : first_rows_) sampled_rows += d.row.params->greedy() ? 0 : 1;
+  if (sampled_rows > kMaxFusedSampledRows) return false;
   const int64_t vocab = q_store_->size(1);
   chain.temperatures.assign(static_cast<size_t>(padded_), 0.0f);  // padding rows: the argmax
   chain.seeds.assign(static_cast<size_t>(padded_), 0);

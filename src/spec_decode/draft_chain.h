@@ -15,8 +15,8 @@
 //   - sampled: some request samples its drafts. The DraftSampler draws every row on the device
 //     (draw_on_device) from the request's (seed, position) draw, keeping q in the q store for the
 //     rejection sampler: the tokens and q of the step-by-step path, without the round trips.
-//     Where every sampled row draws from its temperature alone (no top-k, top-p or min-p), a
-//     fused chain draws drafts 2..k itself, the same draw over its own logits
+//     Where one row samples, from its temperature alone (no top-k, top-p or min-p), a fused
+//     chain draws drafts 2..k itself, the same draw over its own logits
 //     (backend/decoder_chain.h; SPECULA_FUSED_SAMPLED_CHAIN=0 keeps them on the draft steps).
 // Other batches take the proposer's per-step path through its DraftSampler.
 //
@@ -96,8 +96,10 @@ class DraftChain {
 
  private:
   void read_drafts(const std::vector<int>& num_drafts, std::vector<std::vector<int32_t>>& drafts) const;
-  // A sampled chain's draws as a fused chain's (DecoderChain::temperatures ...); false when some
-  // row's draw is more than a temperature (top-k, top-p, min-p) or keeps no q.
+  // A sampled chain's draws as a fused chain's (DecoderChain::temperatures ...); false when more
+  // than kMaxFusedSampledRows rows sample, or some row's draw is more than a temperature (top-k,
+  // top-p, min-p) or keeps no q.
+  static constexpr int kMaxFusedSampledRows = 1;
   bool fill_draws(DecoderChain& chain) const;
   // A sampled chain's draws of draft j (1-based) for chain rows [first, first + n) from `logits`
   // rows logits_rows (n of them) into `out`.
