@@ -53,7 +53,9 @@ MOE_EXTRA_CONFIG = {"scoring_func": "sigmoid", "topk_method": "noaux_tc"}
 # EAGLE3_AUX_LAYERS) or the previous draft step's output; its own lm_head over a draft vocabulary.
 EAGLE3 = dict(hidden_size=256, intermediate_size=704, num_attention_heads=8, num_key_value_heads=2,
               head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0, vocab_size=VOCAB_SIZE,
-              draft_vocab_size=4096, target_hidden_size=256)
+              draft_vocab_size=VOCAB_SIZE, target_hidden_size=256)
+# The whole vocabulary: the first heads' 4,096 most frequent ids covered only 94.7 % of the
+# target's greedy tokens, so about one rejection in three was a token the head could not draft.
 EAGLE3_AUX_LAYERS = (2, 4, 5)   # the residual stream entering these target layers (hidden_states[i])
 EAGLE3_TTT_STEPS = 5            # training-time test: draft steps unrolled per training row
 EAGLE3_STEP_DECAY = 0.8         # loss = sum_s EAGLE3_STEP_DECAY**s * loss_s

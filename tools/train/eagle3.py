@@ -288,6 +288,24 @@ def init_from_target(head, target):
         head.norm.weight.copy_(target.model.norm.weight.float().cpu())
 
 
+def widen_draft_vocab(head, vocab, target):
+    """A head over the draft vocabulary `vocab` (target ids, ascending) with `head`'s layers: the
+    lm_head rows of ids `head` drafts are its own, the others the target's (tied) embedding rows,
+    as init_from_target starts a new head."""
+    wide = Eagle3Head(torch.as_tensor(vocab))
+    with torch.no_grad():
+        own = {k: v for k, v in head.state_dict().items() if k not in ("lm_head.weight", "d2t", "t2d")}
+        wide.load_state_dict(own, strict=False)
+        ids = wide.draft_ids().to(target.model.embed_tokens.weight.device)
+        wide.lm_head.weight.copy_(target.model.embed_tokens.weight[ids].float().cpu())
+        row_of = torch.full((head.c["vocab_size"],), -1, dtype=torch.int64)
+        row_of[wide.draft_ids()] = torch.arange(wide.d2t.numel())
+        rows = row_of[head.draft_ids()]
+        assert bool((rows >= 0).all()), "the wider vocabulary must hold every id the head drafts"
+        wide.lm_head.weight[rows] = head.lm_head.weight.float()
+    return wide
+
+
 # ---------------------------------------------------------------------------------------------
 # Target side
 
@@ -353,18 +371,22 @@ def save_eagle3(head, folder):
     return {n: os.path.getsize(os.path.join(folder, n)) for n in sorted(os.listdir(folder))}
 
 
-def load_eagle3(folder, dtype=torch.float32, dev="cpu"):
+def load_eagle3(folder, dtype=torch.float32, dev="cpu", any_draft_vocab=False):
+    """any_draft_vocab: accept a draft vocabulary of another size than EAGLE3's (an earlier head that
+    widen_draft_vocab carries over)."""
     from safetensors.torch import load_file
 
     with open(os.path.join(folder, "config.json")) as f:
         cfg = json.load(f)
     want = checkpoint_config()
+    if any_draft_vocab:
+        want["draft_vocab_size"] = cfg.get("draft_vocab_size")
     diff = {k: (cfg.get(k), v) for k, v in want.items() if cfg.get(k) != v}
     assert not diff, f"{folder}/config.json differs from the expected EAGLE-3 config: {diff}"
     tensors = load_file(os.path.join(folder, "model.safetensors"))
     assert sorted(tensors) == sorted(expected_tensors()), f"{folder}: tensor names {sorted(tensors)}"
     d2t = tensors["d2t"].long()
-    head = Eagle3Head(torch.arange(d2t.numel()) + d2t)
+    head = Eagle3Head(torch.arange(d2t.numel()) + d2t, dict(EAGLE3, draft_vocab_size=d2t.numel()))
     assert torch.equal(head.t2d, tensors["t2d"].bool()), "t2d disagrees with d2t"
     head.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v) for k, v in tensors.items()}, strict=True)
     return head.to(dtype).to(dev).eval()
@@ -453,11 +475,11 @@ def train_eagle3(data_dir, out_dir, results_path, target_dir, dry=False, init_fr
             before = json.load(f)
         earlier = before.get("earlier_runs", []) + [
             {k: before[k] for k in ("steps", "tokens", "seconds", "ms_per_step", "peak_lr", "seed", "history") if k in before}]
-        head = load_eagle3(init_from)
-        vocab = head.draft_ids().numpy()
+        head = load_eagle3(init_from, any_draft_vocab=True)
         log(f"eagle3: going on from {init_from} ({len(earlier)} earlier runs)")
-    else:
-        vocab = draft_vocab_from_counts(counts, EAGLE3["draft_vocab_size"])
+    vocab = draft_vocab_from_counts(counts, EAGLE3["draft_vocab_size"])
+    if head is not None and head.d2t.numel() == vocab.size:
+        vocab = head.draft_ids().numpy()
     if init_from:
         # Each continuation draws new data windows: the second run seeds with tc["seed"], the third
         # with tc["seed"] + 1, ... (so the seed waits for `earlier`).
@@ -472,6 +494,9 @@ def train_eagle3(data_dir, out_dir, results_path, target_dir, dry=False, init_fr
     if head is None:
         head = Eagle3Head(torch.from_numpy(vocab))
         init_from_target(head, target)
+    elif head.d2t.numel() != vocab.size:
+        log(f"eagle3: draft vocabulary widened from {head.d2t.numel()} to {vocab.size} ids")
+        head = widen_draft_vocab(head, torch.from_numpy(vocab), target)
     head = head.to(dev).train()
     gen = torch.Generator(device=dev).manual_seed(99)
     semantics = check_aux_semantics(target, stream.random_batch(2, gen)[:, :64])
