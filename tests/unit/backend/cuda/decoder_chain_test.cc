@@ -7,16 +7,23 @@
 // nothing.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <numeric>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "core/counter_draw.h"
 #include "model/config.h"
 #include "model/eagle_head.h"
 #include "model/model.h"
+#include "model/safetensors.h"
 #include "model/weight_source.h"
 #include "test_paths.h"
 #include "unit/backend/cuda/cuda_test_util.h"
@@ -329,17 +336,57 @@ HeadRows head_rows(Backend& gpu, const std::vector<std::vector<int32_t>>& tokens
 //   rows write nothing;
 // - each step again as a chain of one step from that head step's own inputs and cache: the same
 //   token (or one within rounding) and K/V entry, step by step, with no drift carried in.
+std::filesystem::path shipped_eagle3_head() { return testing::models_dir() / "specula-tiny-eagle3"; }
+
+// The shipped head over a reduced draft vocabulary, as the public EAGLE-3 checkpoints have it (the
+// shipped head drafts the whole vocabulary): its layers, and the lm_head rows of every other token
+// id with the d2t/t2d maps that say so. Written once into a temporary folder.
+std::filesystem::path reduced_eagle3_head() {
+  namespace fs = std::filesystem;
+  static const fs::path dir = [] {
+    const fs::path out = fs::temp_directory_path() / ("specula-reduced-eagle3-" + std::to_string(::getpid()));
+    fs::create_directories(out);
+    nlohmann::json config = nlohmann::json::parse(std::ifstream(shipped_eagle3_head() / "config.json"));
+    const int64_t vocab = config.at("vocab_size").get<int64_t>(), draft_vocab = vocab / 2;
+    config["draft_vocab_size"] = draft_vocab;
+    std::ofstream(out / "config.json") << config.dump(2);
+    auto file = SafetensorsFile::open(shipped_eagle3_head() / "model.safetensors");
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const SafetensorsEntry& e : file->entries()) {
+      if (e.name == "d2t" || e.name == "t2d") continue;
+      const bool lm_head = e.name == "lm_head.weight";
+      Shape shape = e.shape;
+      if (lm_head) shape[0] = draft_vocab;
+      Tensor t = Tensor::empty(shape, *e.dtype, Device::kCPU);
+      const size_t row = e.nbytes() / static_cast<size_t>(e.shape[0]);
+      for (int64_t i = 0; i < shape[0]; ++i)  // lm_head: draft id i is token 2 i
+        std::memcpy(static_cast<uint8_t*>(t.data()) + i * row, file->data(e) + (lm_head ? 2 * i : i) * row, row);
+      tensors.emplace_back(e.name, std::move(t));
+    }
+    std::vector<int64_t> d2t(static_cast<size_t>(draft_vocab));
+    for (int64_t i = 0; i < draft_vocab; ++i) d2t[static_cast<size_t>(i)] = i;  // target id 2 i = i + d2t[i]
+    tensors.emplace_back("d2t", Tensor::from_i64(d2t, {draft_vocab}));
+    Tensor t2d = Tensor::empty({vocab}, DType::kBool, Device::kCPU);
+    for (int64_t t = 0; t < vocab; ++t) t2d.data_as<uint8_t>()[t] = t % 2 == 0 ? 1 : 0;
+    tensors.emplace_back("t2d", std::move(t2d));
+    write_safetensors(out / "model.safetensors", tensors);
+    return out;
+  }();
+  return dir;
+}
+
 void expect_eagle3_chain_matches_head_steps(int real_rows, int padding_rows, int steps, unsigned seed,
-                                            bool sampled = false) {
+                                            bool sampled = false,
+                                            const std::filesystem::path& head_dir = shipped_eagle3_head()) {
   SCOPED_TRACE("rows " + std::to_string(real_rows) + " + " + std::to_string(padding_rows) + " padding, steps " +
-               std::to_string(steps));
+               std::to_string(steps) + ", head " + head_dir.string());
   auto gpu = make_cuda_backend(0);
   const auto models = testing::models_dir();
   const ModelConfig tc = load_model_config(models / "specula-tiny");
   auto target_weights = open_safetensors_checkpoint(models / "specula-tiny");
   auto target = create_model(tc, *target_weights, *gpu);
-  const EagleHeadConfig hc = load_eagle_head_config(models / "specula-tiny-eagle3", EagleVersion::kEagle3, tc);
-  auto head_weights = open_safetensors_checkpoint(models / "specula-tiny-eagle3");
+  const EagleHeadConfig hc = load_eagle_head_config(head_dir, EagleVersion::kEagle3, tc);
+  auto head_weights = open_safetensors_checkpoint(head_dir);
   EagleHead head(hc, *head_weights, *gpu, *target, false);
   target->set_aux_hidden_state_layers(hc.aux_layers);
   const int64_t vocab = tc.vocab_size, h = head.hidden_size();
@@ -570,15 +617,24 @@ TEST(DecoderChain, Eagle3HeadChainIsTheHeadStepsArgmax) {
   expect_eagle3_chain_matches_head_steps(3, 0, 3, 10);
 }
 
-// The head's chain with sampled rows (set_draws: temperatures 1, 0.7, the argmax, 1.3) over its
-// reduced draft vocabulary.
+// The same over a reduced draft vocabulary: the chain maps draft ids to token ids.
+TEST(DecoderChain, Eagle3HeadChainOverAReducedVocabulary) {
+  SKIP_WITHOUT_GPU();
+  if (!std::filesystem::exists(shipped_eagle3_head() / "model.safetensors")) GTEST_SKIP() << "no trained EAGLE-3 head";
+  expect_eagle3_chain_matches_head_steps(1, 0, 4, 7, false, reduced_eagle3_head());
+  expect_eagle3_chain_matches_head_steps(2, 1, 5, 9, false, reduced_eagle3_head());
+}
+
+// The head's chain with sampled rows (set_draws: temperatures 1, 0.7, the argmax, 1.3), over the
+// whole vocabulary and over a reduced one (q zero outside it).
 TEST(DecoderChain, Eagle3HeadChainDrawsFromTheQItKeeps) {
   SKIP_WITHOUT_GPU();
-  if (!std::filesystem::exists(testing::models_dir() / "specula-tiny-eagle3" / "model.safetensors"))
-    GTEST_SKIP() << "no trained EAGLE-3 head";
-  expect_eagle3_chain_matches_head_steps(1, 0, 4, 7, true);
-  expect_eagle3_chain_matches_head_steps(2, 1, 5, 9, true);
-  expect_eagle3_chain_matches_head_steps(3, 0, 3, 10, true);
+  if (!std::filesystem::exists(shipped_eagle3_head() / "model.safetensors")) GTEST_SKIP() << "no trained EAGLE-3 head";
+  for (const std::filesystem::path& head : {shipped_eagle3_head(), reduced_eagle3_head()}) {
+    expect_eagle3_chain_matches_head_steps(1, 0, 4, 7, true, head);
+    expect_eagle3_chain_matches_head_steps(2, 1, 5, 9, true, head);
+    expect_eagle3_chain_matches_head_steps(3, 0, 3, 10, true, head);
+  }
 }
 
 }  // namespace
