@@ -72,8 +72,9 @@ class Proposer {
   virtual bool needs_every_step() const { return false; }
   // For such a proposer: the fed steps after a stretch it did not see that bring its drafts back
   // to what feeding every step gives (the adaptive depth feeds it this long before a probe).
-  // Measured on the H100 (docs/PERFORMANCE.md, CudaHiddenStateShedding): an EAGLE-3 head needs
-  // 16-32.
+  // Measured (docs/PERFORMANCE.md, HiddenStateShedding): the first embedded EAGLE-3 head needed
+  // 16-32 on the H100, the whole-vocabulary head ~64 (the adaptive depth feeds at most its
+  // probe_interval, 32).
   virtual int steps_to_recover() const { return 32; }
   // Positions the last propose() ran through the proposer's own catch-up (0 for proposers without
   // one). The adaptive depth learns a draft step's cost only from steps whose catch-up is the
