@@ -613,7 +613,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
       std::vector<int32_t> accepted;
       const int cut = plan.sched->num_grammar_cut_drafts;
       if (num_drafts == 0) {
-        if (speculator_ && cut > 0) speculator_->record_verification(cut, 0);
+        if (speculator_ && cut > 0) speculator_->record_verification(plan.sched->req_id, cut, 0);
         SampledToken& tok = sampled[index_of[s]];
         accepted.push_back(tok.token);
         if (tok.logprobs) out.logprobs[s].push_back(std::move(*tok.logprobs));
@@ -622,7 +622,8 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
         accepted = std::move(v.tokens);
         out.logprobs[s] = std::move(v.logprobs);
         if (speculator_)
-          speculator_->record_verification(static_cast<int>(num_drafts) + cut, static_cast<int>(accepted.size()) - 1);
+          speculator_->record_verification(plan.sched->req_id, static_cast<int>(num_drafts) + cut,
+                                           static_cast<int>(accepted.size()) - 1);
       }
       st.tokens.insert(st.tokens.end(), accepted.begin(), accepted.end());
       out.sampled_token_ids[s] = std::move(accepted);

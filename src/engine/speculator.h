@@ -139,8 +139,8 @@ class Speculator {
   virtual const Tensor* draft_probs() const = 0;
   virtual int draft_probs_row(std::string_view req_id) const = 0;
 
-  // A request verified num_drafts drafts and accepted the first num_accepted of them.
-  virtual void record_verification(int num_drafts, int num_accepted) = 0;
+  // Request req_id verified num_drafts drafts and accepted the first num_accepted of them.
+  virtual void record_verification(std::string_view req_id, int num_drafts, int num_accepted) = 0;
   // A step in which every scheduled request decoded with `rows` query rows (1 + drafts) took
   // `seconds` for the target's forward and verification.
   virtual void record_target_step(int num_seqs, int rows, double seconds) = 0;

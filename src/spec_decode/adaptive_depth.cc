@@ -23,9 +23,14 @@ AdaptiveDepth::AdaptiveDepth(const AdaptiveDepthConfig& config, std::unique_ptr<
   vetoed_.assign(probe_every_.size(), 0);
 }
 
-void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
+void AdaptiveDepth::record_verification(int num_drafts, int num_accepted, bool recovering) {
   num_drafts = std::min(num_drafts, config_.num_speculative_tokens);
   num_accepted = std::clamp(num_accepted, 0, num_drafts);
+  if (stretch_.bucket >= 0 && stretch_.steps > 0) {
+    stretch_.tokens += 1.0 + num_accepted;
+    ++stretch_.verifications;
+  }
+  if (recovering) return;
   // Positions 1..accepted were accepted; position accepted+1 (if drafted) was rejected; later
   // positions were never reached, so say nothing about their conditional acceptance.
   for (int i = 0; i < num_drafts && i <= num_accepted; ++i) {
@@ -40,10 +45,6 @@ void AdaptiveDepth::record_verification(int num_drafts, int num_accepted) {
       w = std::max(w, 1.0 / (1.0 / config_.probe_weight + probe_observed_[i]++));
     accept_[i] += w * (x - accept_[i]);
     observed_[i] += 1;
-  }
-  if (stretch_.bucket >= 0 && stretch_.steps > 0) {
-    stretch_.tokens += 1.0 + num_accepted;
-    ++stretch_.verifications;
   }
 }
 

@@ -96,8 +96,11 @@ class AdaptiveDepth {
  public:
   AdaptiveDepth(const AdaptiveDepthConfig& config, std::unique_ptr<StepCostModel> cost);
 
-  // One request's verification: num_drafts proposed, the first num_accepted accepted.
-  void record_verification(int num_drafts, int num_accepted);
+  // One request's verification: num_drafts proposed, the first num_accepted accepted. Drafts
+  // from a cache still recovering from steps it was not fed (Proposer::recovering) say what a
+  // stale cache gives, not what the proposer gives: they leave the estimate as it is, and count
+  // only for the verdict on the running stretch, which judges what speculation delivered.
+  void record_verification(int num_drafts, int num_accepted, bool recovering = false);
   // The wall time of the previous decode step over num_seqs requests (from its start to the
   // start of the step after it): what a stretch of speculation is judged by.
   void record_step_seconds(int num_seqs, double seconds);

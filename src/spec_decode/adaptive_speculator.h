@@ -52,7 +52,7 @@ class AdaptiveSpeculator final : public Speculator {
   const Tensor* draft_probs() const override { return proposer_->draft_probs(); }
   int draft_probs_row(std::string_view req_id) const override { return proposer_->draft_probs_row(req_id); }
 
-  void record_verification(int num_drafts, int num_accepted) override;
+  void record_verification(std::string_view req_id, int num_drafts, int num_accepted) override;
   void record_target_step(int num_seqs, int rows, double seconds) override;
   bool skip_step(int num_decoding, bool with_prompts) override;
   int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override;

@@ -165,6 +165,11 @@ int ModelProposer::num_computed(std::string_view req_id) const {
   return st ? st->num_computed : -1;
 }
 
+bool ModelProposer::recovering(std::string_view req_id) const {
+  const RequestState* st = find_state(req_id);
+  return st != nullptr && !st->stale.empty() && st->num_computed - st->stale.back().second < steps_to_recover();
+}
+
 int ModelProposer::num_inherited(std::string_view req_id) const {
   const RequestState* st = find_state(req_id);
   return st ? st->num_inherited : -1;

@@ -107,6 +107,9 @@ class ModelProposer : public Proposer {
   double relative_step_cost() const override { return config_.relative_step_cost; }
   bool needs_every_step() const override { return reads_target_hidden(); }
   int64_t last_catch_up_tokens() const override { return last_catch_up_tokens_; }
+  // A hidden-state proposer's request whose last shed positions (RequestState::stale) end fewer
+  // than steps_to_recover() positions before what its cache holds.
+  bool recovering(std::string_view req_id) const override;
 
   std::vector<KVCacheLayer>& kv_cache() { return kv_; }
   // Positions whose entries in the proposer's cache the request computed or took over (tests);

@@ -76,6 +76,10 @@ class Proposer {
   // 16-32 on the H100, the whole-vocabulary head ~64 (the adaptive depth feeds at most its
   // probe_interval, 32).
   virtual int steps_to_recover() const { return 32; }
+  // True while request req_id's drafts come from a cache that lacks its own entries for some of
+  // the last steps_to_recover() positions (steps it was not fed): their acceptance is not what
+  // this proposer gives.
+  virtual bool recovering(std::string_view req_id) const { return false; }
   // Positions the last propose() ran through the proposer's own catch-up (0 for proposers without
   // one). The adaptive depth learns a draft step's cost only from steps whose catch-up is the
   // steady 1 + k positions per request at most, not from ones that also ran a prompt or a

@@ -27,6 +27,8 @@ class ForwardingProposer : public Proposer {
   double draft_fixed_cost() const override { return inner_->draft_fixed_cost(); }
   bool needs_every_step() const override { return inner_->needs_every_step(); }
   int64_t last_catch_up_tokens() const override { return inner_->last_catch_up_tokens(); }
+  int steps_to_recover() const override { return inner_->steps_to_recover(); }
+  bool recovering(std::string_view id) const override { return inner_->recovering(id); }
 
  protected:
   Proposer& inner() { return *inner_; }

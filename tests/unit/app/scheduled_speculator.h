@@ -39,7 +39,7 @@ class ScheduledSpeculator final : public Speculator {
   }
   const Tensor* draft_probs() const override { return proposer_->draft_probs(); }
   int draft_probs_row(std::string_view req_id) const override { return proposer_->draft_probs_row(req_id); }
-  void record_verification(int, int) override {}
+  void record_verification(std::string_view, int, int) override {}
   void record_target_step(int, int, double) override {}
   int propose(ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
     batch.depth = std::abs(scheduled(batch));

@@ -44,9 +44,11 @@ struct Acceptance {
 class SheddingProposer : public ForwardingProposer {
  public:
   // by_step (optional): the same counts per step after the stretch (0: the first step fed again).
+  // recovering (optional): per measured request, the steps after the stretch in which the proposer
+  // said its cache was still recovering (Proposer::recovering).
   SheddingProposer(std::unique_ptr<Proposer> inner, bool shed, Acceptance* after,
-                   std::map<int, Acceptance>* by_step = nullptr)
-      : ForwardingProposer(std::move(inner)), shed_(shed), after_(after), by_step_(by_step) {}
+                   std::map<int, Acceptance>* by_step = nullptr, std::map<std::string, int>* recovering = nullptr)
+      : ForwardingProposer(std::move(inner)), shed_(shed), after_(after), by_step_(by_step), recovering_(recovering) {}
 
   void propose(const ProposeBatch& batch, std::vector<std::vector<int32_t>>& drafts) override {
     drafts.assign(batch.requests.size(), {});
@@ -74,9 +76,12 @@ class SheddingProposer : public ForwardingProposer {
     if (shed) return;
     inner().propose(batch, drafts);
     for (size_t i = 0; i < batch.requests.size(); ++i) {
-      State& s = states_[std::string(batch.requests[i].req_id)];
+      const ProposerRequest& r = batch.requests[i];
+      State& s = states_[std::string(r.req_id)];
       s.drafts = drafts[i];
-      s.length = batch.requests[i].tokens.size();
+      s.length = r.tokens.size();
+      if (recovering_ && r.req_id.starts_with("r1") && s.step > kShedTo && inner().recovering(r.req_id))
+        ++(*recovering_)[std::string(r.req_id)];
     }
   }
 
@@ -89,6 +94,7 @@ class SheddingProposer : public ForwardingProposer {
   bool shed_;
   Acceptance* after_;
   std::map<int, Acceptance>* by_step_;
+  std::map<std::string, int>* recovering_;
   std::map<std::string, State, std::less<>> states_;
 };
 
@@ -97,15 +103,16 @@ class SheddingProposer : public ForwardingProposer {
 // requests' blocks then hold (a KV cache of 60 blocks); `method`: eagle3 (specula-tiny + specula-tiny-eagle3, k = 3) or mtp (specula-tiny-moe,
 // k = 1), pinned.
 inline Acceptance run_shedding_workload(const std::string& method, const std::string& device, bool shed,
-                                        std::map<int, Acceptance>* by_step = nullptr) {
+                                        std::map<int, Acceptance>* by_step = nullptr,
+                                        std::map<std::string, int>* recovering = nullptr) {
   const bool mtp = method == "mtp";
   const std::filesystem::path target = models_dir() / (mtp ? "specula-tiny-moe" : "specula-tiny");
   const GreedyReference ref = read_greedy_reference(
       mtp ? moe_reference_file() : fixtures_dir() / "embedded" / "specula-tiny" / "reference.safetensors");
   Acceptance after;
   const ProposerFactory inner = mtp ? ProposerFactory(make_mtp_proposer) : ProposerFactory(make_eagle_proposer);
-  register_proposer(method, [&after, inner, shed, by_step](const ProposerContext& ctx) {
-    return std::make_unique<SheddingProposer>(inner(ctx), shed, &after, by_step);
+  register_proposer(method, [&after, inner, shed, by_step, recovering](const ProposerContext& ctx) {
+    return std::make_unique<SheddingProposer>(inner(ctx), shed, &after, by_step, recovering);
   });
   EngineConfig ec;
   ec.model = target.string();
@@ -150,8 +157,18 @@ inline Acceptance run_shedding_workload(const std::string& method, const std::st
 inline void expect_acceptance_survives_shedding(const std::string& method, const std::string& device) {
   ASSERT_TRUE(have_moe()) << "committed embedded models or their references missing";
   std::map<int, Acceptance> fed_by_step, shed_by_step;
-  const Acceptance fed = run_shedding_workload(method, device, /*shed=*/false, &fed_by_step);
-  const Acceptance shed = run_shedding_workload(method, device, /*shed=*/true, &shed_by_step);
+  std::map<std::string, int> fed_recovering, shed_recovering;
+  const Acceptance fed = run_shedding_workload(method, device, /*shed=*/false, &fed_by_step, &fed_recovering);
+  const Acceptance shed = run_shedding_workload(method, device, /*shed=*/true, &shed_by_step, &shed_recovering);
+  // The proposer knows its cache is recovering (the adaptive depth then leaves its verifications
+  // out of the acceptance estimate): never when fed every step; after the stretch for at least the first step and for no
+  // more steps than its steps_to_recover positions (MtpProposer 12, EAGLE 32).
+  EXPECT_TRUE(fed_recovering.empty()) << method << ": " << fed_recovering.size() << " requests recovering";
+  EXPECT_FALSE(shed_recovering.empty()) << method;
+  for (const auto& [id, steps] : shed_recovering) {
+    EXPECT_GE(steps, 1) << id;
+    EXPECT_LE(steps, method == "mtp" ? 12 : 32) << id;
+  }
   const auto between = [](const std::map<int, Acceptance>& by_step, int from, int to) {
     Acceptance all;
     for (auto it = by_step.lower_bound(from); it != by_step.end() && it->first < to; ++it) {

@@ -192,7 +192,7 @@ class IdleSpeculator : public Speculator {
   void drop_request(std::string_view) override {}
   const Tensor* draft_probs() const override { return nullptr; }
   int draft_probs_row(std::string_view) const override { return -1; }
-  void record_verification(int, int) override { ++verifications; }
+  void record_verification(std::string_view, int, int) override { ++verifications; }
   void record_target_step(int, int rows, double seconds) override {
     ++target_steps;
     odd_calls += rows != 1 || seconds < 0.0 ? 1 : 0;

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <random>
+#include <vector>
 
 #include "spec_decode/adaptive_depth.h"
 #include "spec_decode/step_cost_model.h"
@@ -563,6 +564,46 @@ TEST(AdaptiveDepth, AStretchThatPaysGoesOn) {
     const SimulatedRun before = simulate_one_request(unjudged, 0.9, 160e-6, seed, 2000);
     EXPECT_GE(run.drafting_steps, 1700) << "seed " << seed;
     EXPECT_LE(run.seconds_per_token, 1.01 * before.seconds_per_token) << "seed " << seed;
+  }
+}
+
+// Drafts from a cache still recovering from steps it was not fed (under load, every request but
+// the few a probe fed) leave the estimate as it is, and count for the stretch the probe started:
+// what they deliver is what turning speculation on delivered. A probe over fed caches finds
+// every draft accepted; when the recovering caches' drafts are then all rejected, the stretch
+// loses (depth 0 until the next probe) with the estimate still where the probe left it, and when
+// they are all accepted it goes on.
+TEST(AdaptiveDepth, RecoveringDraftsCountForTheStretchNotTheEstimate) {
+  class CheapDraftsCost : public StepCostModel {
+   public:
+    double target_seconds(int, int rows) const override { return 1e-6 * (100.0 + 5.0 * (rows - 1)); }
+    double draft_seconds(int, int depth) const override { return 1e-6 * 5.0 * depth; }
+    std::optional<double> period_seconds(int, int depth) const override { return 1e-6 * (100.0 + 10.0 * depth); }
+  };
+  for (const bool accepted : {false, true}) {
+    AdaptiveDepth d(off_with_probes(5, 4), std::make_unique<CheapDraftsCost>());
+    std::vector<double> after_probe;
+    int stretch_drafting = 0;
+    double last = 0.0;
+    for (int step = 0; step < 60; ++step) {
+      const int depth = d.choose(1);
+      if (step > 0) d.record_step_seconds(1, last);
+      last = *d.cost().period_seconds(1, depth);
+      if (depth == 0) continue;
+      if (d.draft_probe()) {
+        d.record_verification(depth, depth);
+        after_probe = d.acceptance();
+        continue;
+      }
+      ++stretch_drafting;
+      d.record_verification(depth, accepted ? depth : 0, /*recovering=*/true);
+      EXPECT_EQ(d.acceptance(), after_probe) << "step " << step;
+    }
+    ASSERT_FALSE(after_probe.empty());
+    if (accepted)
+      EXPECT_GE(stretch_drafting, 40);  // of the 52 steps after the first probe (plain and deep probes aside)
+    else
+      EXPECT_LE(stretch_drafting, 32);
   }
 }
 

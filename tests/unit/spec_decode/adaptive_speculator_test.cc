@@ -55,7 +55,7 @@ AdaptiveSpeculator speculator_for(std::unique_ptr<CatchUpProposer> p, const Adap
 void never_accepted(AdaptiveSpeculator& spec, int n, double draft_seconds) {
   for (int r = 1; r <= 4; ++r) spec.record_target_step(n, r, 0.001);
   spec.depth().cost().record_draft(n, 1, draft_seconds);
-  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
+  for (int i = 0; i < 5000; ++i) spec.record_verification("r", 3, 0);
 }
 
 // Drafts never accepted and a draft step as costly as the target: speculation cannot pay for n
@@ -63,7 +63,7 @@ void never_accepted(AdaptiveSpeculator& spec, int n, double draft_seconds) {
 void cannot_pay(AdaptiveSpeculator& spec, int n) {
   for (int r = 1; r <= 4; ++r) spec.record_target_step(n, r, 0.001 * r);
   spec.depth().cost().record_draft(n, 1, 0.001);
-  for (int i = 0; i < 5000; ++i) spec.record_verification(3, 0);
+  for (int i = 0; i < 5000; ++i) spec.record_verification("r", 3, 0);
 }
 
 std::vector<std::string> request_ids(int n) {
@@ -108,11 +108,34 @@ TEST(AdaptiveSpeculator, OnlySteadyStepsTeachTheDraftCost) {
   // recorded (10 ms per draft against a 1 ms target step) the depth would drop to 0 for good.
   for (int step = 0; step < 20; ++step) {
     b = decode_batch(ids, /*verified=*/true);
-    for (int i = 0; i < 3; ++i) spec.record_verification(3, 3);
+    for (int i = 0; i < 3; ++i) spec.record_verification("r", 3, 3);
     EXPECT_GT(spec.propose(b, drafts), 0) << "step " << step;
   }
   EXPECT_LT(spec.depth().cost().draft_seconds(1, 3), 0.015);
   EXPECT_EQ(p->calls, 21);
+}
+
+// A proposer whose named requests draft from a cache still recovering from shed steps.
+class RecoveringProposer : public CatchUpProposer {
+ public:
+  bool recovering(std::string_view req_id) const override { return stale.count(std::string(req_id)) > 0; }
+  std::set<std::string> stale;
+};
+
+// Verifications of requests drafting from a recovering cache leave the acceptance estimate alone
+// (they measure the stale cache, not the proposer); the others move it as before.
+TEST(AdaptiveSpeculator, DraftsFromARecoveringCacheDoNotMoveTheEstimate) {
+  auto owned = std::make_unique<RecoveringProposer>();
+  RecoveringProposer* p = owned.get();
+  p->stale = {"cold"};
+  AdaptiveSpeculatorConfig config;
+  config.num_speculative_tokens = 3;
+  AdaptiveSpeculator spec(std::move(owned), config, nullptr, [p] { return p->now; });
+  const std::vector<double> before = spec.depth().acceptance();
+  for (int i = 0; i < 50; ++i) spec.record_verification("cold", 3, 0);
+  EXPECT_EQ(spec.depth().acceptance(), before);
+  for (int i = 0; i < 50; ++i) spec.record_verification("warm", 3, 0);
+  EXPECT_LT(spec.depth().acceptance()[0], before[0] / 2);
 }
 
 // A proposer that leaves its drafts on the device (async scheduling): propose() launches in 0.1 ms
@@ -446,7 +469,7 @@ TEST(AdaptiveSpeculator, AStretchIsNotChargedTheWaitForTheNextRequest) {
     b.target_seconds = 0.001;
     depth = spec.propose(b, drafts);
     p->now += depth > 0 ? 0.0012 : 0.001;
-    if (depth > 0) spec.record_verification(depth, depth);
+    if (depth > 0) spec.record_verification("r", depth, depth);
     position = prompt ? 128 : position + 1 + depth;
   };
   step(true);
@@ -562,7 +585,7 @@ TEST(AdaptiveSpeculator, APlainProbeWhileSpeculatingStillReachesTheProposer) {
   std::vector<std::vector<int32_t>> drafts;
   int plain_steps = 0;
   for (int step = 0; step < 64; ++step) {
-    for (int i = 0; i < 3; ++i) spec.record_verification(3, 3);
+    for (int i = 0; i < 3; ++i) spec.record_verification("r", 3, 3);
     ProposeBatch b = decode_batch({"a"});
     if (spec.propose(b, drafts) == 0) {
       ++plain_steps;
