@@ -3,12 +3,13 @@
 # configuration "METHOD CONCURRENCY TEMPERATURE" of AB_CONFIGS, no speculation, then adaptive
 # k = AB_K with specula-baseline (PACK_BASELINE=... tools/gpu/pack.sh) and with specula (each first
 # in turn), then once per AB_VARIANTS entry (an env assignment such as
-# SPECULA_FEATURELESS_GRAPHS=0, applied to specula), alternated inside each of AB_REPS
-# repetitions. Embedded models (MTP on specula-tiny-moe),
-# Python prompts cut from this repository, 128 in / 128 out, async scheduling (the default), 40
-# requests a concurrency-1 run and 20 batches otherwise. Prints, per row, each repetition's TPOT
-# median [p10-p90], output tok/s and mean depth; $OUT gets ab_adaptive.txt and ab_adaptive_logs.tar.gz.
-#   AB_CONFIGS="eagle3 1 1;eagle3 8 1;eagle3 1 0;mtp 1 0" AB_VARIANTS="" AB_REPS=2 AB_K=5 AB_BUDGET=280
+# SPECULA_FEATURELESS_GRAPHS=0, applied to specula) and once per depth of AB_PINNED (specula with
+# that depth pinned: what issue 16 point 6 compares adaptive depth with), alternated inside each
+# of AB_REPS repetitions. Embedded models (MTP on specula-tiny-moe), Python prompts cut from this
+# repository, 128 in / 128 out, async scheduling (the default), 40 requests a concurrency-1 run
+# and 20 batches otherwise. Prints, per row, each repetition's TPOT median [p10-p90], output tok/s
+# and mean depth; $OUT gets ab_adaptive.txt and ab_adaptive_logs.tar.gz.
+#   AB_CONFIGS="eagle3 1 1;eagle3 8 1;eagle3 1 0;mtp 1 0" AB_VARIANTS="" AB_PINNED="1 3" AB_REPS=2 AB_K=5 AB_BUDGET=280
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 source tools/gpu/env.sh
@@ -18,11 +19,12 @@ source tools/gpu/stages.sh
 DATASET="$WORK/prompts.txt"
 prompt_dataset "$DATASET"
 K=${AB_K:-5}
-spec() {
+spec() {  # METHOD [K ADAPTIVE]
+  local k=${2:-$K} adaptive=${3:-true}
   case $1 in
-    draft) echo "{\"method\":\"draft_model\",\"model\":\"models/specula-tiny-draft\",\"num_speculative_tokens\":$K,\"adaptive\":true}" ;;
-    eagle3) echo "{\"method\":\"eagle3\",\"model\":\"models/specula-tiny-eagle3\",\"num_speculative_tokens\":$K,\"adaptive\":true}" ;;
-    mtp) echo "{\"method\":\"mtp\",\"num_speculative_tokens\":$K,\"adaptive\":true}" ;;
+    draft) echo "{\"method\":\"draft_model\",\"model\":\"models/specula-tiny-draft\",\"num_speculative_tokens\":$k,\"adaptive\":$adaptive}" ;;
+    eagle3) echo "{\"method\":\"eagle3\",\"model\":\"models/specula-tiny-eagle3\",\"num_speculative_tokens\":$k,\"adaptive\":$adaptive}" ;;
+    mtp) echo "{\"method\":\"mtp\",\"num_speculative_tokens\":$k,\"adaptive\":$adaptive}" ;;
   esac
 }
 target() { [ "$1" = mtp ] && echo models/specula-tiny-moe || echo models/specula-tiny; }
@@ -37,6 +39,7 @@ run() {  # NAME MODEL C TEMP ARGS...
 }
 IFS=';' read -r -a configs <<< "${AB_CONFIGS:-eagle3 1 1;eagle3 8 1;eagle3 1 0;mtp 1 0}"
 read -r -a variants <<< "${AB_VARIANTS:-}"
+read -r -a pinned <<< "${AB_PINNED:-}"
 for rep in $(seq 1 "${AB_REPS:-2}"); do
   for cfg in "${configs[@]}"; do
     read -r m c t <<< "$cfg"
@@ -48,6 +51,9 @@ for rep in $(seq 1 "${AB_REPS:-2}"); do
     [ $((rep % 2)) = 1 ] && run "${row}_candidate_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m")"
     for v in "${variants[@]}"; do
       (export "${v?}"; run "${row}_${v//[^A-Za-z0-9.]/_}_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m")")
+    done
+    for p in "${pinned[@]}"; do
+      run "${row}_pinned_k${p}_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m" "$p" false)"
     done
   done
 done
