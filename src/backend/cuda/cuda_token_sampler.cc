@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -36,7 +37,11 @@ CudaTokenSampler::CudaTokenSampler(CudaBackend& backend, int max_rows, int64_t v
   int major = 0;
   check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, backend.device_index()),
              "CUDA sampler: compute capability");
-  plain_row_clusters_ = major >= 9;
+  // SPECULA_PLAIN_ROW_CLUSTERS=0: one block a row instead, so that compute-sanitizer synccheck
+  // can judge the rest (it reports barrier divergence in any clustered launch of more than a few
+  // clusters, a kernel with none included: tools/gpu/synccheck_clusters.sh).
+  const char* clusters = std::getenv("SPECULA_PLAIN_ROW_CLUSTERS");
+  plain_row_clusters_ = major >= 9 && !(clusters && std::strcmp(clusters, "0") == 0);
   check_cuda(cudaEventCreateWithFlags(&results_copied_, cudaEventDisableTiming), "CUDA sampler: event");
   const size_t descs = sizeof(cuda::SamplingRowDesc) * static_cast<size_t>(max_rows);
   check_cuda(cudaHostAlloc(&host_draws_, descs * kDrawSlots, cudaHostAllocDefault), "CUDA sampler: pinned draw slots");
