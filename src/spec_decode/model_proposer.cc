@@ -133,7 +133,7 @@ void ModelProposer::allocate_kv_cache(int num_blocks, int block_size) {
 }
 
 ModelProposer::RequestState& ModelProposer::state(std::string_view req_id) {
-  auto it = states_.find(std::string(req_id));
+  auto it = states_.find(req_id);
   if (it != states_.end()) return *it->second;
   SPECULA_CHECK(!free_slots_.empty(), "internal error: {} proposer tracks more than max_num_seqs ({}) requests",
                 method(), config_.max_num_seqs);
@@ -144,12 +144,12 @@ ModelProposer::RequestState& ModelProposer::state(std::string_view req_id) {
 }
 
 const ModelProposer::RequestState* ModelProposer::find_state(std::string_view req_id) const {
-  auto it = states_.find(std::string(req_id));
+  auto it = states_.find(req_id);
   return it == states_.end() ? nullptr : it->second.get();
 }
 
 void ModelProposer::drop_request(std::string_view req_id) {
-  auto it = states_.find(std::string(req_id));
+  auto it = states_.find(req_id);
   if (it == states_.end()) return;
   free_slots_.push_back(it->second->slot);
   states_.erase(it);

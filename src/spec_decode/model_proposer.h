@@ -50,6 +50,7 @@
 
 #include "backend/backend.h"
 #include "backend/padded_graphs.h"
+#include "core/string_view_hash.h"
 #include "model/model.h"
 #include "sampling/draft_sampler.h"
 #include "spec_decode/draft_step_buffers.h"
@@ -324,7 +325,7 @@ class ModelProposer : public Proposer {
   int64_t chained_hidden_size_ = 0;
   std::string kv_cache_name_;  // in errors: "<method> K/V"
   Tensor q_store_;  // F32 [max_num_seqs * k, vocab]: q of each slot's drafts
-  std::unordered_map<std::string, std::unique_ptr<RequestState>> states_;
+  std::unordered_map<std::string, std::unique_ptr<RequestState>, StringViewHash, std::equal_to<>> states_;
   std::vector<int> free_slots_;  // handed out lowest first
   int64_t num_forwards_ = 0;
   int64_t last_catch_up_tokens_ = 0;

@@ -12,13 +12,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/string_view_hash.h"
+
 namespace specula {
 
-// Hash for looking up std::string keys with a std::string_view, without a temporary string.
-struct StringViewHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
-};
 using TokenIdMap = std::unordered_map<std::string, int32_t, StringViewHash, std::equal_to<>>;
 
 // The largest token id a tokenizer may hold. Tables are indexed by id, so one corrupt id (say
