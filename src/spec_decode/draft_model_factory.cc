@@ -66,7 +66,6 @@ std::unique_ptr<Proposer> make_draft_model_proposer(const ProposerContext& ctx) 
   DraftModelProposerConfig c;
   c.num_speculative_tokens = spec.num_speculative_tokens;
   c.argmax_drafts = spec.draft_sampling == "argmax";
-  c.chain_sampled_drafts = !spec.adaptive;
   c.max_num_seqs = ctx.engine.max_num_seqs;
   c.max_num_batched_tokens = ctx.engine.max_num_batched_tokens;
   c.max_model_len = ctx.engine.max_model_len;

@@ -56,7 +56,6 @@ std::unique_ptr<Proposer> make_eagle_proposer(const ProposerContext& ctx) {
   ModelProposerConfig c;
   c.num_speculative_tokens = spec.num_speculative_tokens;
   c.argmax_drafts = spec.draft_sampling == "argmax";
-  c.chain_sampled_drafts = !spec.adaptive;
   c.max_num_seqs = engine.max_num_seqs;
   c.max_num_batched_tokens = engine.max_num_batched_tokens;
   c.max_model_len = engine.max_model_len;

@@ -73,11 +73,9 @@ struct ModelProposerConfig {
   // step by step (tests compare the two).
   bool chain_drafts = true;
   // Chain sampled drafts too (DraftChain::Kind::kSampled); false: only argmax ones
-  // (SPECULA_SAMPLED_DRAFT_CHAIN=0 or =1 sets it, for A/B runs). The factories chain them only at a
-  // pinned depth: when the adaptive depth still charged a plain step host time that async
-  // scheduling hides, the cheaper drafts made it speculate at temperature 1 where that does not
-  // pay (8 requests on the H200: 0.71-0.92x of no speculation chained, 0.86-0.99x not); with
-  // depths priced by their measured periods, chained still gained nothing (docs/PERFORMANCE.md).
+  // (SPECULA_SAMPLED_DRAFT_CHAIN=0 or =1 sets it, for A/B runs). On at pinned and adaptive depths:
+  // the step-by-step path made a speculative step dearer than a pinned one, so that at 64 requests
+  // and temperature 1 the adaptive depth stayed off where pinned k = 3 paid (docs/PERFORMANCE.md).
   bool chain_sampled_drafts = true;
   // Every request drafts the argmax of the proposer's logits, also when it samples (vLLM's way):
   // its drafts are then deterministic (q one-hot: accepted with probability p(draft)) and chain

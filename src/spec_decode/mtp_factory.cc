@@ -62,7 +62,6 @@ std::unique_ptr<Proposer> make_mtp_proposer(const ProposerContext& ctx) {
   MtpProposerConfig c;
   c.num_speculative_tokens = ctx.spec.num_speculative_tokens;
   c.argmax_drafts = ctx.spec.draft_sampling == "argmax";
-  c.chain_sampled_drafts = !ctx.spec.adaptive;
   c.max_num_seqs = ctx.engine.max_num_seqs;
   c.max_num_batched_tokens = ctx.engine.max_num_batched_tokens;
   c.max_model_len = ctx.engine.max_model_len;

@@ -9,6 +9,7 @@
 # repository, 128 in / 128 out, async scheduling (the default), 40 requests a concurrency-1 run
 # and 20 batches otherwise. Prints, per row, each repetition's TPOT median [p10-p90], output tok/s
 # and mean depth; $OUT gets ab_adaptive.txt and ab_adaptive_logs.tar.gz.
+# AB_BASELINE=0 leaves specula-baseline out (variants of one build: none packed).
 #   AB_CONFIGS="eagle3 1 1;eagle3 8 1;eagle3 1 0;mtp 1 0" AB_VARIANTS="" AB_PINNED="1 3" AB_REPS=2 AB_K=5 AB_BUDGET=280
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,7 +48,8 @@ for rep in $(seq 1 "${AB_REPS:-2}"); do
     run "${row}_nospec_r$rep" "$(target "$m")" "$c" "$t"
     # (the two builds' order swapped every repetition: what drifts in a call hits both alike)
     [ $((rep % 2)) = 0 ] && run "${row}_candidate_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m")"
-    SPECULA_BIN=specula-baseline run "${row}_baseline_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m")"
+    [ "${AB_BASELINE:-1}" = 0 ] ||
+      SPECULA_BIN=specula-baseline run "${row}_baseline_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m")"
     [ $((rep % 2)) = 1 ] && run "${row}_candidate_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m")"
     for v in "${variants[@]}"; do
       (export "${v?}"; run "${row}_${v//[^A-Za-z0-9.]/_}_r$rep" "$(target "$m")" "$c" "$t" --speculative-config "$(spec "$m")")
