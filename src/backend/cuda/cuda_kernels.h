@@ -91,6 +91,11 @@ constexpr int64_t kGemvMmaMaxRows = 16;
 // projection is a launch's latency, and the norm and SwiGLU folded in are launches saved
 // (docs/PERFORMANCE.md, "Verification rows on the tensor cores").
 constexpr int64_t kGemvMmaMaxWeightBytes = 2 << 20;
+// From this many rows small weights take the tensor-core form ahead of the GEMV: at 2-4 rows of
+// the embedded model's projections the GEMV's activation loads (8 of every row per 16-byte weight
+// chunk) outlast the mma's few k-steps, ~3.9 against ~3.1 us a call (docs/PERFORMANCE.md, "Small
+// weights on the tensor cores from two rows").
+constexpr int64_t kGemvMmaMinRows = 2;
 bool gemv_mma_supports(const GemvArgs& args);
 cudaError_t launch_gemv_mma(const GemvArgs& args, cudaStream_t stream);
 // out[i, r] = in[i, r] * x_scale[i] * w_scale[r] (+ bias[r]), or out[i, r] += that rounded to out's

@@ -8,6 +8,7 @@
 // norm's kernel where there is one) and cuBLASLt's FP8 GEMM runs on the codes, its output then
 // scaled by both rows' scales (with SwiGLU in the same kernel where there is one): what vLLM
 // computes on Hopper, cuBLASLt's per-row "outer vector" scaling having no Hopper kernel.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -96,6 +97,15 @@ bool CudaBackend::gemv_mma_takes(int64_t m, int64_t weight_bytes, bool unfolded)
   return weight_bytes <= gemv_mma_max_weight_bytes_ || (m <= bf16_gemv_max_rows_ && unfolded);
 }
 
+int64_t CudaBackend::default_gemv_mma_min_rows() {
+  const char* v = std::getenv("SPECULA_GEMV_MMA_MIN_ROWS");
+  return v ? std::max(1, std::atoi(v)) : cuda::kGemvMmaMinRows;
+}
+
+bool CudaBackend::gemv_mma_first(int64_t m, int64_t weight_bytes) const {
+  return m >= gemv_mma_min_rows_ && m <= gemv_mma_max_rows_ && weight_bytes <= gemv_mma_max_weight_bytes_;
+}
+
 int64_t CudaBackend::matmul_rows_class(int64_t rows) const { return CublasLtGemm::m_bucket(rows); }
 
 void CudaBackend::linear(const Tensor& x, const Tensor& weight, const Tensor* bias, Tensor& out) {
@@ -124,6 +134,14 @@ void CudaBackend::linear(const Tensor& x, const Tensor& weight, const Tensor* bi
   SPECULA_CHECK(out.dtype() == x.dtype() || out.dtype() == DType::kF32,
                 "linear: out {} must have x's dtype ({}) or F32", out.describe(), dtype_name(x.dtype()));
   if (s.m == 0 || s.n == 0) return;
+  const int64_t weight_bytes = s.n * s.k * static_cast<int64_t>(sizeof(uint16_t));
+  if (x.dtype() == DType::kBF16 && gemv_mma_first(s.m, weight_bytes)) {
+    const cuda::GemvArgs a = gemv_args(x, LinearWeight{weight, Tensor()}, bias, out, s);
+    if (cuda::gemv_mma_supports(a)) {
+      check_cuda(cuda::launch_gemv_mma(a, stream_), "linear");
+      return;
+    }
+  }
   if (x.dtype() == DType::kBF16 && s.m <= bf16_gemv_max_rows_) {
     const cuda::GemvArgs a = gemv_args(x, LinearWeight{weight, Tensor()}, bias, out, s);
     if (cuda::gemv_supports(a)) {
@@ -131,7 +149,7 @@ void CudaBackend::linear(const Tensor& x, const Tensor& weight, const Tensor* bi
       return;
     }
   }
-  if (x.dtype() == DType::kBF16 && gemv_mma_takes(s.m, s.n * s.k * static_cast<int64_t>(sizeof(uint16_t)), false)) {
+  if (x.dtype() == DType::kBF16 && gemv_mma_takes(s.m, weight_bytes, false)) {
     const cuda::GemvArgs a = gemv_args(x, LinearWeight{weight, Tensor()}, bias, out, s);
     if (cuda::gemv_mma_supports(a)) {
       check_cuda(cuda::launch_gemv_mma(a, stream_), "linear");
@@ -263,6 +281,10 @@ void CudaBackend::fused_linear(const Tensor& x, const LinearPrologue& prologue, 
                                                            : cuda::GemvEpilogue::kStore;
     a.norm_weight = prologue.norm_weight ? prologue.norm_weight->data() : nullptr;
     a.eps = prologue.eps;
+    if (mma_rows && gemv_mma_first(m, n * k * static_cast<int64_t>(sizeof(uint16_t))) && cuda::gemv_mma_supports(a)) {
+      check_cuda(cuda::launch_gemv_mma(a, stream_), "fused_linear");
+      return;
+    }
     if (gemv_rows && cuda::gemv_supports(a)) {
       check_cuda(cuda::launch_gemv(a, stream_), "fused_linear");
       return;

@@ -352,7 +352,7 @@ TEST(CudaLinear, FusedLinearMatchesTheSeparateOps) {
   }
 }
 
-// The tensor-core GEMV (3 to 16 rows of bf16 weights, cuda_gemv_mma.cu) against cuBLASLt and the
+// The tensor-core GEMV (2 to 16 rows of bf16 weights, cuda_gemv_mma.cu) against cuBLASLt and the
 // separate norm / SwiGLU / add kernels on the same GPU: verification-sized M (one and two tiles of 8
 // rows, partial ones), the embedded model's projections, Llama-3.1-8B's qkv, ragged N (a partial
 // last tile; SwiGLU over an odd number of columns), K not a multiple of the 32-element k-step,
@@ -382,6 +382,8 @@ TEST(CudaLinear, TensorCoreRowsMatchCublasAndTheSeparateOps) {
       {11, 130, 72, true, Epi::kSiluMul, true, bf, bf},        {16, 998, 2048, false, Epi::kAccumulate, true, bf, bf},
       {13, 17, 40, false, Epi::kStore, true, f32, f32},        {7, 4096, 14336, false, Epi::kAccumulate, false, bf, bf},
       {12, 262, 3072, true, Epi::kSiluMul, false, bf, f32},    {16, 6144, 1024, true, Epi::kSiluMul, true, bf, bf},
+      {2, 384, 256, true, Epi::kStore, false, bf, bf},         {2, 256, 704, false, Epi::kAccumulate, false, bf, bf},
+      {2, 1408, 256, true, Epi::kSiluMul, false, bf, bf},      {4, 256, 256, false, Epi::kAccumulate, true, bf, bf},
   };
   for (const Case& c : cases) {
     Tensor x = to_gpu(*gpu, random_bf16_values({c.m, c.k}, rng));
@@ -406,7 +408,7 @@ TEST(CudaLinear, TensorCoreRowsMatchCublasAndTheSeparateOps) {
   }
 }
 
-// Each row of the tensor-core GEMV is the same bits whatever the rows beside it (5 to 16: one tile
+// Each row of the tensor-core GEMV is the same bits whatever the rows beside it (2 to 16: one tile
 // or two), with the norm staged in the kernel and with SwiGLU: a verified token's hidden state
 // does not depend on how many drafts it is verified with.
 TEST(CudaLinear, TensorCoreRowsDoNotDependOnTheBatch) {
@@ -431,7 +433,7 @@ TEST(CudaLinear, TensorCoreRowsDoNotDependOnTheBatch) {
     Tensor all = gpu->empty({rows, out_cols}, DType::kBF16);
     gpu->fused_linear(to_gpu(*gpu, x), prologue, weight, nullptr, all, c.epilogue);
     const std::vector<float> want = to_host(*gpu, all), x_values = x.to_f32_vector();
-    for (int64_t m : {5, 6, 8, 9, 13}) {
+    for (int64_t m : {2, 3, 4, 5, 6, 8, 9, 13}) {
       const Tensor xm = Tensor::from_f32({x_values.begin(), x_values.begin() + m * c.k}, {m, c.k});
       Tensor out = gpu->empty({m, out_cols}, DType::kBF16);
       gpu->fused_linear(to_gpu(*gpu, xm), prologue, weight, nullptr, out, c.epilogue);
