@@ -27,7 +27,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
@@ -142,10 +141,6 @@ class CudaBackend final : public Backend {
   // construction.
   int64_t gemv_mma_max_rows() const { return gemv_mma_max_rows_; }
   void set_gemv_mma_limits(int64_t max_rows, int64_t max_weight_bytes);
-  // From min_rows rows on, small weights (within max_weight_bytes) take the tensor-core form
-  // before the GEMV, whose activation loads it then outruns. SPECULA_GEMV_MMA_MIN_ROWS sets it at
-  // construction.
-  void set_gemv_mma_min_rows(int64_t min_rows) { gemv_mma_min_rows_ = std::max<int64_t>(1, min_rows); }
   // The most key splits of a decode attention that merge inside its launch (a thread-block
   // cluster, cuda_attention_decode.cu); more splits use the merge kernel, and 0 or 1 keep it for
   // every split count (benchmarks and tests compare the two).
@@ -207,6 +202,8 @@ class CudaBackend final : public Backend {
   static int64_t default_gemv_mma_max_rows();
   static int64_t default_gemv_mma_max_weight_bytes();
   static int64_t default_gemv_mma_min_rows();
+  // From gemv_mma_min_rows_ rows (cuda::kGemvMmaMinRows; SPECULA_GEMV_MMA_MIN_ROWS at
+  // construction) small weights take the tensor-core form before the GEMV.
   bool gemv_mma_first(int64_t m, int64_t weight_bytes) const;
   // Whether the tensor-core GEMV takes m rows of bf16 weights of weight_bytes (see
   // set_gemv_mma_limits); `unfolded`: at m rows the GEMV would leave its norm or SwiGLU to a
