@@ -22,41 +22,61 @@ GrammarAutomaton::GrammarAutomaton(Grammar grammar) : grammar_(std::move(grammar
   }
   states_.emplace_back();  // kDead
   state_ids_.emplace(std::string(1, '\0'), kDead);
-  std::vector<int32_t> frames, seen;
+  std::vector<int32_t> pending, frames;
+  for (uint32_t start : rule_starts_[grammar_.root()]) pending.push_back(frame(start, -1));
   bool accepting = false;
-  for (uint32_t start : rule_starts_[grammar_.root()]) close(frame(start, -1), frames, accepting, seen);
+  close(pending, frames, accepting);
   initial_ = intern(std::move(frames), accepting);
 }
 
 int32_t GrammarAutomaton::frame(uint32_t position, int32_t parent) {
   const uint64_t key = (uint64_t{position} << 32) | static_cast<uint32_t>(parent);
   auto [it, fresh] = frame_ids_.try_emplace(key, static_cast<int32_t>(frames_.size()));
-  if (fresh) frames_.push_back({position, parent});
+  if (fresh) {
+    frames_.push_back({position, parent});
+    visited_.push_back(0);
+  }
   return it->second;
 }
 
-void GrammarAutomaton::close(int32_t f, std::vector<int32_t>& out, bool& accepting, std::vector<int32_t>& seen) {
-  // Iterative would need an explicit stack; recursion depth here is bounded by how deeply rules
-  // nest without consuming a byte, which the grammar fixes.
-  if (f < 0) {
-    accepting = true;
-    return;
+void GrammarAutomaton::close(std::vector<int32_t>& pending, std::vector<int32_t>& out, bool& accepting) {
+  // A worklist, not recursion: the frames one position reaches are as many as the stacks alive
+  // there, and a call chain that deep would overflow the thread's stack.
+  if (++closure_ == 0) {  // wrapped: no stale mark may equal a new closure's number
+    std::fill(visited_.begin(), visited_.end(), 0u);
+    closure_ = 1;
   }
-  if (std::find(seen.begin(), seen.end(), f) != seen.end()) return;
-  seen.push_back(f);
-  const Frame fr = frames_[f];
-  if (is_end_[fr.position]) {
-    close(fr.parent, out, accepting, seen);
-    return;
+  size_t visited = 0;
+  while (!pending.empty()) {
+    const int32_t f = pending.back();
+    pending.pop_back();
+    if (f < 0) {
+      accepting = true;
+      continue;
+    }
+    if (visited_[f] == closure_) continue;
+    visited_[f] = closure_;
+    if (++visited > kMaxFramesPerPosition) {
+      throw GrammarLimitError(fmt::format(
+          "grammar: one position of the output reaches more than {} parse frames; the grammar is too "
+          "ambiguous to follow (optional or repeated parts nested inside each other, all able to match "
+          "nothing, multiply the ways to parse it)",
+          kMaxFramesPerPosition));
+    }
+    const Frame fr = frames_[f];
+    if (is_end_[fr.position]) {
+      pending.push_back(fr.parent);
+      continue;
+    }
+    const Symbol sym = flat_[fr.position];
+    if (sym.kind == Symbol::Kind::kBytes) {
+      out.push_back(f);
+      continue;
+    }
+    // A rule last in its sequence returns straight to our caller: no frame for "after it".
+    const int32_t cont = is_end_[fr.position + 1] ? fr.parent : frame(fr.position + 1, fr.parent);
+    for (uint32_t start : rule_starts_[sym.id]) pending.push_back(frame(start, cont));
   }
-  const Symbol sym = flat_[fr.position];
-  if (sym.kind == Symbol::Kind::kBytes) {
-    out.push_back(f);
-    return;
-  }
-  // A rule last in its sequence returns straight to our caller: no frame for "after it".
-  const int32_t cont = is_end_[fr.position + 1] ? fr.parent : frame(fr.position + 1, fr.parent);
-  for (uint32_t start : rule_starts_[sym.id]) close(frame(start, cont), out, accepting, seen);
 }
 
 GrammarAutomaton::StateId GrammarAutomaton::intern(std::vector<int32_t> frames, bool accepting) {
@@ -84,15 +104,14 @@ GrammarAutomaton::StateId GrammarAutomaton::advance(StateId state, uint8_t byte)
   }
   StateId cached = (*states_[state].next)[byte];
   if (cached >= 0) return cached;
-  std::vector<int32_t> frames, seen;
-  bool accepting = false;
-  // states_ may grow (and move) inside close/intern: copy what we iterate.
-  const std::vector<int32_t> from = states_[state].frames;
-  for (int32_t f : from) {
+  std::vector<int32_t> pending, frames;
+  for (int32_t f : states_[state].frames) {
     const Frame fr = frames_[f];
     if (!grammar_.byte_set(flat_[fr.position].id).contains(byte)) continue;
-    close(is_end_[fr.position + 1] ? fr.parent : frame(fr.position + 1, fr.parent), frames, accepting, seen);
+    pending.push_back(is_end_[fr.position + 1] ? fr.parent : frame(fr.position + 1, fr.parent));
   }
+  bool accepting = false;
+  close(pending, frames, accepting);
   const StateId next = intern(std::move(frames), accepting);
   (*states_[state].next)[byte] = next;
   return next;

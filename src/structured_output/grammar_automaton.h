@@ -17,14 +17,28 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/error.h"
 #include "structured_output/grammar.h"
 
 namespace specula {
+
+// A grammar whose parse outgrows what one position may hold (kMaxFramesPerPosition): the
+// constraint is refused, not followed at any cost.
+class GrammarLimitError : public Error {
+ public:
+  using Error::Error;
+};
 
 class GrammarAutomaton {
  public:
   using StateId = int32_t;
   static constexpr StateId kDead = 0;  // no stack survives: the input left the grammar
+  // Frames one position may reach (the stacks alive there, and the rule entries and returns on
+  // the way). Ambiguity multiplies stacks: rules that can all match nothing, nested k deep, reach
+  // 2^k. Beyond this bound advance() and the constructor throw GrammarLimitError. Schemas, regexes
+  // and JSON grammars as requests send them reach tens to hundreds; an object of 300 optional
+  // properties ~1,500.
+  static constexpr size_t kMaxFramesPerPosition = 1 << 14;
 
   explicit GrammarAutomaton(Grammar grammar);
 
@@ -54,9 +68,9 @@ class GrammarAutomaton {
   };
 
   int32_t frame(uint32_t position, int32_t parent);
-  // Adds to `out` the frames reachable from `frame` without consuming a byte whose next symbol is
-  // a byte set; sets `accepting` when the root can end.
-  void close(int32_t frame, std::vector<int32_t>& out, bool& accepting, std::vector<int32_t>& seen);
+  // Adds to `out` the frames reachable from those in `pending` (which it empties) without
+  // consuming a byte whose next symbol is a byte set; sets `accepting` when the root can end.
+  void close(std::vector<int32_t>& pending, std::vector<int32_t>& out, bool& accepting);
   StateId intern(std::vector<int32_t> frames, bool accepting);
 
   Grammar grammar_;
@@ -65,6 +79,8 @@ class GrammarAutomaton {
   std::vector<bool> is_end_;
   std::vector<std::vector<uint32_t>> rule_starts_;  // rule -> the flat position of each alternative
   std::vector<Frame> frames_;
+  std::vector<uint32_t> visited_;  // per frame: the last closure that reached it
+  uint32_t closure_ = 0;           // closures run so far
   std::unordered_map<uint64_t, int32_t> frame_ids_;
   std::vector<State> states_;
   std::unordered_map<std::string, StateId> state_ids_;  // key: the frame ids' bytes + accepting

@@ -16,21 +16,33 @@ bool GrammarMatcher::is_end_token(int32_t token) const {
   return std::find(end_tokens_.begin(), end_tokens_.end(), token) != end_tokens_.end();
 }
 
-bool GrammarMatcher::accepting() { return !terminated() && grammar_->automaton().accepting(states_.back()); }
+bool GrammarMatcher::accepting() {
+  return !terminated() && !failed() && grammar_->automaton().accepting(states_.back());
+}
+
+void GrammarMatcher::fail(const GrammarLimitError& e) {
+  if (error_.empty()) error_ = e.what();
+}
 
 bool GrammarMatcher::allows(int32_t token) {
+  if (failed()) return true;
   // Past an end token (a request that ignores eos goes on) only end tokens again.
   if (terminated()) return is_end_token(token);
   GrammarAutomaton& a = grammar_->automaton();
   const CompiledGrammar::StateId s = states_.back();
   if (is_end_token(token)) return a.accepting(s) || !a.can_continue(s);
   const std::string_view bytes = grammar_->vocabulary().token_bytes(token);
-  return !bytes.empty() && a.advance(s, bytes) != GrammarAutomaton::kDead;
+  try {
+    return !bytes.empty() && a.advance(s, bytes) != GrammarAutomaton::kDead;
+  } catch (const GrammarLimitError& e) {
+    fail(e);
+    return true;
+  }
 }
 
 bool GrammarMatcher::accept_token(int32_t token) {
   if (!allows(token)) return false;
-  if (terminated() || is_end_token(token)) {
+  if (terminated() || failed() || is_end_token(token)) {
     states_.push_back(kTerminated);
   } else {
     states_.push_back(grammar_->automaton().advance(states_.back(), grammar_->vocabulary().token_bytes(token)));
@@ -45,20 +57,25 @@ void GrammarMatcher::rollback(int num_tokens) {
 
 void GrammarMatcher::fill_next_token_mask(std::span<uint32_t> mask) {
   SPECULA_ASSERT(static_cast<int64_t>(mask.size()) == mask_words());
+  const std::vector<uint32_t>* allowed = nullptr;
+  if (!terminated() && !failed()) {
+    try {
+      allowed = &grammar_->token_mask(states_.back());
+    } catch (const GrammarLimitError& e) {
+      fail(e);
+    }
+  }
   // After an end token only end tokens again: a verification row past an accepted eos is sampled
   // (and then dropped by the stop check) and must have something to sample.
-  if (terminated()) {
+  if (!allowed) {
     std::fill(mask.begin(), mask.end(), 0u);
     set_end_tokens(mask);
     return;
   }
-  const CompiledGrammar::StateId s = states_.back();
-  const std::vector<uint32_t>& allowed = grammar_->token_mask(s);
-  std::memcpy(mask.data(), allowed.data(), allowed.size() * sizeof(uint32_t));
-  GrammarAutomaton& a = grammar_->automaton();
+  std::memcpy(mask.data(), allowed->data(), allowed->size() * sizeof(uint32_t));
   bool any = false;
-  for (uint32_t w : allowed) any = any || w != 0;
-  if (a.accepting(s) || !any) set_end_tokens(mask);
+  for (uint32_t w : *allowed) any = any || w != 0;
+  if (grammar_->automaton().accepting(states_.back()) || !any) set_end_tokens(mask);
 }
 
 void GrammarMatcher::set_end_tokens(std::span<uint32_t> mask) const {

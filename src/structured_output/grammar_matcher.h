@@ -2,11 +2,16 @@
 // the sampler), accepting the sampled ones, and rolling back the drafts a verification rejected.
 // End tokens (eos, stop tokens) are allowed exactly where the grammar accepts the output so far,
 // and always when nothing else could follow, so that a sequence is never left with no token.
+//
+// A grammar that outgrows the automaton's bounds mid-output (GrammarLimitError) fails the matcher,
+// not the caller: from then on it accepts any token and masks allow only end tokens, and error()
+// says why, so that the engine ends that one request with the error while its batch goes on.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "structured_output/compiled_grammar.h"
@@ -24,6 +29,8 @@ class GrammarMatcher {
   int num_accepted() const { return static_cast<int>(states_.size()) - 1; }
   bool terminated() const { return states_.back() == kTerminated; }  // an end token was accepted
   bool accepting();                       // the output so far is a whole match
+  bool failed() const { return !error_.empty(); }
+  const std::string& error() const { return error_; }  // why the grammar could not be followed
 
   // mask.size() == vocabulary().mask_words(): the tokens allowed next.
   void fill_next_token_mask(std::span<uint32_t> mask);
@@ -41,10 +48,12 @@ class GrammarMatcher {
   static constexpr CompiledGrammar::StateId kTerminated = -1;
   bool is_end_token(int32_t token) const;
   void set_end_tokens(std::span<uint32_t> mask) const;
+  void fail(const GrammarLimitError& e);
 
   std::shared_ptr<CompiledGrammar> grammar_;
   std::vector<int32_t> end_tokens_;
   std::vector<CompiledGrammar::StateId> states_;  // [0]: the start; one more per accepted token
+  std::string error_;                              // set once the grammar outgrew its bounds
 };
 
 }  // namespace specula

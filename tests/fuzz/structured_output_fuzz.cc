@@ -4,8 +4,9 @@
 // to the first NUL byte after it is the constraint, the rest is text the model might write. A
 // constraint that compiles is run: the automaton over that text byte by byte, and the token masks
 // over specula-tiny's vocabulary at the start and where the text stops (what the engine does per
-// token). specula::Error is the expected refusal of a bad constraint; crashes, sanitizer reports,
-// hangs and other exceptions are bugs.
+// token). specula::Error is the expected refusal of a bad constraint (GrammarLimitError, of one
+// that outgrows the automaton's bounds, may also come while running it; the matcher takes it in
+// itself); crashes, sanitizer reports, hangs and other exceptions are bugs.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -72,24 +73,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view constraint = std::string_view(input).substr(0, split);
   const std::string_view output =
       split == std::string::npos ? std::string_view() : std::string_view(input).substr(split + 1);
-  Grammar grammar;
+  std::shared_ptr<CompiledGrammar> compiled;
   try {
-    grammar = compile(data[0], constraint);
+    compiled = std::make_shared<CompiledGrammar>(compile(data[0], constraint), vocabulary());
   } catch (const Error&) {
     return 0;
   }
-  auto compiled = std::make_shared<CompiledGrammar>(std::move(grammar), vocabulary());
   GrammarAutomaton& automaton = compiled->automaton();
   GrammarAutomaton::StateId state = automaton.initial();
-  (void)compiled->token_mask(state);
-  for (char c : output) {
-    const GrammarAutomaton::StateId next = automaton.advance(state, static_cast<uint8_t>(c));
-    if (next == GrammarAutomaton::kDead) break;
-    state = next;
+  try {
+    (void)compiled->token_mask(state);
+    for (char c : output) {
+      const GrammarAutomaton::StateId next = automaton.advance(state, static_cast<uint8_t>(c));
+      if (next == GrammarAutomaton::kDead) break;
+      state = next;
+    }
+    (void)automaton.accepting(state);
+    (void)automaton.next_bytes(state);
+    (void)compiled->token_mask(state);
+  } catch (const GrammarLimitError&) {
+    // Refused mid-way; the matcher below must carry on regardless.
   }
-  (void)automaton.accepting(state);
-  (void)automaton.next_bytes(state);
-  (void)compiled->token_mask(state);
 
   // The matcher as the engine drives it: take the first allowed token a few times, roll back.
   GrammarMatcher matcher(compiled, {0});

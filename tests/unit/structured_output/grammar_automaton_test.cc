@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "unit/structured_output/doubled_optionals.h"
 
 namespace specula {
 namespace {
@@ -98,6 +99,31 @@ TEST(GrammarAutomaton, RepeatBounds) {
   EXPECT_TRUE(grammar_matches(g, "12"));
   EXPECT_TRUE(grammar_matches(g, "1234"));
   EXPECT_FALSE(grammar_matches(g, "12345"));
+}
+
+TEST(GrammarAutomaton, FollowsAmbiguityWithinItsBound) {
+  Grammar g = testing::doubled_optionals(8, "");  // 256 stacks a position
+  EXPECT_TRUE(grammar_matches(g, ""));
+  EXPECT_TRUE(grammar_matches(g, std::string(256, 'q')));
+  EXPECT_FALSE(grammar_matches(g, std::string(257, 'q')));
+}
+
+TEST(GrammarAutomaton, RefusesAmbiguityBeyondItsBound) {
+  // 2^40 stacks: refused after kMaxFramesPerPosition frames, without a call chain that deep
+  // (recursion overflowed the stack here).
+  try {
+    GrammarAutomaton a(testing::doubled_optionals(40, ""));
+    FAIL() << "no GrammarLimitError";
+  } catch (const GrammarLimitError& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 16384 parse frames"), std::string::npos) << e.what();
+  }
+  // Reached mid-input: the byte that gets there throws; the automaton goes on answering the rest.
+  GrammarAutomaton a(testing::doubled_optionals(40, "ab"));
+  const GrammarAutomaton::StateId s = a.advance(a.initial(), 'a');
+  EXPECT_THROW(a.advance(s, 'b'), GrammarLimitError);
+  EXPECT_THROW(a.advance(s, 'b'), GrammarLimitError);  // not cached as a transition
+  EXPECT_EQ(a.advance(s, 'x'), GrammarAutomaton::kDead);
+  EXPECT_FALSE(a.accepting(s));
 }
 
 TEST(GrammarBuilder, RejectsLeftRecursionAndUndefinedRules) {

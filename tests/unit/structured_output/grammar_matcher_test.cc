@@ -4,6 +4,8 @@
 
 #include <random>
 
+#include "unit/structured_output/doubled_optionals.h"
+
 namespace specula {
 namespace {
 
@@ -89,6 +91,29 @@ TEST(GrammarMatcher, EndTokenOnlyWhereAccepting) {
   EXPECT_FALSE(m.terminated());
   EXPECT_EQ(m.num_accepted(), 4);
   EXPECT_TRUE(m.allows(19));  // 99}
+}
+
+TEST(GrammarMatcher, AGrammarBeyondTheAutomatonsBoundFailsTheMatcherNotItsCaller) {
+  // Longer than any token, the prefix keeps the first masks clear of the ambiguity after it.
+  auto vocab = std::make_shared<TokenVocabulary>(small_vocab());
+  GrammarMatcher m(std::make_shared<CompiledGrammar>(testing::doubled_optionals(40, "{{{{{{"), vocab), {kEos});
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(allowed_ids(m, vocab->mask_words()), std::vector<int32_t>{0});
+    ASSERT_TRUE(m.accept_token(0));  // {
+  }
+  EXPECT_FALSE(m.failed());
+  // The next mask reaches the ambiguity: end tokens only, and the matcher says why.
+  EXPECT_EQ(allowed_ids(m, vocab->mask_words()), std::vector<int32_t>{kEos});
+  ASSERT_TRUE(m.failed());
+  EXPECT_NE(m.error().find("parse frames"), std::string::npos) << m.error();
+  // Whatever the step sampled meanwhile is taken in (drafts too): the engine ends the request.
+  EXPECT_TRUE(m.accept_token(16));
+  const std::vector<int32_t> drafts = {0, 3};
+  std::vector<uint32_t> masks(3 * static_cast<size_t>(vocab->mask_words()));
+  EXPECT_EQ(m.fill_draft_masks(drafts, masks), 2);
+  EXPECT_FALSE(m.accepting());
+  m.rollback(1);
+  EXPECT_TRUE(m.failed());
 }
 
 TEST(GrammarMatcher, DraftMasksStopAtTheFirstForbiddenDraft) {
