@@ -164,6 +164,12 @@ void EngineCore::process_result(const SchedulerOutput& scheduled, ModelRunnerOut
     spec_steps_launched_ahead_ += result.proposer_launched_ahead ? 1 : 0;
   }
   if (on_step_counted_) on_step_counted_();
+  // A sequence the scheduler ended with an error fails its whole request (siblings too).
+  for (const EngineCoreOutput& o : outs) {
+    if (o.status != RequestStatus::kFinishedError) continue;
+    LOG_WARN("request {} failed: {}", o.req_id, o.error);
+    fail_requests({outputs_.parent_of(o.req_id)}, o.error);
+  }
   std::vector<std::string> stopped = outputs_.process(outs);
   scheduler_.finish_requests(stopped, RequestStatus::kFinishedStopped);
 }

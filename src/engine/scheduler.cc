@@ -286,6 +286,15 @@ std::vector<EngineCoreOutput> Scheduler::update(const SchedulerOutput& scheduled
       stopped = check_stop(*r);
     }
     stats_.generation_tokens += static_cast<int64_t>(o.new_token_ids.size());
+    if (r->grammar && r->grammar->failed()) {
+      // Its grammar outgrew the automaton's bounds: this request ends with the error (its
+      // tokens since then were sampled under end-token-only masks), the batch goes on.
+      o.status = RequestStatus::kFinishedError;
+      o.error = "structured output: " + r->grammar->error();
+      finish(r, RequestStatus::kFinishedError, /*kv_contents_valid=*/true);
+      outputs.push_back(std::move(o));
+      continue;
+    }
     if (!o.new_token_ids.empty()) {
       if (r->first_token_time == 0.0) r->first_token_time = now;
       r->last_token_time = now;

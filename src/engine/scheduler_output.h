@@ -105,6 +105,7 @@ struct EngineCoreOutput {
   std::vector<PositionLogprobs> new_logprobs;
   std::optional<PromptLogprobsChunk> prompt_logprobs;
   RequestStatus status = RequestStatus::kRunning;  // a finished status when the scheduler ended it
+  std::string error;                               // why, when status is kFinishedError
   StopReason stop_reason;
   int num_cached_tokens = 0;
   std::optional<RequestTimes> times;  // the sequence's phase times so far

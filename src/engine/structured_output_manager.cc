@@ -68,17 +68,24 @@ std::shared_ptr<CompiledGrammar> StructuredOutputManager::compile(const Structur
     std::lock_guard<std::mutex> lock(mu_);
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
   }
-  Grammar grammar;
+  std::shared_ptr<const TokenVocabulary> vocabulary;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!vocabulary_) vocabulary_ = std::make_shared<TokenVocabulary>(tokenizer_, vocab_size_);
+    vocabulary = vocabulary_;
+  }
+  std::shared_ptr<CompiledGrammar> compiled;
   try {
-    grammar = build_grammar(params);
+    compiled = std::make_shared<CompiledGrammar>(build_grammar(params), std::move(vocabulary));
+    // The first token's mask now, on the validating thread: a grammar that outgrows the
+    // automaton's bounds from the start is a 400 here, not a request failed after admission.
+    (void)compiled->token_mask(compiled->automaton().initial());
   } catch (const Error& e) {
     throw Error(fmt::format("Invalid structured output ({}): {}", kind_name(params.kind), e.what()));
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (auto it = cache_.find(key); it != cache_.end()) return it->second;  // compiled meanwhile
-  if (!vocabulary_) vocabulary_ = std::make_shared<TokenVocabulary>(tokenizer_, vocab_size_);
   if (cache_.size() >= kMaxCachedGrammars) cache_.clear();
-  auto compiled = std::make_shared<CompiledGrammar>(std::move(grammar), vocabulary_);
   cache_.emplace(key, compiled);
   return compiled;
 }

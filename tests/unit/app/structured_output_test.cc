@@ -1,11 +1,15 @@
 // Structured outputs through the whole engine (LLMEngine::create on the embedded model): every
 // constrained output is valid against a checker nobody here wrote (nlohmann::json, std::regex),
 // greedy outputs are the same with each speculative method and with async scheduling, and bad
-// constraints are errors at add_request.
+// constraints are errors at add_request; a grammar that outgrows the automaton mid-output fails
+// only its request.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <map>
+#include <optional>
 #include <regex>
+#include <string>
 
 #include "core/error.h"
 #include "engine/structured_output_manager.h"
@@ -180,6 +184,44 @@ TEST(StructuredOutputs, SampledDraftsUnderAGrammarFollowTheMaskedTarget) {
   EXPECT_GT(r.metrics.spec_num_accepted_tokens, 0);
 }
 
+// An EBNF grammar ambiguous on purpose: after `prefix`, each position holds 2^40 parse stacks.
+std::string doubled_optionals_ebnf(const std::string& prefix) {
+  std::string g = "root ::= \"" + prefix + "\" r0\n";
+  for (int i = 0; i < 40; ++i) g += fmt::format("r{} ::= r{} r{}\n", i, i + 1, i + 1);
+  return g + "r40 ::= [a-z] | \"\"\n";
+}
+
+TEST(StructuredOutputs, AGrammarBeyondTheAutomatonsBoundFailsOnlyItsRequest) {
+  // The prefix is longer than the tokens that spell it: admission's first mask does not reach
+  // the ambiguity, a later step's does.
+  for (bool async : {false, true}) {
+    EngineConfig ec = tiny_config("");
+    ec.async_scheduling = async;
+    ec.max_model_len = 640;
+    auto engine = create_engine(ec);
+    const auto prompts = tiny_prompts();
+    auto bad = engine->add_request(NewRequest{
+        "bad", prompts[0], constrained(Kind::kGrammar, doubled_optionals_ebnf("The answer, in full: "), false, 0)});
+    auto good = engine->add_request(NewRequest{"good", prompts[1], constrained(Kind::kRegex, "[a-z]{2,5}-[0-9]{3}", false, 1)});
+    engine->start();
+    RequestOutput o;
+    std::optional<std::string> error;
+    bool finished = false;
+    while (!finished && bad->pop(&o, std::chrono::seconds(120))) {
+      if (o.error) error = o.error;
+      finished = o.finished;
+    }
+    ASSERT_TRUE(finished);
+    ASSERT_TRUE(error.has_value()) << "async " << async;
+    EXPECT_EQ(error->find("structured output: grammar: one position of the output reaches more than"), 0u) << *error;
+    std::map<int, ChoiceResult> choices;
+    collect(*good, choices);
+    EXPECT_TRUE(std::regex_match(choices[0].text, std::regex("[a-z]{2,5}-[0-9]{3}"))) << choices[0].text;
+    EXPECT_EQ(choices[0].finish, FinishReason::kStop);
+    engine->shutdown();
+  }
+}
+
 TEST(StructuredOutputs, InvalidConstraintsAreErrorsAtAddRequest) {
   auto engine = create_engine(tiny_config(""));
   const auto prompts = tiny_prompts();
@@ -195,6 +237,9 @@ TEST(StructuredOutputs, InvalidConstraintsAreErrorsAtAddRequest) {
   expect_error(constrained(Kind::kJson, R"({"type": "object", "not": {"type": "string"}})", false, 0), "not");
   expect_error(constrained(Kind::kRegex, "(a)\\1", false, 0), "backreference");
   expect_error(constrained(Kind::kGrammar, "root ::= undefined_rule", false, 0), "undefined_rule");
+  // Ambiguous from the first byte: admission's first mask refuses it.
+  expect_error(constrained(Kind::kGrammar, doubled_optionals_ebnf(""), false, 0),
+               "Invalid structured output (grammar): grammar: one position of the output reaches more than");
   engine->shutdown();
 }
 
