@@ -197,9 +197,11 @@ class EbnfParser {
       ++pos_;
       skip_space();
       if (peek() == '=') fail(at, "lookahead assertions '(= ...)' are not supported");
+      if (++group_depth_ > kMaxEbnfNesting) fail(at, fmt::format("groups nest deeper than {} levels", kMaxEbnfNesting));
       std::vector<Sequence> alts = parse_alternatives(true);
       if (peek() != ')') fail(pos_, "expected ')' to close the group opened at " + where(at));
       ++pos_;
+      --group_depth_;
       if (alts.size() == 1) return alts[0];
       return {b_.choice(std::move(alts), hint("group"))};
     }
@@ -299,6 +301,7 @@ class EbnfParser {
 
   std::string_view t_;
   size_t pos_ = 0;
+  int group_depth_ = 0;  // groups open at pos_
   GrammarBuilder b_;
   std::map<std::string, RuleInfo> rules_;
   std::string current_;

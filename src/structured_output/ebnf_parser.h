@@ -22,6 +22,8 @@ namespace specula {
 
 // Repetition counts above this are rejected ({m,n} unrolls into m + (n - m) copies).
 inline constexpr int kMaxEbnfRepeat = 10000;
+// Groups nested deeper than this are rejected: the parser recurses once per level.
+inline constexpr int kMaxEbnfNesting = 256;
 
 Grammar parse_ebnf(std::string_view text, std::string_view root = "root");
 

@@ -270,28 +270,63 @@ Symbol GrammarBuilder::repeat(Sequence s, int min, std::optional<int> max, std::
   return ref(add(hint, {std::move(out)}));
 }
 
+namespace {
+
+// The rules with an alternative whose every symbol holds: a byte set where `bytes_hold` says so, a
+// rule where it is itself in the result. Linear in the grammar's size (a pass per change would be
+// quadratic on a chain of 10^5 rules): each alternative counts the rule symbols not yet known to
+// hold, and a rule found to hold decrements the alternatives that use it.
+template <typename BytesHold>
+std::vector<bool> rules_with_a_holding_alternative(const Grammar& g, BytesHold bytes_hold) {
+  const size_t n = g.num_rules();
+  std::vector<bool> holds(n, false);
+  std::vector<uint32_t> owner;                 // per alternative: its rule
+  std::vector<uint32_t> pending;               // per alternative: rule symbols not known to hold
+  std::vector<std::vector<uint32_t>> used_in(n);  // per rule: the alternatives using it, once a use
+  std::vector<uint32_t> found;
+  for (uint32_t r = 0; r < n; ++r) {
+    for (const Sequence& alt : g.rule(r).alternatives) {
+      const auto a = static_cast<uint32_t>(owner.size());
+      owner.push_back(r);
+      pending.push_back(0);
+      bool possible = true;
+      for (const Symbol& s : alt) {
+        if (s.kind == Symbol::Kind::kBytes) {
+          possible = possible && bytes_hold(g.byte_set(s.id));
+        } else {
+          ++pending[a];
+          used_in[s.id].push_back(a);
+        }
+      }
+      if (!possible) pending[a] = UINT32_MAX;  // never reaches 0
+      if (pending[a] == 0 && !holds[r]) {
+        holds[r] = true;
+        found.push_back(r);
+      }
+    }
+  }
+  while (!found.empty()) {
+    const uint32_t r = found.back();
+    found.pop_back();
+    for (uint32_t a : used_in[r]) {
+      if (pending[a] == UINT32_MAX || --pending[a] != 0 || holds[owner[a]]) continue;
+      holds[owner[a]] = true;
+      found.push_back(owner[a]);
+    }
+  }
+  return holds;
+}
+
+}  // namespace
+
 Grammar GrammarBuilder::build(uint32_t root) {
   const size_t n = g_.rules_.size();
   SPECULA_CHECK(root < n, "grammar: no root rule");
   for (size_t i = 0; i < n; ++i)
     SPECULA_CHECK(defined_[i], "grammar: rule '{}' is used but never defined", g_.rules_[i].name);
 
-  // Nullable rules (match ""), to a fixed point.
-  std::vector<bool> nullable(n, false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t i = 0; i < n; ++i) {
-      if (nullable[i]) continue;
-      for (const Sequence& alt : g_.rules_[i].alternatives) {
-        bool all = std::all_of(alt.begin(), alt.end(),
-                               [&](const Symbol& s) { return s.kind == Symbol::Kind::kRule && nullable[s.id]; });
-        if (all) {
-          nullable[i] = changed = true;
-          break;
-        }
-      }
-    }
-  }
+  // Nullable rules (match ""): an alternative of rules that are all nullable.
+  const std::vector<bool> nullable = rules_with_a_holding_alternative(g_, [](const ByteSet&) { return false; });
   // Left recursion: a rule that can reach itself without consuming a byte.
   std::vector<std::vector<uint32_t>> first(n);
   for (size_t i = 0; i < n; ++i) {
@@ -303,35 +338,34 @@ Grammar GrammarBuilder::build(uint32_t root) {
       }
     }
   }
-  std::vector<int> color(n, 0);  // 0 new, 1 on the path, 2 done
-  std::function<void(uint32_t)> visit = [&](uint32_t r) {
-    color[r] = 1;
-    for (uint32_t next : first[r]) {
+  // Depth-first with an explicit stack: a request's grammar may chain 10^5 rules, deeper than a
+  // thread's stack could recurse.
+  std::vector<int> color(n, 0);                 // 0 new, 1 on the path, 2 done
+  std::vector<std::pair<uint32_t, size_t>> path;  // rule, index of its next first-rule to visit
+  for (uint32_t i = 0; i < n; ++i) {
+    if (color[i] != 0) continue;
+    color[i] = 1;
+    path.push_back({i, 0});
+    while (!path.empty()) {
+      auto& [r, k] = path.back();
+      if (k == first[r].size()) {
+        color[r] = 2;
+        path.pop_back();
+        continue;
+      }
+      const uint32_t next = first[r][k++];
       SPECULA_CHECK(color[next] != 1, "grammar: rule '{}' is left-recursive", g_.rules_[next].name);
-      if (color[next] == 0) visit(next);
-    }
-    color[r] = 2;
-  };
-  for (uint32_t i = 0; i < n; ++i)
-    if (color[i] == 0) visit(i);
-
-  // A root that matches nothing at all would mask every token: productive rules, to a fixed point.
-  std::vector<bool> productive(n, false);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t i = 0; i < n; ++i) {
-      if (productive[i]) continue;
-      for (const Sequence& alt : g_.rules_[i].alternatives) {
-        bool all = std::all_of(alt.begin(), alt.end(), [&](const Symbol& s) {
-          return s.kind == Symbol::Kind::kBytes ? !g_.byte_sets_[s.id].empty() : bool(productive[s.id]);
-        });
-        if (all) {
-          productive[i] = changed = true;
-          break;
-        }
+      if (color[next] == 0) {
+        color[next] = 1;
+        path.push_back({next, 0});
       }
     }
   }
+
+  // A root that matches nothing at all would mask every token: productive rules, an alternative
+  // of non-empty byte sets and productive rules.
+  const std::vector<bool> productive =
+      rules_with_a_holding_alternative(g_, [](const ByteSet& set) { return !set.empty(); });
   SPECULA_CHECK(productive[root], "grammar: rule '{}' matches no string", g_.rules_[root].name);
   g_.root_ = root;
   Grammar out = std::move(g_);

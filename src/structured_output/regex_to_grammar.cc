@@ -280,9 +280,11 @@ class RegexParser {
         fail(at, "inline flags and other (?...) groups are not supported");
       }
     }
+    if (++group_depth_ > kMaxRegexNesting) fail(at, fmt::format("groups nest deeper than {} levels", kMaxRegexNesting));
     Node inner = parse_alt(1);
     if (peek() != ')' || eof()) fail(at, "missing ')' for the group opened");
     ++pos_;
+    --group_depth_;
     return inner;
   }
 
@@ -436,6 +438,7 @@ class RegexParser {
 
   std::string_view p_;
   size_t pos_ = 0;
+  int group_depth_ = 0;  // groups open at pos_
 };
 
 class Lowering {

@@ -17,6 +17,8 @@ namespace specula {
 // kMaxRegexExpansion symbols (nested bounded repeats multiply).
 inline constexpr int kMaxRegexRepeat = 10000;
 inline constexpr int64_t kMaxRegexExpansion = 1'000'000;
+// Groups nested deeper than this are rejected: parsing and lowering recurse once per level.
+inline constexpr int kMaxRegexNesting = 256;
 
 enum class RegexTarget {
   kRaw,             // the matched text itself

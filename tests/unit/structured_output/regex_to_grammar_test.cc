@@ -115,6 +115,10 @@ TEST(RegexToGrammar, UnsupportedConstructsNameThemselvesAndTheirOffset) {
   EXPECT_NE(error_of("(a{1000}){2000}").find("expands to more than"), std::string::npos);
   EXPECT_NE(error_of("\\q").find("unknown escape"), std::string::npos);
   EXPECT_NE(error_of("\\ud800").find("not a Unicode scalar value"), std::string::npos);
+  // Parsing recurses once per group: 10^5 of them overflowed the stack.
+  const std::string deep = std::string(100000, '(') + "a" + std::string(100000, ')');
+  EXPECT_NE(error_of(deep).find("groups nest deeper than 256 levels at offset 256"), std::string::npos) << error_of(deep);
+  EXPECT_TRUE(grammar_matches(regex_to_grammar(std::string(256, '(') + "a" + std::string(256, ')')), "a"));
 }
 
 TEST(RegexToGrammar, JsonStringBodyEscapesWhatJsonMust) {
