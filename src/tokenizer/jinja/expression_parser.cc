@@ -37,9 +37,11 @@ ExprPtr ExpressionParser::parse_tuple(bool no_condexpr,
 }
 
 ExprPtr ExpressionParser::parse_expression() {
+  Nesting nesting(*this);
   int line = cur().line;
   ExprPtr e = parse_or();
   while (skip_name("if")) {
+    nesting.deepen();
     auto c = node(Expr::Kind::Cond, line);
     c->b = parse_or();
     if (skip_name("else")) c->c = parse_expression();
@@ -51,8 +53,10 @@ ExprPtr ExpressionParser::parse_expression() {
 }
 
 ExprPtr ExpressionParser::parse_or() {
+  Nesting nesting(*this, 0);
   ExprPtr left = parse_and();
   while (is_name("or")) {
+    nesting.deepen();
     auto n = node(Expr::Kind::Or, advance().line);
     n->a = std::move(left);
     n->b = parse_and();
@@ -62,8 +66,10 @@ ExprPtr ExpressionParser::parse_or() {
 }
 
 ExprPtr ExpressionParser::parse_and() {
+  Nesting nesting(*this, 0);
   ExprPtr left = parse_not();
   while (is_name("and")) {
+    nesting.deepen();
     auto n = node(Expr::Kind::And, advance().line);
     n->a = std::move(left);
     n->b = parse_not();
@@ -74,6 +80,7 @@ ExprPtr ExpressionParser::parse_and() {
 
 ExprPtr ExpressionParser::parse_not() {
   if (is_name("not")) {
+    Nesting nesting(*this);
     auto n = node(Expr::Kind::Not, advance().line);
     n->a = parse_not();
     return n;
@@ -120,8 +127,10 @@ ExprPtr ExpressionParser::binary(const std::string& op, ExprPtr a, ExprPtr b, in
 }
 
 ExprPtr ExpressionParser::parse_math1() {
+  Nesting nesting(*this, 0);
   ExprPtr left = parse_concat();
   while (is_op("+") || is_op("-")) {
+    nesting.deepen();
     const Token& t = advance();
     left = binary(t.value, std::move(left), parse_concat(), t.line);
   }
@@ -139,8 +148,10 @@ ExprPtr ExpressionParser::parse_concat() {
 }
 
 ExprPtr ExpressionParser::parse_math2() {
+  Nesting nesting(*this, 0);
   ExprPtr left = parse_pow();
   while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+    nesting.deepen();
     const Token& t = advance();
     left = binary(t.value, std::move(left), parse_pow(), t.line);
   }
@@ -148,8 +159,10 @@ ExprPtr ExpressionParser::parse_math2() {
 }
 
 ExprPtr ExpressionParser::parse_pow() {
+  Nesting nesting(*this, 0);
   ExprPtr left = parse_unary(true);
   while (is_op("**")) {
+    nesting.deepen();
     const Token& t = advance();
     left = binary("**", std::move(left), parse_unary(true), t.line);
   }
@@ -157,6 +170,7 @@ ExprPtr ExpressionParser::parse_pow() {
 }
 
 ExprPtr ExpressionParser::parse_unary(bool with_filter) {
+  Nesting nesting(*this);
   ExprPtr n;
   if (is_op("-") || is_op("+")) {
     const Token& t = advance();
@@ -232,24 +246,32 @@ ExprPtr ExpressionParser::parse_primary() {
 }
 
 ExprPtr ExpressionParser::parse_postfix(ExprPtr n) {
+  Nesting nesting(*this, 0);
   while (true) {
-    if (is_op(".") || is_op("["))
+    if (is_op(".") || is_op("[")) {
+      nesting.deepen();
       n = parse_subscript(std::move(n));
-    else if (is_op("("))
+    } else if (is_op("(")) {
+      nesting.deepen();
       n = parse_call(std::move(n));
-    else
+    } else {
       return n;
+    }
   }
 }
 
 ExprPtr ExpressionParser::parse_filter_expr(ExprPtr n) {
+  Nesting nesting(*this, 0);
   while (true) {
     if (is_op("|")) {
+      nesting.deepen();
       advance();
       n = parse_filter_call(std::move(n));
     } else if (is_name("is")) {
+      nesting.deepen();
       n = parse_test(std::move(n));
     } else if (is_op("(")) {
+      nesting.deepen();
       n = parse_call(std::move(n));
     } else {
       return n;

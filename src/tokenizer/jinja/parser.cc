@@ -34,6 +34,7 @@ class Parser : private ExpressionParser {
   // Parses template data, output and statements until a `{% name %}` with name in `end_tags`; the
   // stream is then at that name (after its `{%`).
   Body subparse(std::initializer_list<const char*> end_tags) {
+    Nesting nesting(*this);
     Body body;
     while (cur().type != TokenType::Eof) {
       const Token& t = cur();

@@ -16,6 +16,30 @@ class TokenStream {
   explicit TokenStream(std::vector<Token> tokens) : toks_(std::move(tokens)) {}
 
  protected:
+  // Expressions and blocks nest at most this deep (brackets, chained operators, filters and
+  // subscripts, tags inside tags): parsing, rendering and freeing the tree each recurse once per
+  // level on the caller's stack, which no template may exhaust.
+  static constexpr int kMaxNesting = 256;
+  // Adds levels for as long as it lives: one at construction when `levels` is 1, one per deepen().
+  class Nesting {
+   public:
+    explicit Nesting(TokenStream& s, int levels = 1) : s_(s) {
+      for (int i = 0; i < levels; ++i) deepen();
+    }
+    ~Nesting() { s_.nesting_ -= added_; }
+    Nesting(const Nesting&) = delete;
+    Nesting& operator=(const Nesting&) = delete;
+    void deepen() {
+      ++added_;
+      if (++s_.nesting_ > kMaxNesting)
+        s_.fail(fmt::format("expressions and blocks nest deeper than {} levels", kMaxNesting), s_.cur().line);
+    }
+
+   private:
+    TokenStream& s_;
+    int added_ = 0;
+  };
+
   const Token& cur() const { return toks_[pos_]; }
   const Token& look() const { return toks_[std::min(pos_ + 1, toks_.size() - 1)]; }
   const Token& advance() { return toks_[pos_ < toks_.size() - 1 ? pos_++ : pos_]; }
@@ -85,6 +109,7 @@ class TokenStream {
     return e;
   }
 
+  int nesting_ = 0;  // levels open at the cursor (Nesting)
   std::vector<Token> toks_;
   size_t pos_ = 0;
 };

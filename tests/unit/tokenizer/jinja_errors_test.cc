@@ -47,6 +47,27 @@ TEST(JinjaCompileErrors, SyntaxErrorsNameTheLine) {
   EXPECT_THAT(compile_error("{% macro m(a=1, b) %}{% endmacro %}"), HasSubstr("non-default argument follows default argument"));
 }
 
+TEST(JinjaCompileErrors, NestingDeeperThanTheBoundIsRefusedAtCompileTime) {
+  // Each construct recurses once per level when parsed, rendered and freed: 10^5 levels would
+  // overflow the stack (they did, under AddressSanitizer, from 2000).
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  const int deep = 100000;
+  for (const std::string& tmpl :
+       {"{{ " + repeat("(", deep) + "1" + repeat(")", deep) + " }}", "{{ " + repeat("[", deep) + repeat("]", deep) + " }}",
+        "{{ " + repeat("not ", deep) + "1 }}", "{{ " + repeat("-", deep) + "1 }}", "{{ 1" + repeat(" + 1", deep) + " }}",
+        "{{ 1" + repeat(" and 1", deep) + " }}", "{{ 1" + repeat("|abs", deep) + " }}", "{{ x" + repeat(".y", deep) + " }}",
+        repeat("{% if true %}", deep) + "x" + repeat("{% endif %}", deep)}) {
+    EXPECT_THAT(compile_error(tmpl), HasSubstr("nest deeper than 256 levels")) << tmpl.substr(0, 40);
+  }
+  // Far inside the bound, the same constructs render.
+  EXPECT_EQ(render("{{ " + repeat("(", 40) + "1" + repeat(")", 40) + repeat(" + 1", 40) + " }}"), "41");
+  EXPECT_EQ(render(repeat("{% if true %}", 40) + "x" + repeat("{% endif %}", 40)), "x");
+}
+
 TEST(JinjaCompileErrors, RealTemplatesCompile) {
   EXPECT_EQ(compile_error(""), "");
   EXPECT_EQ(compile_error("plain text, no tags"), "");
