@@ -112,8 +112,24 @@ GrammarAutomaton::StateId GrammarAutomaton::advance(StateId state, uint8_t byte)
   }
   bool accepting = false;
   close(pending, frames, accepting);
+  // The byte sets this state's frames wait on; collected before intern() may move states_.
+  std::vector<uint32_t> sets;
+  for (int32_t f : states_[state].frames) sets.push_back(flat_[frames_[f].position].id);
+  std::sort(sets.begin(), sets.end());
+  sets.erase(std::unique(sets.begin(), sets.end()), sets.end());
   const StateId next = intern(std::move(frames), accepting);
-  (*states_[state].next)[byte] = next;
+  // Every byte that each of those sets treats as it treats `byte` leads to the same state: one
+  // closure serves them all (inside `.{0,300}` a state would otherwise close 255 times over the
+  // same thousands of frames).
+  std::array<StateId, 256>& next_of = *states_[state].next;
+  for (int c = 0; c < 256; ++c) {
+    if (next_of[c] >= 0) continue;
+    const bool alike = std::all_of(sets.begin(), sets.end(), [&](uint32_t id) {
+      const ByteSet& set = grammar_.byte_set(id);
+      return set.contains(static_cast<uint8_t>(c)) == set.contains(byte);
+    });
+    if (alike) next_of[c] = next;
+  }
   return next;
 }
 

@@ -2,6 +2,8 @@
 // string form, and errors naming the unsupported construct and its offset.
 #include <gtest/gtest.h>
 
+#include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,30 @@ TEST(RegexToGrammar, LiteralsAndConcatenation) {
   expect_language("abc", {"abc"}, {"", "ab", "abcd", "abd"});
   expect_language("a\\.b\\*", {"a.b*"}, {"axb*", "a.b"});
   expect_language("héllo", {"héllo"}, {"hello"});
+}
+
+TEST(RegexToGrammar, AgreesWithStdRegexOnRandomStrings) {
+  // Overlapping classes, `.` and nullable repeats: the automaton shares one transition among the
+  // bytes a state's sets treat alike, which must never merge bytes that lead apart. std::regex
+  // (ECMAScript) is the reference; a fresh automaton per pattern, strings drawn from a small
+  // alphabet with a newline so that matches and near misses both occur.
+  const char* patterns[] = {"([a-c]x|[b-d]y|.z)*", "(.?){0,6}[ab]", "([^a]|aa)*b?", "(a|[a-c][c-e]|\\n.)+",
+                            "[a-e]{2,4}(x|y.)?"};
+  const std::string alphabet = "abcdexyz\n";
+  std::mt19937 rng(11);
+  for (const char* pattern : patterns) {
+    const std::regex reference(pattern);
+    GrammarAutomaton a(regex_to_grammar(pattern));
+    int matched = 0;
+    for (int trial = 0; trial < 400; ++trial) {
+      std::string text(rng() % 9, ' ');
+      for (char& c : text) c = alphabet[rng() % alphabet.size()];
+      const bool expect = std::regex_match(text, reference);
+      matched += expect ? 1 : 0;
+      EXPECT_EQ(a.accepting(a.advance(a.initial(), text)), expect) << pattern << " on '" << text << "'";
+    }
+    EXPECT_GT(matched, 0) << pattern;
+  }
 }
 
 TEST(RegexToGrammar, AlternationAndGroups) {
