@@ -52,6 +52,11 @@ std::unique_ptr<DeviceEvent> Backend::record_event() {
   return std::make_unique<Synchronizing>(*this);
 }
 
+std::unique_ptr<DeviceEvent> Backend::copy_to_host_async(const Tensor& src, Tensor& dst) {
+  copy(src, dst);
+  return record_event();
+}
+
 void Backend::feed_tokens(Tensor& token_ids, const Tensor& source) {
   SPECULA_CHECK(token_ids.is_cpu() && source.is_cpu(), "feed_tokens is not implemented by the {} backend for device tensors",
                 name());

@@ -387,6 +387,10 @@ class Backend {
   virtual void wait_for(Backend& other) { other.synchronize(); }
   // Marks the work issued so far (DeviceEvent). The default's wait() synchronises the backend.
   virtual std::unique_ptr<DeviceEvent> record_event();
+  // copy() of device memory into pinned host memory, behind the work issued so far, without
+  // holding back the work issued after it; the event marks the copy, and src must not be written
+  // again before it has passed. The default: copy() then record_event().
+  virtual std::unique_ptr<DeviceEvent> copy_to_host_async(const Tensor& src, Tensor& dst);
   // Whether everything issued so far has run, without waiting (CUDA: cudaStreamQuery); any thread
   // may ask. A host backend runs its work as it is issued.
   virtual bool idle() { return true; }

@@ -143,16 +143,18 @@ void DraftChain::run(DraftStepBuffers& step, int max_drafts, const std::vector<i
   }
   const int64_t total = static_cast<int64_t>(max_drafts) * padded;
   Tensor host = host_.slice(0, total);
-  backend_->copy(out_.slice(0, total), host);
   ++chains_;
   if (kind_ == Kind::kSampled) ++sampled_chains_;
   on_ = false;
   if (leave_on_device) {
-    copied_ = backend_->record_event();
+    // (off the stream: the next step's forward, queued behind the chain, need not wait for it;
+    // out_ is next written after finish() waited for the copy)
+    copied_ = backend_->copy_to_host_async(out_.slice(0, total), host);
     num_drafts_ = num_drafts;
     for (size_t i : rows_) drafts[i].assign(static_cast<size_t>(num_drafts[i]), kPlaceholderToken);
     return;
   }
+  backend_->copy(out_.slice(0, total), host);
   backend_->synchronize();
   read_drafts(num_drafts, drafts);
 }

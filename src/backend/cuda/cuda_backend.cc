@@ -72,6 +72,11 @@ CudaBackend::CudaBackend(int device_index)
   if (const char* rows = std::getenv("SPECULA_FP8_GEMV_ROWS")) set_gemv_max_rows(DType::kF8E4M3, std::atoi(rows));
   batched_gemm_ = std::make_unique<CublasLtBatchedGemm>(stream_);
   check_cuda(cudaEventCreateWithFlags(&handoff_, cudaEventDisableTiming), "CUDA backend: cudaEventCreate");
+  const char* copy_stream = std::getenv("SPECULA_COPY_STREAM");
+  if (!(copy_stream && std::strcmp(copy_stream, "0") == 0)) {
+    copy_stream_ = make_stream(device_index);
+    check_cuda(cudaEventCreateWithFlags(&copy_fork_, cudaEventDisableTiming), "CUDA backend: cudaEventCreate");
+  }
   if (std::getenv("SPECULA_FUSED_FORWARD_TRACE"))  // here: never while a graph is being captured
     check_cuda(cudaMalloc(reinterpret_cast<void**>(&forward_trace_),
                           sizeof(unsigned long long) * sm_count_ * cuda::kForwardTraceEvents),
@@ -84,6 +89,11 @@ CudaBackend::~CudaBackend() {
   gemm_.reset();
   batched_gemm_.reset();
   if (handoff_ != nullptr) cudaEventDestroy(handoff_);
+  if (copy_stream_ != nullptr) {
+    cudaStreamSynchronize(copy_stream_);
+    cudaStreamDestroy(copy_stream_);
+  }
+  if (copy_fork_ != nullptr) cudaEventDestroy(copy_fork_);
   if (stream_ != nullptr) {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -103,24 +113,55 @@ void CudaBackend::wait_for(Backend& other) {
   check_cuda(cudaStreamWaitEvent(stream_, o->handoff_, 0), "wait_for: cudaStreamWaitEvent");
 }
 
-std::unique_ptr<DeviceEvent> CudaBackend::record_event() {
-  class Event : public DeviceEvent {
-   public:
-    explicit Event(cudaStream_t stream) {
-      check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "record_event: cudaEventCreate");
-      const cudaError_t recorded = cudaEventRecord(event_, stream);
-      if (recorded != cudaSuccess) {
-        cudaEventDestroy(event_);
-        check_cuda(recorded, "record_event: cudaEventRecord");
-      }
-    }
-    ~Event() override { cudaEventDestroy(event_); }
-    void wait() override { check_cuda(cudaEventSynchronize(event_), "DeviceEvent::wait"); }
+namespace {
 
-   private:
-    cudaEvent_t event_ = nullptr;
-  };
-  return std::make_unique<Event>(stream_);
+class StreamEvent : public DeviceEvent {
+ public:
+  explicit StreamEvent(cudaStream_t stream) {
+    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "record_event: cudaEventCreate");
+    const cudaError_t recorded = cudaEventRecord(event_, stream);
+    if (recorded != cudaSuccess) {
+      cudaEventDestroy(event_);
+      check_cuda(recorded, "record_event: cudaEventRecord");
+    }
+  }
+  ~StreamEvent() override { cudaEventDestroy(event_); }
+  void wait() override { check_cuda(cudaEventSynchronize(event_), "DeviceEvent::wait"); }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceEvent> CudaBackend::record_event() { return std::make_unique<StreamEvent>(stream_); }
+
+cudaStream_t CudaBackend::copy_stream() {
+  if (copy_stream_ == nullptr) return stream_;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_cuda(cudaStreamIsCapturing(stream_, &capture), "copy_stream: cudaStreamIsCapturing");
+  return capture == cudaStreamCaptureStatusNone ? copy_stream_ : stream_;
+}
+
+cudaStream_t CudaBackend::copy_stream_after_work() {
+  cudaStream_t copies = copy_stream();
+  if (copies == stream_) return stream_;
+  check_cuda(cudaEventRecord(copy_fork_, stream_), "copy_stream_after_work: cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(copies, copy_fork_, 0), "copy_stream_after_work: cudaStreamWaitEvent");
+  return copies;
+}
+
+std::unique_ptr<DeviceEvent> CudaBackend::copy_to_host_async(const Tensor& src, Tensor& dst) {
+  SPECULA_CHECK(src.defined() && dst.defined() && src.dtype() == dst.dtype() && src.numel() == dst.numel(),
+                "copy_to_host_async: source {} and destination {} differ in dtype or element count", src.describe(),
+                dst.describe());
+  SPECULA_CHECK(!src.is_cpu() && dst.is_cpu() && is_pinned(dst.data()),
+                "copy_to_host_async: {} to {} is not device memory into pinned host memory", src.describe(),
+                dst.describe());
+  cudaStream_t copies = copy_stream_after_work();
+  check_cuda(cudaMemcpyAsync(dst.data(), src.data(), src.nbytes(), cudaMemcpyDeviceToHost, copies),
+             "copy_to_host_async");
+  return std::make_unique<StreamEvent>(copies);
 }
 
 std::string CudaBackend::name() const {
@@ -247,7 +288,10 @@ void CudaBackend::zero(Tensor& t) {
   check_cuda(cudaMemsetAsync(t.data(), 0, t.nbytes(), stream_), "zero");
 }
 
-void CudaBackend::synchronize() { check_cuda(cudaStreamSynchronize(stream_), "synchronize"); }
+void CudaBackend::synchronize() {
+  check_cuda(cudaStreamSynchronize(stream_), "synchronize");
+  if (copy_stream_ != nullptr) check_cuda(cudaStreamSynchronize(copy_stream_), "synchronize (copies)");
+}
 
 // ---- shared argument checks ----
 

@@ -120,9 +120,19 @@ class CudaBackend final : public Backend {
   void bind_thread() override;
   void wait_for(Backend& other) override;
   std::unique_ptr<DeviceEvent> record_event() override;
+  // On the copy stream (copy_stream_after_work).
+  std::unique_ptr<DeviceEvent> copy_to_host_async(const Tensor& src, Tensor& dst) override;
 
   // ---- CUDA specifics (for the engine's CUDA graphs, benchmarks and tests) ----
   cudaStream_t stream() const { return stream_; }
+  // A second stream for the small copies around a step's kernels (results read back, the token
+  // sampler's rows uploaded): on the H200 a copy on the compute stream holds the next kernel
+  // ~5 us past its end (the copy engine's completion), a few times a decode step.
+  // copy_stream_after_work() orders it after the work issued so far on the compute stream and
+  // returns it; copy_stream() returns it as it is. With SPECULA_COPY_STREAM=0, or while a graph
+  // is captured, both are the compute stream itself.
+  cudaStream_t copy_stream();
+  cudaStream_t copy_stream_after_work();
   int device_index() const { return device_index_; }
   // Whether p is device memory of this backend's GPU.
   bool on_this_device(const void* p) const;
@@ -158,6 +168,8 @@ class CudaBackend final : public Backend {
   std::string device_name_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t handoff_ = nullptr;  // recorded when another backend's stream waits for this one (wait_for)
+  cudaStream_t copy_stream_ = nullptr;  // null: SPECULA_COPY_STREAM=0
+  cudaEvent_t copy_fork_ = nullptr;     // recorded on stream_ for copy_stream_after_work
   CudaScratchArena arena_;
   std::unique_ptr<CublasLtGemm> gemm_;
   bool serving_ = false;  // start_serving() was called: GEMM candidates are no longer timed

@@ -43,6 +43,8 @@ CudaTokenSampler::CudaTokenSampler(CudaBackend& backend, int max_rows, int64_t v
   const char* clusters = std::getenv("SPECULA_PLAIN_ROW_CLUSTERS");
   plain_row_clusters_ = major >= 9 && !(clusters && std::strcmp(clusters, "0") == 0);
   check_cuda(cudaEventCreateWithFlags(&results_copied_, cudaEventDisableTiming), "CUDA sampler: event");
+  check_cuda(cudaEventCreateWithFlags(&rows_uploaded_, cudaEventDisableTiming), "CUDA sampler: event");
+  check_cuda(cudaEventCreateWithFlags(&rows_read_, cudaEventDisableTiming), "CUDA sampler: event");
   const size_t descs = sizeof(cuda::SamplingRowDesc) * static_cast<size_t>(max_rows);
   check_cuda(cudaHostAlloc(&host_draws_, descs * kDrawSlots, cudaHostAllocDefault), "CUDA sampler: pinned draw slots");
   for (cudaEvent_t& e : draw_uploaded_)
@@ -51,8 +53,9 @@ CudaTokenSampler::CudaTokenSampler(CudaBackend& backend, int max_rows, int64_t v
 }
 
 CudaTokenSampler::~CudaTokenSampler() {
-  cudaStreamSynchronize(stream_);
-  if (results_copied_) cudaEventDestroy(results_copied_);
+  backend_.synchronize();
+  for (cudaEvent_t e : {results_copied_, rows_uploaded_, rows_read_})
+    if (e) cudaEventDestroy(e);
   for (cudaEvent_t e : draw_uploaded_)
     if (e) cudaEventDestroy(e);
   if (host_draws_) cudaFreeHost(host_draws_);
@@ -259,6 +262,8 @@ void CudaTokenSampler::draw_on_device(const Tensor& logits, std::span<const Toke
   check_cuda(cudaEventRecord(draw_uploaded_[slot], stream_), "CUDA sampler: recording a draw upload");
   draw_slot_used_[slot] = true;
   auto* results = static_cast<cuda::SamplingRowResult*>(results_.data());
+  if (backend_.copy_stream() != stream_)  // results_ is rewritten: after the last results' copy
+    check_cuda(cudaStreamWaitEvent(stream_, results_copied_, 0), "CUDA sampler: waiting for the last results' copy");
   if (plain) {
     check_cuda(cuda::launch_sample_plain_rows(logits.data_as<float>(), vocab_, dev, n,
                                               probs_out ? probs_out->data_as<float>() : nullptr, results, stream_),
@@ -324,7 +329,17 @@ void CudaTokenSampler::launch(const Tensor& logits, const std::vector<cuda::Samp
   if (!counts.empty()) std::memcpy(host + counts_at, counts.data(), sizeof(cuda::CountsDesc) * counts.size());
   if (!ids.empty()) std::memcpy(host + ids_at, ids.data(), sizeof(int32_t) * ids.size());
   char* dev = static_cast<char*>(upload_.data());
-  check_cuda(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, stream_), "CUDA sampler: upload");
+  // The upload runs on the copy stream while the forward before it does, behind only the last
+  // launch's kernels (the readers of upload_); the kernels below wait for it and for the last
+  // results' copy (the readers of results_).
+  cudaStream_t copies = backend_.copy_stream();
+  if (copies != stream_) check_cuda(cudaStreamWaitEvent(copies, rows_read_, 0), "CUDA sampler: ordering the upload");
+  check_cuda(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, copies), "CUDA sampler: upload");
+  if (copies != stream_) {
+    check_cuda(cudaEventRecord(rows_uploaded_, copies), "CUDA sampler: recording the upload");
+    check_cuda(cudaStreamWaitEvent(stream_, rows_uploaded_, 0), "CUDA sampler: waiting for the upload");
+    check_cuda(cudaStreamWaitEvent(stream_, results_copied_, 0), "CUDA sampler: waiting for the last results' copy");
+  }
 
   if (!counts.empty()) {
     check_cuda(cudaMemsetAsync(counts_.data(), 0, counts.size() * static_cast<size_t>(vocab_) * sizeof(uint32_t),
@@ -358,17 +373,21 @@ void CudaTokenSampler::launch(const Tensor& logits, const std::vector<cuda::Samp
                                         kMaxTopLogprobs, stream_),
                "CUDA sampler: sampling");
   }
+  check_cuda(cudaEventRecord(rows_read_, stream_), "CUDA sampler: recording the sampling");
+  // The results come back on the copy stream: the step's next kernel (a draft chain, the next
+  // forward) does not wait for the copy.
+  cudaStream_t readback = backend_.copy_stream_after_work();
   char* res_host = static_cast<char*>(host_results_);
   check_cuda(cudaMemcpyAsync(res_host, res_dev, sizeof(cuda::SamplingRowResult) * rows.size(), cudaMemcpyDeviceToHost,
-                             stream_),
+                             readback),
              "CUDA sampler: results");
   const bool any_top = std::any_of(rows.begin(), rows.end(), [](const cuda::SamplingRowDesc& d) { return d.top_n > 0; });
   auto* top_host = reinterpret_cast<cuda::TopLogprob*>(res_host + results_bytes(max_rows_));
   if (any_top) {
-    check_cuda(cudaMemcpyAsync(top_host, top_dev, top_bytes(n), cudaMemcpyDeviceToHost, stream_),
+    check_cuda(cudaMemcpyAsync(top_host, top_dev, top_bytes(n), cudaMemcpyDeviceToHost, readback),
                "CUDA sampler: top logprobs");
   }
-  check_cuda(cudaEventRecord(results_copied_, stream_), "CUDA sampler: recording the results' copy");
+  check_cuda(cudaEventRecord(results_copied_, readback), "CUDA sampler: recording the results' copy");
 }
 
 std::vector<TokenSamplingResult> CudaTokenSampler::read_results() {

@@ -3,8 +3,10 @@
 // Per call: the rows' settings (and, for rows with penalties or masked ids, their id lists) go up
 // in ONE pinned host-to-device copy; the counts kernel and the sampling kernel run; the results
 // (token, and logprobs where asked for) come back in pinned memory and the call synchronises
-// once. The logits themselves never leave the device, nor do the final distributions rows may
-// write (probs_out_row: the speculative draft's q).
+// once. Both copies run on the backend's copy stream (CudaBackend::copy_stream), ordered by
+// events, so that the compute stream's kernels run back to back. The logits themselves never
+// leave the device, nor do the final distributions rows may write (probs_out_row: the
+// speculative draft's q).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -73,7 +75,9 @@ class CudaTokenSampler final : public TokenSampler {
   Tensor results_;      // SamplingRowResult [max_rows] then TopLogprob [max_rows, kMaxTopLogprobs]
   Tensor upload_;       // row descriptors, counts descriptors, ids
   void* host_results_ = nullptr;  // pinned mirror of results_
-  cudaEvent_t results_copied_ = nullptr;  // recorded after the copy into host_results_
+  cudaEvent_t results_copied_ = nullptr;  // recorded after the copy into host_results_ (copy stream)
+  cudaEvent_t rows_uploaded_ = nullptr;   // recorded after the upload into upload_ (copy stream)
+  cudaEvent_t rows_read_ = nullptr;       // recorded after the kernels that read upload_
   void* host_upload_ = nullptr;   // pinned staging for upload_
   size_t upload_capacity_ = 0;
   std::vector<int32_t> launched_top_n_;  // per row of the launched batch (read_results decodes it)
