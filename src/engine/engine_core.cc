@@ -200,8 +200,9 @@ bool EngineCore::step() {
 }
 
 // One step in flight: schedule and submit step N+1 on step N's counts (its tokens are output
-// placeholders, its drafts may be placeholders the runner holds), then process step N's values
-// while N+1 runs. A request that step N's values stop (eos, max_tokens, a stop string) or that
+// placeholders, its drafts may be placeholders the runner holds), and process step N's values
+// while N+1 runs (the executor does it once N+1 is queued on the device, before waiting for N+1's
+// counts). A request that step N's values stop (eos, max_tokens, a stop string) or that
 // was aborted meanwhile is finished then; its tokens from step N+1 are discarded in update().
 bool EngineCore::step_async() {
   if (!scheduler_.has_unfinished_requests() && !in_flight_) return false;
@@ -224,7 +225,10 @@ bool EngineCore::step_async() {
   if (next) {
     count_iteration_tokens(*next);
     try {
-      StepCounts counts = executor_.submit(*next);
+      // The step in flight is processed while the device runs the next one.
+      StepCounts counts = executor_.submit(*next, [this] {
+        if (in_flight_) process_in_flight();
+      });
       scheduler_.apply_counts(*next, counts);
       if (counts.spec_depth >= 0) {
         spec_depth_steps_ += 1;

@@ -70,9 +70,11 @@ StepCounts ModelExecutor::counts_of(const ModelRunnerOutput& out) {
   return c;
 }
 
-StepCounts ModelExecutor::submit(const SchedulerOutput& scheduled) {
+StepCounts ModelExecutor::submit(const SchedulerOutput& scheduled, const HostWork& host_work) {
   submitted_.push_back(execute(scheduled));
-  return counts_of(submitted_.back());
+  StepCounts counts = counts_of(submitted_.back());
+  if (host_work) host_work();
+  return counts;
 }
 
 ModelRunnerOutput ModelExecutor::collect() {
@@ -150,11 +152,20 @@ ModelRunner::~ModelRunner() {
   }
 }
 
-StepCounts ModelRunner::submit(const SchedulerOutput& scheduled) {
-  ModelRunnerOutput out = run_step(scheduled, /*may_defer=*/true);
+StepCounts ModelRunner::submit(const SchedulerOutput& scheduled, const HostWork& host_work) {
+  host_work_ = host_work;
+  ModelRunnerOutput out;
+  try {
+    out = run_step(scheduled, /*may_defer=*/true);
+  } catch (...) {
+    host_work_ = nullptr;
+    throw;
+  }
   if (!pending_) {
     ready_.push_back(std::move(out));
-    return counts_of(ready_.back());
+    StepCounts counts = counts_of(ready_.back());
+    run_host_work();
+    return counts;
   }
   StepCounts counts;
   counts.num_sampled.assign(scheduled.scheduled.size(), 0);
@@ -163,11 +174,22 @@ StepCounts ModelRunner::submit(const SchedulerOutput& scheduled) {
   counts.spec_depth = out.spec_depth;
   counts.proposer_launched_ahead = out.proposer_launched_ahead;
   pending_->out = std::move(out);
+  run_host_work();
   return counts;
 }
 
+void ModelRunner::run_host_work() {
+  if (!host_work_) return;
+  const HostWork work = std::move(host_work_);
+  host_work_ = nullptr;
+  phase_profile::Scope p("runner.host_work");
+  work();
+}
+
 ModelRunnerOutput ModelRunner::collect() {
-  finish_pending();
+  // The oldest step first: a step still pending is newer than any ready one (the next step's
+  // host work collects the one before it while this one runs).
+  if (ready_.empty()) finish_pending();
   SPECULA_CHECK(!ready_.empty(), "internal error: no submitted step to collect");
   ModelRunnerOutput out = std::move(ready_.front());
   ready_.pop_front();
@@ -582,8 +604,10 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
       }
       return out;
     }
+    run_host_work();
     sampled = sampler_.finish_sample();  // the speculator launched nothing: a synchronous step
   } else if (!plain.empty()) {
+    run_host_work();
     phase_profile::Scope p("runner.sample");
     sampled = sampler_.sample(fwd.logits, plain);
   }
@@ -593,6 +617,7 @@ ModelRunnerOutput ModelRunner::run_step(const SchedulerOutput& scheduled, bool m
                               ? launch_ahead(plans, input, fwd, verify, started, ahead_drafts)
                               : -1;
   std::vector<VerifyResult> verified;
+  if (!verify.empty()) run_host_work();  // (the device runs the verification, and what went ahead)
   {
     phase_profile::Scope p("runner.verify");
     verified = started ? rejection_sampler_->finish_verify()

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <memory>
@@ -40,9 +41,12 @@ class ModelExecutor {
   virtual ModelRunnerOutput execute(const SchedulerOutput& scheduled) = 0;
   // Async scheduling: starts the step and returns its counts (what the next step's schedule needs)
   // before its values are on the host; collect() returns the oldest submitted step's output. The
-  // step after a submitted one may be submitted before the first is collected. This default runs
-  // the step at once.
-  virtual StepCounts submit(const SchedulerOutput& scheduled);
+  // step after a submitted one may be submitted before the first is collected. `host_work` (the
+  // engine's processing of the step before: it may collect()) runs once, while the device runs
+  // this step where the executor can: before it waits for anything of it. This default runs the
+  // step at once, then host_work.
+  using HostWork = std::function<void()>;
+  virtual StepCounts submit(const SchedulerOutput& scheduled, const HostWork& host_work = nullptr);
   virtual ModelRunnerOutput collect();
 
  protected:
@@ -86,7 +90,7 @@ class ModelRunner : public ModelExecutor {
   // drafts, where the proposer chains them on the device, still there (placeholders in the
   // counts): the next step feeds them into its inputs on the device likewise. Other steps run at
   // once. engine/README.md lists which host buffers that makes safe.
-  StepCounts submit(const SchedulerOutput& scheduled) override;
+  StepCounts submit(const SchedulerOutput& scheduled, const HostWork& host_work = nullptr) override;
   ModelRunnerOutput collect() override;
 
   // Speculative decoding: the speculator proposes drafts after every step (not owned; it must
@@ -249,6 +253,9 @@ class ModelRunner : public ModelExecutor {
   // queued behind that step started on the device no earlier.
   double last_results_at_ = 0.0;
   std::deque<ModelRunnerOutput> ready_;  // submitted steps' outputs, oldest first
+  // submit()'s host work, until run_step runs it (run_host_work) where it would otherwise wait.
+  HostWork host_work_;
+  void run_host_work();
 
   Model& model_;
   Backend& backend_;
