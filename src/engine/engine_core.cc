@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 
 #include "core/error.h"
 #include "core/phase_profile.h"
@@ -222,13 +223,22 @@ bool EngineCore::step_async() {
     fail_all("internal error: no request could be scheduled (KV cache too small?)");
     return true;
   }
+  // The step in flight is processed while the device runs the next one. What that throws (a bug
+  // in the loop, not a failed step) leaves after the next step is in flight, so that its output
+  // is still collected.
+  std::exception_ptr processing_error;
+  const auto process = [this, &processing_error] {
+    try {
+      if (in_flight_) process_in_flight();
+    } catch (...) {
+      in_flight_.reset();
+      processing_error = std::current_exception();
+    }
+  };
   if (next) {
     count_iteration_tokens(*next);
     try {
-      // The step in flight is processed while the device runs the next one.
-      StepCounts counts = executor_.submit(*next, [this] {
-        if (in_flight_) process_in_flight();
-      });
+      StepCounts counts = executor_.submit(*next, process);
       scheduler_.apply_counts(*next, counts);
       if (counts.spec_depth >= 0) {
         spec_depth_steps_ += 1;
@@ -240,8 +250,9 @@ bool EngineCore::step_async() {
       next.reset();
     }
   }
-  if (in_flight_) process_in_flight();
+  process();
   in_flight_ = std::move(next);
+  if (processing_error) std::rethrow_exception(processing_error);
   return true;
 }
 

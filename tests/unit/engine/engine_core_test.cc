@@ -409,6 +409,39 @@ TEST(EngineCore, AStepThatThrowsFailsItsRequestsAndTheEngineCarriesOn) {
   EXPECT_FALSE(e.runner->has_request_state("b"));
 }
 
+// Under async scheduling a step's outputs are processed while the next step runs; an error there
+// (a bug in the loop, which the threaded engine answers by failing every request) must leave the
+// next step in flight, so that the step after it collects its own output, not that one's.
+TEST(EngineCore, AnErrorProcessingAStepLeavesTheNextInFlight) {
+  EngineCoreConfig c = core_config();
+  c.async_scheduling = true;
+  TestEngine e(c);
+  int decoded = 0;
+  e.tok.on_token_bytes = [&](int32_t) {
+    if (++decoded == 4) throw Error("injected detokenizer failure");
+  };
+  e.add("a", prompt_of(5, 0), greedy(10));
+  int errors = 0;
+  for (int guard = 0; guard < 1000; ++guard) {
+    try {
+      if (!e.core->step()) break;
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("injected"), std::string::npos);
+      ++errors;
+      e.core->fail_all("engine error");  // as the threaded engine does
+      e.add("b", prompt_of(7, 2), greedy(6));
+    }
+    e.collect();
+  }
+  e.collect();
+  EXPECT_EQ(errors, 1);
+  EXPECT_TRUE(e.results["a"].error.has_value());
+  ASSERT_FALSE(e.results["b"].error.has_value()) << *e.results["b"].error;
+  ASSERT_EQ(e.results["b"].choices.size(), 1u);
+  EXPECT_EQ(e.results["b"].choices[0].tokens, e.model.reference_greedy(prompt_of(7, 2), 6));
+  e.expect_all_blocks_free();
+}
+
 TEST(EngineCore, AbortFreesBlocksAndEndsTheStream) {
   TestEngine e(core_config());
   e.add("a", prompt_of(9, 0), greedy(100));

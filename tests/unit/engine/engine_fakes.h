@@ -70,7 +70,10 @@ class FakeTokenizer : public Tokenizer {
     return std::nullopt;
   }
   std::string id_to_token(int32_t id) const override { return pieces_.at(static_cast<size_t>(id)); }
-  std::string token_bytes(int32_t id) const override { return pieces_.at(static_cast<size_t>(id)); }
+  std::string token_bytes(int32_t id) const override {
+    if (on_token_bytes) on_token_bytes(id);  // (a test's way to make detokenizing throw)
+    return pieces_.at(static_cast<size_t>(id));
+  }
   bool is_special(int32_t id) const override { return id == kEos || id == kBos; }
   std::optional<int32_t> bos_token_id() const override { return kBos; }
   std::optional<int32_t> eos_token_id() const override { return kEos; }
@@ -78,6 +81,8 @@ class FakeTokenizer : public Tokenizer {
   std::string eos_token() const override { return "<eos>"; }
   bool add_bos_token() const override { return false; }
   const std::string& chat_template() const override { return empty_; }
+
+  std::function<void(int32_t)> on_token_bytes;
 
  private:
   std::vector<std::string> pieces_;
