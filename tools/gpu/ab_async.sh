@@ -65,9 +65,7 @@ wanted qwen_b1 && SPECULA_PROFILE=1 bench qwen_b1_profile 60 latency "$QWEN" --l
   --input-len 128 --output-len 128 --num-iters 5 --num-iters-warmup 1 --max-model-len 4096 --max-num-seqs 8 --no-async-scheduling
 
 {
-  echo "commit: $(head -1 .gpu/commit.txt 2>/dev/null)"
-  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null
-  cat "$WORK/status.txt"
+  summary_head
   python3 - "$WORK" <<'PY'
 import glob, json, os, re, statistics, sys
 work = sys.argv[1]

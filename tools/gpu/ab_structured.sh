@@ -46,9 +46,7 @@ for rep in $(seq 1 "${AB_REPS:-2}"); do
 done
 
 {
-  echo "commit: $(head -1 .gpu/commit.txt 2>/dev/null)"
-  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null
-  cat "$WORK/status.txt"
+  summary_head
   python3 - "$WORK" <<'PY'
 import glob, json, os, re, statistics, sys
 work = sys.argv[1]

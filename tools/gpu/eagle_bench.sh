@@ -70,9 +70,7 @@ if ! skipped real; then
 fi
 
 {
-  echo "commit: $(head -1 .gpu/commit.txt 2>/dev/null)"
-  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null
-  cat "$WORK/status.txt"
+  summary_head
   python3 tools/gpu/eagle_summary.py "$WORK"
 } > "$OUT/eagle_summary.txt" 2>&1
 cat "$OUT/eagle_summary.txt"

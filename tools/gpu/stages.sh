@@ -38,3 +38,9 @@ bench() {  # bench NAME LIMIT ARGS...: `$SPECULA_BIN bench ARGS --output-json NA
   grep -E "^(TTFT|TPOT|batch latency|output tokens|requests/s|elapsed)|Graph capturing|GPU KV cache|Memory profiling|Model loading took|SpecDecoding|Speculative|error" \
     "$WORK/$name.log" | sed "s/^/  [$name] /" | cut -c1-220
 }
+
+summary_head() {  # a summary's first lines: the commit packed, the GPU, every stage's status line
+  echo "commit: $(head -1 .gpu/commit.txt 2>/dev/null)"
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null
+  cat "$WORK/status.txt"
+}
