@@ -57,7 +57,7 @@ class EngineCore {
   void fail_all(const std::string& message);
 
   // One iteration; false when there was nothing to run. With async scheduling an iteration submits
-  // the next step and then processes the one in flight.
+  // the next step and processes the one in flight while the device runs it.
   bool step();
   bool has_unfinished_requests() const { return scheduler_.has_unfinished_requests() || in_flight_.has_value(); }
 

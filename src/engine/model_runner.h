@@ -86,7 +86,7 @@ class ModelRunner : public ModelExecutor {
   // and proposes nothing (no speculator) returns from submit() with its tokens still on the
   // device. The next step takes them as inputs on the device (the sampler's token feed) when it
   // replays a graph, and its submit() waits for them only after launching its forward; collect()
-  // waits for them too. A speculative step returns with its accepted tokens on the host and its
+  // waits for them only when no older step's output is ready. A speculative step returns with its accepted tokens on the host and its
   // drafts, where the proposer chains them on the device, still there (placeholders in the
   // counts): the next step feeds them into its inputs on the device likewise. Other steps run at
   // once. engine/README.md lists which host buffers that makes safe.
