@@ -20,7 +20,10 @@
 // rows. Epilogues: the residual add rounds the product to out's dtype and adds it in place (as
 // linear + add round it); SwiGLU gives each block the gate rows and the up rows of the same 4
 // columns, so that it writes silu(gate) * up itself (as linear + silu_mul round it) and the
-// [M, 2I] product never reaches memory.
+// [M, 2I] product never reaches memory. The rope epilogue (a qkv projection of one decode row
+// with no q/k norm and full neox rotary: Llama's) pairs the rows j and j + D/2 of a head the
+// same way and runs the attention prologue on them, q into its output and k, v into their cache
+// slots, so that the prologue is not a launch of its own (cuda_qkv_projection.cu picks it).
 //
 // Launched overlapped with the previous kernel (cuda_launch.cuh): a block's first weight loads
 // go out before it waits for the previous kernel, since weights do not depend on it.
@@ -28,9 +31,12 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cuda/cuda_engine_kernels.h"
 #include "backend/cuda/cuda_gemv.cuh"
 #include "backend/cuda/cuda_kernels.h"
+#include "backend/cuda/cuda_kv_element.cuh"
 #include "backend/cuda/cuda_launch.cuh"
+#include "backend/cuda/cuda_qkv_prologue.cuh"
 #include "backend/cuda/cuda_utils.cuh"
 
 namespace specula::cuda {
@@ -53,6 +59,19 @@ constexpr int kSplitWarps = 2;
 constexpr int64_t kMaxStagedBytes = 64 << 10;
 constexpr int64_t kStartNextEarlyBytes = kGemvStartNextEarlyBytes;
 
+// The epilogue after the product: none (NoRope), or the attention prologue of a qkv projection
+// with its cache of element type C (bf16, or fp8).
+struct NoRope {
+  using Cache = bf16;
+};
+template <class C>
+struct RopeInto {
+  using Cache = C;
+  QkvPrologueParams p;
+};
+template <class R>
+constexpr bool kRoped = !std::is_same_v<R, NoRope>;
+
 template <class Out>
 __device__ __forceinline__ void write_out(const GemvArgs& a, int64_t i, float v) {
   Out* out = static_cast<Out*>(a.out) + i;
@@ -66,16 +85,19 @@ __device__ __forceinline__ void write_out(const GemvArgs& a, int64_t i, float v)
 // y[mi, row] for mi < m, row < n into the epilogue; MT >= m rows of input. STAGED: the input is
 // rms_norm(x) in dynamic shared memory; otherwise x itself, read from global memory (through L1).
 // GATED: the SwiGLU epilogue (a row group's first half are gate rows, its second half the up rows
-// of the same columns, I further on). NR, U: rows a warp owns and chunks a lane keeps in flight per
+// of the same columns, I further on). R: the rope epilogue (RopeInto; a row group's halves are
+// rows j.. and j + D/2.. of one head, the rope pairs). NR, U: rows a warp owns and chunks a lane keeps in flight per
 // row (above). KS: warps that share a row and split its K (KS 32-chunk stripes side by side, their
 // sums added in shared memory in a fixed order); a block's row group is kWarps / KS * NR rows.
-template <class W, int MT, class Out, bool STAGED, bool GATED, int NR, int U, int KS>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool start_next_early) {
+template <class W, int MT, class Out, bool STAGED, bool GATED, int NR, int U, int KS, class R = NoRope>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool start_next_early, const R rope) {
+  constexpr bool kPaired = GATED || kRoped<R>;  // a row group's halves pair up
   constexpr int kRows = kWarps / KS * NR;  // a row group
-  constexpr int kGatedCols = kRows / 2;    // SwiGLU: output columns per row group
-  static_assert(!GATED || kRows % 2 == 0, "a gated row group pairs gate and up rows");
+  constexpr int kGatedCols = kRows / 2;    // SwiGLU: output columns per row group; rope: pairs
+  static_assert(!kPaired || kRows % 2 == 0, "a paired row group has two halves");
+  static_assert(!(GATED && kRoped<R>), "one epilogue");
   extern __shared__ uint4 staged_raw[];
-  __shared__ float gated[GATED ? 2 : 1][GATED ? kGatedCols : 1][MT];  // SwiGLU: the group's y, as stored
+  __shared__ float gated[kPaired ? 2 : 1][kPaired ? kGatedCols : 1][MT];  // the group's y, as stored
   __shared__ float slice_sums[KS > 1 ? kRows : 1][MT][KS];
   using Chunk = WeightChunk<W>;
   constexpr int kN = Chunk::kN;
@@ -85,17 +107,21 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool s
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int slice = warp % KS, warp_row = warp / KS;
   const int64_t chunks = k / kN;
-  const int64_t groups = GATED ? (half_n + kGatedCols - 1) / kGatedCols : (n + kRows - 1) / kRows;
+  const int64_t groups = kPaired ? (half_n + kGatedCols - 1) / kGatedCols : (n + kRows - 1) / kRows;
   // Row l of a group: its weight row, and whether it exists (the last group may be partial).
   auto weight_row = [&](int64_t group, int l) -> int64_t {
-    if constexpr (GATED) {
+    if constexpr (kRoped<R>) {  // head h's rows j.. and j + D/2.. (every group whole: D/2 % kGatedCols == 0)
+      const int64_t half_d = rope.p.head_dim / 2, groups_a_head = half_d / kGatedCols;
+      return group / groups_a_head * 2 * half_d + (l < kGatedCols ? 0 : half_d) + group % groups_a_head * kGatedCols +
+             l % kGatedCols;
+    } else if constexpr (GATED) {
       return (l < kGatedCols ? 0 : half_n) + group * kGatedCols + l % kGatedCols;
     } else {
       return group * kRows + l;
     }
   };
   auto row_exists = [&](int64_t group, int l) {
-    return GATED ? group * kGatedCols + l % kGatedCols < half_n : group * kRows + l < n;
+    return kPaired ? group * kGatedCols + l % kGatedCols < half_n : group * kRows + l < n;
   };
   auto load_weights = [&](uint4 (&wv)[U][NR], const W* const (&rows)[NR], int64_t c0) {
 #pragma unroll
@@ -119,7 +145,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool s
       v += a.bias_dtype == DType::kF32 ? static_cast<const float*>(a.bias)[row]
                                        : to_float(static_cast<const bf16*>(a.bias)[row]);
     }
-    if constexpr (GATED) {
+    if constexpr (kPaired) {
       gated[l / kGatedCols][l % kGatedCols][mi] = to_float(from_float<Out>(v));
     } else {
       write_out<Out>(a, static_cast<int64_t>(mi) * n + row, v);
@@ -159,6 +185,27 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool s
     for (int r = 0; r < NR; ++r)
 #pragma unroll
       for (int mi = 0; mi < MT; ++mi) acc[r][mi] = 0.0f;
+    // Rope: what the thread that stores a pair (one of the first kGatedCols * MT) needs besides the
+    // pair, requested before the product so that its round trips overlap the weights'.
+    [[maybe_unused]] int rope_head = 0, rope_j = 0;
+    [[maybe_unused]] int64_t rope_slot = -1;
+    [[maybe_unused]] bool rope_rotates = false;
+    [[maybe_unused]] float2 rotation = make_float2(1.0f, 0.0f);
+    if constexpr (kRoped<R>) {
+      const QkvPrologueParams& q = rope.p;
+      const int mi = threadIdx.x / kGatedCols, half_d = q.head_dim / 2, groups_a_head = half_d / kGatedCols;
+      rope_head = static_cast<int>(group / groups_a_head);
+      rope_j = static_cast<int>(group % groups_a_head) * kGatedCols + threadIdx.x % kGatedCols;
+      if (mi < m && threadIdx.x < kGatedCols * MT) {
+        const int32_t pos = q.positions[mi];
+        rope_slot = q.slots[mi];
+        rope_rotates = rope_head < q.num_q_heads + q.num_kv_heads && prologue_rotates(q, pos);
+        if (rope_rotates) {
+          const float* cos = q.cos_sin + static_cast<int64_t>(pos) * q.rotary_dim;
+          rotation = make_float2(cos[rope_j], cos[half_d + rope_j]);
+        }
+      }
+    }
 
     for (int64_t pass = 0; pass < passes; ++pass) {
       const int64_t c0 = lane_c0 + pass * pass_chunks;
@@ -224,6 +271,20 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool s
       }
       __syncthreads();  // the next group writes `gated` (and `slice_sums`) again
     }
+    if constexpr (kRoped<R>) {  // the prologue of qkv_prologue_kernel on this group's pairs
+      __syncthreads();
+      const QkvPrologueParams& q = rope.p;
+      const int mi = threadIdx.x / kGatedCols, col = threadIdx.x % kGatedCols, half_d = q.head_dim / 2;
+      const bool kept = rope_slot >= 0 && rope_slot < q.num_slots;
+      if (threadIdx.x < kGatedCols * MT && mi < m && (rope_head < q.num_q_heads || kept)) {
+        const PrologueDestination<Out, typename R::Cache> dst(q, mi, rope_head, rope_slot);
+        float2 pair = make_float2(gated[0][col][mi], gated[1][col][mi]);
+        if (rope_rotates) pair = rope_rotate(pair.x, pair.y, rotation);
+        dst.store(rope_j, pair.x);
+        dst.store(rope_j + half_d, pair.y);
+      }
+      __syncthreads();  // the next group writes `gated` again
+    }
   }
 }
 
@@ -233,11 +294,12 @@ int64_t staged_bytes(const GemvArgs& a) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-template <class W, int MT, class Out, bool STAGED, bool GATED, int NR = kNR, int U = kUnroll, int KS = 1>
-cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
-  const auto kernel = gemv_kernel<W, MT, Out, STAGED, GATED, NR, U, KS>;
+template <class W, int MT, class Out, bool STAGED, bool GATED, int NR = kNR, int U = kUnroll, int KS = 1,
+          class R = NoRope>
+cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream, const R& rope = R{}) {
+  const auto kernel = gemv_kernel<W, MT, Out, STAGED, GATED, NR, U, KS, R>;
   constexpr int kRows = kWarps / KS * NR, kGatedCols = kRows / 2;
-  int64_t groups = GATED ? (a.n / 2 + kGatedCols - 1) / kGatedCols : (a.n + kRows - 1) / kRows;
+  int64_t groups = GATED || kRoped<R> ? (a.n / 2 + kGatedCols - 1) / kGatedCols : (a.n + kRows - 1) / kRows;
   const int smem = static_cast<int>(staged_bytes(a));
   if (STAGED && smem > 48 * 1024) {
     const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -255,7 +317,7 @@ cudaError_t launch_typed(const GemvArgs& a, cudaStream_t stream) {
   }
   const bool start_next_early = a.n * a.k * static_cast<int64_t>(sizeof(W)) <= kStartNextEarlyBytes;
   return launch_overlapped(kernel, {dim3(static_cast<unsigned>(groups)), dim3(kThreads), static_cast<size_t>(smem)},
-                           stream, a, start_next_early);
+                           stream, a, start_next_early, rope);
 }
 
 // One pass (above): small weights whose rows the default needs several passes for and one pass
@@ -360,6 +422,29 @@ cudaError_t launch_gemv(const GemvArgs& a, cudaStream_t stream) {
   if (a.m == 0 || a.n == 0) return cudaSuccess;
   if (!gemv_supports(a)) return cudaErrorInvalidValue;
   return a.w_dtype == DType::kF8E4M3 ? launch_weights<uint8_t>(a, stream) : launch_weights<bf16>(a, stream);
+}
+
+bool gemv_rope_epilogue_supports(const GemvArgs& a, const QkvPrologueParams& q) {
+  // The normed single row that launch_rows streams in passes of kNR rows a warp (whose sums the
+  // two ops' fused_linear forms in the same order), whole heads of pairs per row group.
+  const bool fp8_weights = a.w_dtype == DType::kF8E4M3;
+  const int64_t chunk_weights = fp8_weights ? 16 : 8, weight_bytes = fp8_weights ? 1 : 2;
+  constexpr int kPairsPerGroup = kWarps * kNR / 2;
+  return gemv_supports(a) && a.m == 1 && q.tokens == 1 && a.norm_weight != nullptr && a.out_dtype == DType::kBF16 &&
+         a.epilogue == GemvEpilogue::kStore && q.q_norm == nullptr && q.k_norm == nullptr && q.x_scale == nullptr &&
+         q.neox && q.head_dim > 0 && q.rotary_dim == q.head_dim && q.head_dim % (2 * kPairsPerGroup) == 0 &&
+         a.n == static_cast<int64_t>(q.num_q_heads + 2 * q.num_kv_heads) * q.head_dim &&
+         !one_pass(a, chunk_weights, weight_bytes) && !short_rows(a, chunk_weights);
+}
+
+cudaError_t launch_gemv_rope_epilogue(const GemvArgs& a, const QkvPrologueParams& q, cudaStream_t stream) {
+  if (!gemv_rope_epilogue_supports(a, q)) return cudaErrorInvalidValue;
+  if (a.w_dtype == DType::kF8E4M3) {
+    if (q.cache_fp8) return launch_typed<uint8_t, 1, bf16, true, false, kNR, kUnroll, 1>(a, stream, RopeInto<fp8>{q});
+    return launch_typed<uint8_t, 1, bf16, true, false, kNR, kUnroll, 1>(a, stream, RopeInto<bf16>{q});
+  }
+  if (q.cache_fp8) return launch_typed<bf16, 1, bf16, true, false, kNR, kUnroll, 1>(a, stream, RopeInto<fp8>{q});
+  return launch_typed<bf16, 1, bf16, true, false, kNR, kUnroll, 1>(a, stream, RopeInto<bf16>{q});
 }
 
 }  // namespace specula::cuda

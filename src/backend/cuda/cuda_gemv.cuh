@@ -4,6 +4,7 @@
 
 #include <cuda_fp8.h>
 
+#include "backend/cuda/cuda_engine_kernels.h"
 #include "backend/cuda/cuda_kernels.h"
 #include "backend/cuda/cuda_utils.cuh"
 
@@ -16,6 +17,14 @@ constexpr int kGemvThreads = kGemvWarps * 32;
 // it; a larger kernel lets it start once every block is on its last row group (starting early
 // slowed the 8B model's batch-1 step by 5%: docs/PERFORMANCE.md).
 constexpr int64_t kGemvStartNextEarlyBytes = 12 << 20;
+
+// The GEMV of one normed decode row of a qkv projection with the attention prologue `q` as its
+// epilogue (q heads into q_out, k and v into their cache slots; a.out is not written), for a
+// prologue without q/k norms over the whole head with neox pairs (Llama's), where the GEMV would
+// stream the row in passes (larger weights than the cluster form of cuda_qkv_projection.cu takes).
+// Same bits as launch_gemv then launch_qkv_prologue.
+bool gemv_rope_epilogue_supports(const GemvArgs& a, const QkvPrologueParams& q);
+cudaError_t launch_gemv_rope_epilogue(const GemvArgs& a, const QkvPrologueParams& q, cudaStream_t stream);
 
 // A 16-byte chunk of weights -> floats.
 template <class W>

@@ -13,6 +13,10 @@
 // after a cluster barrier one warp of each block reads the head's rows from the cluster's shared
 // memory (DSMEM, no round trip to L2), runs the prologue's arithmetic (prologue_head) and stores
 // the elements of its own block's rows; V rows need no exchange and go straight to the cache.
+//
+// Larger weights (Llama-3.1-8B's 50 MB) keep the GEMV's own grid, which streams them faster than
+// clusters of a head each, with the prologue as its epilogue where no q/k norm needs the whole
+// head (launch_gemv_rope_epilogue, cuda_gemv.cu: a row group holds rope pairs).
 #include <cooperative_groups.h>
 
 #include <cstdlib>
@@ -195,21 +199,49 @@ bool fused_qkv_projection_enabled() {
   return enabled;
 }
 
-bool qkv_projection_supports(const QkvProjectionParams& p) {
-  const bool enabled = fused_qkv_projection_enabled();
+namespace {
+
+// The one-row GEMV of the rope epilogue for these parameters (its out is not written).
+GemvArgs rope_epilogue_gemv(const QkvProjectionParams& p) {
+  GemvArgs a;
+  a.x = p.x;
+  a.w = p.w;
+  a.w_dtype = p.w_fp8 ? DType::kF8E4M3 : DType::kBF16;
+  a.scale = p.w_scale;
+  a.bias = p.bias;
+  a.bias_dtype = p.bias_dtype;
+  a.out_dtype = DType::kBF16;
+  a.m = 1;
+  a.n = static_cast<int64_t>(p.prologue.num_q_heads + 2 * p.prologue.num_kv_heads) * p.prologue.head_dim;
+  a.k = p.k;
+  a.norm_weight = p.norm_weight;
+  a.eps = p.norm_eps;
+  return a;
+}
+
+// Whether the cluster form above takes these shapes.
+bool cluster_form_supports(const QkvProjectionParams& p) {
   const int d = p.prologue.head_dim;
   const int64_t chunk = p.w_fp8 ? 16 : 8;
   const int64_t rows = static_cast<int64_t>(p.prologue.num_q_heads + 2 * p.prologue.num_kv_heads) * d;
   const int64_t weight_bytes = rows * p.k * (p.w_fp8 ? 1 : 2);
-  return enabled && p.prologue.tokens == 1 && rows > 0 && weight_bytes <= kMaxWeightBytes && d % kBlockRows == 0 &&
+  return p.prologue.tokens == 1 && rows > 0 && weight_bytes <= kMaxWeightBytes && d % kBlockRows == 0 &&
          d / kBlockRows <= kMaxClusterBlocks && d <= kMaxPrologueHeadDim && p.k > 0 && p.k % chunk == 0 && aligned16(p.x) && aligned16(p.w) &&
          (!p.w_fp8 || p.w_scale != nullptr) &&
          (p.norm_weight == nullptr ||
           (aligned16(p.norm_weight) && p.k * static_cast<int64_t>(sizeof(bf16)) <= kMaxStagedBytes));
 }
 
+}  // namespace
+
+bool qkv_projection_supports(const QkvProjectionParams& p) {
+  return fused_qkv_projection_enabled() &&
+         (cluster_form_supports(p) || gemv_rope_epilogue_supports(rope_epilogue_gemv(p), p.prologue));
+}
+
 cudaError_t launch_qkv_projection(const QkvProjectionParams& p, cudaStream_t stream) {
   if (!qkv_projection_supports(p)) return cudaErrorInvalidValue;
+  if (!cluster_form_supports(p)) return launch_gemv_rope_epilogue(rope_epilogue_gemv(p), p.prologue, stream);
   if (p.w_fp8) {
     return p.prologue.cache_fp8 ? launch_typed<uint8_t, fp8>(p, stream) : launch_typed<uint8_t, bf16>(p, stream);
   }

@@ -45,6 +45,12 @@ struct PrologueDestination {
   }
 };
 
+// One rope pair (a, b) rotated by (cos, sin) = cs: the arithmetic of the rope op, in one place so
+// that every kernel running the prologue contracts it into the same FMAs (same bits).
+__device__ __forceinline__ float2 rope_rotate(float a, float b, float2 cs) {
+  return make_float2(a * cs.x - b * cs.y, b * cs.x + a * cs.y);
+}
+
 // Whether a token at `pos` is roped (as the rope op: not past the cos / sin table, rotary_dim > 0).
 __device__ __forceinline__ bool prologue_rotates(const QkvPrologueParams& p, int32_t pos) {
   return pos >= 0 && pos < p.max_pos && p.rotary_dim > 0;
@@ -93,10 +99,9 @@ __device__ __forceinline__ void prologue_head(const QkvPrologueParams& p, bool n
     const int j = lane + 32 * jj;
     if (j >= half) break;
     const int ia = p.neox ? j : 2 * j, ib = p.neox ? j + half : 2 * j + 1;
-    const float2 cs = rotation(jj);
-    const float a = stage[ia], b = stage[ib], c = cs.x, s = cs.y;
-    store(ia, a * c - b * s);
-    store(ib, b * c + a * s);
+    const float2 rotated_pair = rope_rotate(stage[ia], stage[ib], rotation(jj));
+    store(ia, rotated_pair.x);
+    store(ib, rotated_pair.y);
   }
   for (int i = p.rotary_dim + lane; i < d; i += 32) store(i, stage[i]);  // partial rotary
 }

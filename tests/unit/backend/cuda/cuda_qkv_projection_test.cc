@@ -1,7 +1,9 @@
 // The qkv projection with the attention prologue in its epilogue (CudaBackend::qkv_projection,
 // one decode row) against the two ops it fuses on the same GPU (Backend::qkv_projection:
 // fused_linear, then qkv_prologue): the q heads and every cache slot, bit for bit, for bf16 and
-// FP8 weights, bf16 and fp8 caches, with and without the input norm, q/k norms and bias. FP8
+// FP8 weights, bf16 and fp8 caches, with and without the input norm, q/k norms and bias, in both
+// one-launch forms (a cluster a head for small weights; the GEMV with a rope epilogue for Llama-
+// 3.1-8B's, which have no q/k norms). FP8
 // weights over more rows than the GEMV's: the prologue applying the FP8 GEMM's scales as it
 // reads the product, against the scale pass then the prologue.
 #include <gtest/gtest.h>
@@ -118,6 +120,10 @@ TEST_P(CudaQkvProjection, IsTheProjectionThenThePrologueBitForBit) {
   kp.prologue.head_dim = c.d;
   kp.prologue.num_q_heads = c.hq;
   kp.prologue.num_kv_heads = c.hk;
+  kp.prologue.q_norm = c.head_norms ? q_norm.data() : nullptr;
+  kp.prologue.k_norm = c.head_norms ? k_norm.data() : nullptr;
+  kp.prologue.rotary_dim = c.rotary;
+  kp.prologue.neox = c.neox;
   EXPECT_EQ(cuda::qkv_projection_supports(kp), c.fused) << c.name;
 }
 
@@ -164,7 +170,21 @@ INSTANTIATE_TEST_SUITE_P(
         ProjectionCase{"small_k_one_chunk_a_lane", 2, 1, 128, 128, 128},
         ProjectionCase{"head_dim_80_clusters_of_5", 6, 2, 80, 512, 80},
         with(ProjectionCase{"head_dim_72_two_ops", 6, 2, 72, 512, 72}, [](ProjectionCase& c) { c.fused = false; }),
-        with(kLlama, [](ProjectionCase& c) { c.name = "llama8b_two_ops", c.hq = 32, c.hk = 8, c.fused = false; }),
+        // Llama-3.1-8B's 50 MB: the GEMV with the rope epilogue.
+        with(kLlama, [](ProjectionCase& c) { c.name = "llama8b_rope_epilogue", c.hq = 32, c.hk = 8; }),
+        with(kLlama,
+             [](ProjectionCase& c) {
+               c.name = "llama8b_fp8_weights_fp8_cache", c.hq = 32, c.hk = 8, c.fp8_weights = c.fp8_cache = true;
+             }),
+        with(kLlama, [](ProjectionCase& c) { c.name = "llama8b_kv_not_kept", c.hq = 32, c.hk = 8, c.slot = -1; }),
+        with(kLlama, [](ProjectionCase& c) { c.name = "llama8b_past_table", c.hq = 32, c.hk = 8, c.position = 97; }),
+        ProjectionCase{"qwen2_7b_bias", 28, 4, 128, 3584, 128, true, true, false, false, false, true},
+        with(kLlama,
+             [](ProjectionCase& c) { c.name = "llama8b_no_input_norm_two_ops", c.hq = 32, c.hk = 8, c.input_norm = false, c.fused = false; }),
+        with(kLlama,
+             [](ProjectionCase& c) { c.name = "qwen3_8b_head_norms_two_ops", c.hq = 32, c.hk = 8, c.head_norms = true, c.fused = false; }),
+        with(kLlama,
+             [](ProjectionCase& c) { c.name = "llama8b_interleaved_two_ops", c.hq = 32, c.hk = 8, c.neox = false, c.fused = false; }),
         with(ProjectionCase{"head_dim_256_two_ops", 4, 1, 256, 512, 256}, [](ProjectionCase& c) { c.fused = false; })),
     [](const ::testing::TestParamInfo<ProjectionCase>& i) { return i.param.name; });
 
