@@ -86,8 +86,8 @@ __device__ __forceinline__ void write_out(const GemvArgs& a, int64_t i, float v)
 // rms_norm(x) in dynamic shared memory; otherwise x itself, read from global memory (through L1).
 // GATED: the SwiGLU epilogue (a row group's first half are gate rows, its second half the up rows
 // of the same columns, I further on). R: the rope epilogue (RopeInto; a row group's halves are
-// rows j.. and j + D/2.. of one head, the rope pairs). NR, U: rows a warp owns and chunks a lane keeps in flight per
-// row (above). KS: warps that share a row and split its K (KS 32-chunk stripes side by side, their
+// rows j.. and j + D/2.. of one head, the rope pairs). NR, U: rows a warp owns and chunks a lane
+// keeps in flight per row (above). KS: warps that share a row and split its K (KS 32-chunk stripes side by side, their
 // sums added in shared memory in a fixed order); a block's row group is kWarps / KS * NR rows.
 template <class W, int MT, class Out, bool STAGED, bool GATED, int NR, int U, int KS, class R = NoRope>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(const GemvArgs a, bool start_next_early, const R rope) {

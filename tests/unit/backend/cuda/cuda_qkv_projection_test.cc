@@ -180,11 +180,17 @@ INSTANTIATE_TEST_SUITE_P(
         with(kLlama, [](ProjectionCase& c) { c.name = "llama8b_past_table", c.hq = 32, c.hk = 8, c.position = 97; }),
         ProjectionCase{"qwen2_7b_bias", 28, 4, 128, 3584, 128, true, true, false, false, false, true},
         with(kLlama,
-             [](ProjectionCase& c) { c.name = "llama8b_no_input_norm_two_ops", c.hq = 32, c.hk = 8, c.input_norm = false, c.fused = false; }),
+             [](ProjectionCase& c) {
+               c.name = "llama8b_no_input_norm_two_ops", c.hq = 32, c.hk = 8, c.input_norm = false, c.fused = false;
+             }),
         with(kLlama,
-             [](ProjectionCase& c) { c.name = "qwen3_8b_head_norms_two_ops", c.hq = 32, c.hk = 8, c.head_norms = true, c.fused = false; }),
+             [](ProjectionCase& c) {
+               c.name = "qwen3_8b_head_norms_two_ops", c.hq = 32, c.hk = 8, c.head_norms = true, c.fused = false;
+             }),
         with(kLlama,
-             [](ProjectionCase& c) { c.name = "llama8b_interleaved_two_ops", c.hq = 32, c.hk = 8, c.neox = false, c.fused = false; }),
+             [](ProjectionCase& c) {
+               c.name = "llama8b_interleaved_two_ops", c.hq = 32, c.hk = 8, c.neox = false, c.fused = false;
+             }),
         with(ProjectionCase{"head_dim_256_two_ops", 4, 1, 256, 512, 256}, [](ProjectionCase& c) { c.fused = false; })),
     [](const ::testing::TestParamInfo<ProjectionCase>& i) { return i.param.name; });
 
